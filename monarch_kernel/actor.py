@@ -1,0 +1,172 @@
+"""What actor code uses: ``Actor``, ``endpoint``, ``context``, ``current_rank``,
+``current_size``. Works in the controller, in workers and in plain scripts.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar, overload
+
+from monarch_kernel.errors import MeshSpecError
+from monarch_kernel.mesh._shape import Extent, Point
+
+R = TypeVar("R")
+
+_ENDPOINT_OPTIONS = ("propagate", "explicit_response_port", "instrument")
+
+
+class EndpointProperty(Generic[R]):
+    """An ``@endpoint`` method. On an actor instance it is the plain method; on an
+    actor mesh it becomes an ``Endpoint`` with the adverbs."""
+
+    def __init__(
+        self,
+        method: Callable[..., Any],
+        propagate: Any = None,
+        explicit_response_port: bool = False,
+        instrument: bool = True,
+    ) -> None:
+        if explicit_response_port:
+            raise NotImplementedError(
+                "endpoint(explicit_response_port=True) is not supported yet; return the value "
+                "from the endpoint instead (call_one / call give it to the caller)."
+            )
+        self._method = method
+        self._propagator = propagate
+        self._explicit_response_port = explicit_response_port
+        self._instrument = instrument
+        self.is_async = inspect.iscoroutinefunction(method)
+        functools.update_wrapper(self, method)  # type: ignore[arg-type]
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        if instance is None:
+            return self
+        return self._method.__get__(instance, owner)
+
+
+@overload
+def endpoint(method: Callable[..., Any]) -> EndpointProperty[Any]: ...
+@overload
+def endpoint(
+    method: None = None, *, propagate: Any = None, explicit_response_port: bool = False, instrument: bool = True
+) -> Callable[[Callable[..., Any]], EndpointProperty[Any]]: ...
+def endpoint(
+    method: Callable[..., Any] | None = None,
+    *,
+    propagate: Any = None,
+    explicit_response_port: bool = False,
+    instrument: bool = True,
+) -> Any:
+    """Marks an ``Actor`` method as callable from other processes.
+
+    Used bare (``@endpoint``) or with Monarch's options (``@endpoint(instrument=False)``).
+    """
+    if method is None:
+        return functools.partial(
+            endpoint, propagate=propagate, explicit_response_port=explicit_response_port, instrument=instrument
+        )
+    return EndpointProperty(method, propagate, explicit_response_port, instrument)
+
+
+class Actor:
+    """Base class of actors. Subclass it, mark methods with ``@endpoint``, and
+    ``ProcMesh.spawn`` it. An actor's endpoints are all ``def`` or all ``async def``.
+
+    Optional hooks: ``__cleanup__(self, exc)`` runs when the actor is stopped or replaced.
+    """
+
+
+def endpoints_of(cls: type) -> dict[str, EndpointProperty[Any]]:
+    out: dict[str, EndpointProperty[Any]] = {}
+    for klass in reversed(cls.__mro__):
+        for name, value in vars(klass).items():
+            if isinstance(value, EndpointProperty):
+                out[name] = value
+    return out
+
+
+def is_async_actor(cls: type) -> bool:
+    """Checks that ``cls`` can be spawned, and tells its kind: True if its endpoints are
+    ``async def`` (it runs on the worker's event loop), False if they are ``def``."""
+    if not (isinstance(cls, type) and issubclass(cls, Actor)):
+        raise MeshSpecError(f"{cls!r} must subclass monarch_kernel.Actor to spawn it.")
+    eps = endpoints_of(cls)
+    sync = sorted(n for n, e in eps.items() if not e.is_async)
+    asyn = sorted(n for n, e in eps.items() if e.is_async)
+    if sync and asyn:
+        raise MeshSpecError(
+            f"{cls} mixes both async and sync endpoints. Synchronous endpoints cannot be mixed "
+            "with async endpoints because they can cause the asyncio loop to deadlock if they "
+            f"wait. sync: {sync} async: {asyn}. Make them all `def` or all `async def`."
+        )
+    cleanup = getattr(cls, "__cleanup__", None)
+    if cleanup is not None and sync and inspect.iscoroutinefunction(cleanup):
+        raise MeshSpecError(f"{cls} has sync endpoints, but an async __cleanup__; make __cleanup__ a def.")
+    if cleanup is not None and asyn and not inspect.iscoroutinefunction(cleanup):
+        raise MeshSpecError(
+            f"{cls} has async endpoints, but a synchronous __cleanup__; make __cleanup__ an async def."
+        )
+    return bool(asyn) or not eps
+
+
+# -- context ---------------------------------------------------------------------------
+
+_ROOT_EXTENT = Extent([], [])
+
+
+@dataclass
+class Instance:
+    """The actor (or controller, ``<root>``) that is running."""
+
+    rank: Point
+    name: str = "root"
+    class_name: str = ""
+    proc_mesh: Any = None
+
+    @property
+    def actor_id(self) -> str:
+        return "<root>" if self.name == "root" else f"{self.name}{self.rank}"
+
+    def __str__(self) -> str:
+        if self.name == "root":
+            return "<root>"
+        rank = str(self.rank) if len(self.rank) else ""
+        return f"<root>.<{self.class_name} {self.name}{rank}>"
+
+
+@dataclass
+class Context:
+    """What ``context()`` returns: the running actor, and where the current message was sent."""
+
+    actor_instance: Instance
+    message_rank: Point = field(default_factory=lambda: Point(0, _ROOT_EXTENT))
+
+
+_ROOT = Context(Instance(Point(0, _ROOT_EXTENT)))
+_current: contextvars.ContextVar[Context] = contextvars.ContextVar("monarch_kernel_context", default=_ROOT)
+# The process-wide default when no actor is running (a worker's own proc rank).
+_process_default: list[Context] = [_ROOT]
+
+
+def context() -> Context:
+    """The current context: the actor being run, or the controller (``<root>``)."""
+    ctx = _current.get()
+    return _process_default[0] if ctx is _ROOT else ctx
+
+
+def current_rank() -> Point:
+    """Where the current message was sent, e.g. ``{'procs': 1/4}``."""
+    return context().message_rank
+
+
+def current_size() -> dict[str, int]:
+    """The sizes of the mesh the current message was sent to."""
+    return dict(context().message_rank.extent)
+
+
+def current_actor_name() -> str:
+    return str(context().actor_instance.actor_id)

@@ -1,0 +1,127 @@
+"""Every exception monarch-kernel raises, in one hierarchy.
+
+::
+
+    MonarchKernelError
+    ├── ActorError                 an endpoint raised; carries the remote traceback and rank
+    ├── SupervisionError           a worker or actor failed (also a RuntimeError, as in Monarch)
+    │   └── MeshStoppedError       the mesh or actor mesh was stopped
+    ├── MessageTooLargeError       a message is above the control plane's limit (also ValueError)
+    ├── SerializationError         arguments or results cannot be pickled (also TypeError)
+    ├── MeshAuthError              a peer rejected the mesh token
+    ├── MeshSpecError              bad arguments to spawn_procs / spawn (also ValueError)
+    ├── UnknownEndpointError       no such endpoint on the actor (also AttributeError)
+    ├── DimensionError             slicing names a dimension the mesh lacks (also TypeError)
+    └── MeshIndexError             slicing with an index out of range (also IndexError)
+
+The second base classes keep Monarch's exception types, so code that catches
+``ValueError`` or ``IndexError`` around Monarch calls keeps working. Every message
+names the thing (mesh, actor, rank, pid) and what to do next.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "ActorError",
+    "DimensionError",
+    "MeshAuthError",
+    "MeshIndexError",
+    "MeshSpecError",
+    "MeshStoppedError",
+    "MessageTooLargeError",
+    "MonarchKernelError",
+    "SerializationError",
+    "SupervisionError",
+    "UnknownEndpointError",
+]
+
+
+class MonarchKernelError(Exception):
+    """Base of every monarch-kernel error."""
+
+
+class ActorError(MonarchKernelError):
+    """An endpoint raised an exception; the actor is still usable.
+
+    Attributes:
+        exception: The remote exception, when it could be unpickled here, else None.
+        exception_formatted: The remote traceback, notebook source lines included.
+        message: What failed ("Actor call counter.incr failed.").
+        rank: The rank (a Point) of the actor that raised.
+    """
+
+    def __init__(
+        self,
+        exception: BaseException | None,
+        message: str = "A remote actor call has failed.",
+        exception_formatted: str = "",
+        rank: Any = None,
+    ) -> None:
+        self.exception = exception
+        self.message = message
+        self.exception_formatted = exception_formatted.replace(
+            "Traceback (most recent call last):",
+            "Traceback of where the remote call failed (most recent call last):",
+        )
+        self.rank = rank
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        where = f" (rank {self.rank})" if self.rank is not None else ""
+        return f"{self.message}{where}\n {self.exception_formatted}"
+
+    def __reduce__(self) -> Any:
+        return (ActorError, (self.exception, self.message, self.exception_formatted, self.rank))
+
+
+class SupervisionError(MonarchKernelError, RuntimeError):
+    """A worker process or an actor failed: the call cannot complete.
+
+    Attributes mirror what is known: ``mesh``, ``rank``, ``host``, ``pid``,
+    ``exit_code``, ``signal`` and ``log_tail`` (the worker's last output lines).
+    """
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.mesh = details.get("mesh")
+        self.rank = details.get("rank")
+        self.host = details.get("host")
+        self.pid = details.get("pid")
+        self.exit_code = details.get("exit_code")
+        self.signal = details.get("signal")
+        self.log_tail: list[str] = details.get("log_tail") or []
+        self.endpoint: str | None = details.get("endpoint")
+
+
+class MeshStoppedError(SupervisionError):
+    """The proc mesh or actor mesh was stopped; spawn a new one."""
+
+
+class MessageTooLargeError(MonarchKernelError, ValueError):
+    """A message is above the control plane's size limit."""
+
+
+class SerializationError(MonarchKernelError, TypeError):
+    """Arguments or a result cannot be pickled."""
+
+
+class MeshAuthError(MonarchKernelError):
+    """A peer rejected the mesh token."""
+
+
+class MeshSpecError(MonarchKernelError, ValueError):
+    """Bad arguments to ``spawn_procs`` or ``spawn``."""
+
+
+class UnknownEndpointError(MonarchKernelError, AttributeError):
+    """The actor class has no endpoint of that name."""
+
+
+class DimensionError(MonarchKernelError, TypeError):
+    """A mesh has no dimension of that name."""
+
+
+class MeshIndexError(MonarchKernelError, IndexError):
+    """An index is out of range for a mesh dimension."""

@@ -1,0 +1,211 @@
+"""``ActorMesh`` and its endpoints' adverbs: ``call``, ``call_one``, ``broadcast``,
+``choose``, ``stream``.
+
+A call to N ranks is one native call: the fan-out and the gather happen in the native
+runtime with the GIL released.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from monarch_kernel import _native
+from monarch_kernel.actor import EndpointProperty, endpoints_of
+from monarch_kernel.errors import (
+    ActorError,
+    MeshSpecError,
+    SerializationError,
+    UnknownEndpointError,
+)
+from monarch_kernel.mesh._future import Future
+from monarch_kernel.mesh._serial import dumps, loads
+from monarch_kernel.mesh._shape import MeshTrait, Point, Shape
+from monarch_kernel.mesh._value_mesh import ValueMesh
+
+if TYPE_CHECKING:
+    from monarch_kernel.mesh._proc_ref import ProcRef
+
+R = TypeVar("R")
+
+_RESULT = _native.REPLY_RESULT
+_EXCEPTION = _native.REPLY_EXCEPTION
+
+
+def decode_reply(reply: Any, proc: ProcRef, base_rank: int, point: Point, what: str) -> Any:
+    """Turns one reply from ``wait_all`` into its value, or raises what it means."""
+    if isinstance(reply, BaseException):
+        raise proc.explain(reply, base_rank, what) from None
+    kind, payload, buffers = reply
+    if kind == _RESULT:
+        try:
+            return loads(payload, buffers)
+        except Exception as e:
+            raise SerializationError(
+                f"cannot unpickle the result of {what} from rank {point}: {type(e).__name__}: {e}. "
+                "Return values whose classes the controller can import (or define them in the notebook)."
+            ) from e
+    if kind == _EXCEPTION:
+        try:
+            exc, formatted = loads(payload, buffers)
+        except Exception:  # the exception's class is not importable here
+            exc, formatted = None, "(the remote exception could not be unpickled here)"
+        raise ActorError(exc, f"Actor call {what} failed.", formatted, rank=point)
+    raise proc.rejected(bytes(payload).decode("utf-8", "replace"), base_rank, what)
+
+
+class Endpoint(Generic[R]):
+    """An endpoint of an actor mesh: pick an adverb to call it."""
+
+    def __init__(self, mesh: ActorMesh, name: str, prop: EndpointProperty[R]) -> None:
+        self._mesh = mesh
+        self._name = name
+        self._prop = prop
+        self._signature = _signature(prop)
+
+    @property
+    def _what(self) -> str:
+        return f"{self._mesh._name}.{self._name}"
+
+    def _send(self, args: tuple[Any, ...], kwargs: dict[str, Any], local: list[int], oneway: bool) -> list[Any]:
+        try:
+            self._signature.bind(None, *args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"{self._what}(): {e}") from None
+        payload, buffers = dumps((args, kwargs), f"arguments of {self._what}")
+        mesh = self._mesh
+        shape = mesh._shape
+        conns = mesh._proc.conns([shape.ranks[i] for i in local])
+        return _native.call(
+            conns, local, list(shape.labels), list(shape.extent.sizes), mesh._name, self._name, payload, buffers, oneway
+        )
+
+    def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[R]]:
+        """Calls every actor in the mesh; the Future gives a ValueMesh of the results."""
+        shape = self._mesh._shape
+        calls = self._send(args, kwargs, list(range(len(shape))), False)
+        proc, what = self._mesh._proc, self._what
+        local_shape = Shape(shape.extent)
+
+        def finish(replies: list[Any]) -> ValueMesh[R]:
+            values = [
+                decode_reply(r, proc, base, p, what) for r, base, p in zip(replies, shape.ranks, local_shape.points())
+            ]
+            return ValueMesh(local_shape, values)
+
+        return Future(_calls=calls, _finish=finish)
+
+    def _one(self, i: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[R]:
+        shape = self._mesh._shape
+        (c,) = self._send(args, kwargs, [i], False)
+        proc, what, base, point = self._mesh._proc, self._what, shape.ranks[i], Point(i, shape.extent)
+        return Future(_calls=[c], _finish=lambda r: decode_reply(r[0], proc, base, point, what))
+
+    def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
+        """Calls the one actor of a single-actor mesh (slice first if needed)."""
+        n = len(self._mesh._shape)
+        if n != 1:
+            raise ValueError(
+                f"call_one requires exactly 1 actor, but mesh has {n} ({self._mesh._shape.extent}); "
+                f"use .slice(...) to pick one, or .call() / .choose()"
+            )
+        return self._one(0, args, kwargs)
+
+    def choose(self, *args: Any, **kwargs: Any) -> Future[R]:
+        """Calls one actor of the mesh, chosen at random."""
+        return self._one(random.randrange(len(self._mesh._shape)), args, kwargs)
+
+    def broadcast(self, *args: Any, **kwargs: Any) -> None:
+        """Sends to every actor without waiting for replies (exceptions go to the worker's log)."""
+        self._send(args, kwargs, list(range(len(self._mesh._shape))), True)
+
+    def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[R]]:
+        """Calls every actor; yields one Future per actor, in rank order."""
+        shape = self._mesh._shape
+        calls = self._send(args, kwargs, list(range(len(shape))), False)
+        proc, what = self._mesh._proc, self._what
+        for i, c in enumerate(calls):
+            base, point = shape.ranks[i], Point(i, shape.extent)
+            yield Future(_calls=[c], _finish=lambda r, b=base, p=point: decode_reply(r[0], proc, b, p, what))
+
+    def __repr__(self) -> str:
+        return f"<Endpoint {self._what}>"
+
+
+_SIGNATURES: dict[int, inspect.Signature] = {}
+
+
+def _signature(prop: EndpointProperty[Any]) -> inspect.Signature:
+    key = id(prop)
+    sig = _SIGNATURES.get(key)
+    if sig is None:
+        sig = _SIGNATURES[key] = inspect.signature(prop._method)
+    return sig
+
+
+class ActorMesh(MeshTrait, Generic[R]):
+    """Actors of one class, one per proc of a (sliced) proc mesh, under one name.
+
+    Picklable: pass it to another actor's endpoint and that actor can call it.
+    """
+
+    def __init__(self, name: str, cls: type, proc: ProcRef, shape: Shape) -> None:
+        self._name = name
+        self._class = cls
+        self._proc = proc
+        self._shape = shape
+        self._endpoints = endpoints_of(cls)
+
+    def _new_with_shape(self, shape: Shape) -> ActorMesh[R]:
+        return ActorMesh(self._name, self._class, self._proc, shape)
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__") or attr in ("_endpoints", "_class", "_name", "_proc", "_shape"):
+            raise AttributeError(attr)
+        prop = self._endpoints.get(attr)
+        if prop is not None:
+            return Endpoint(self, attr, prop)
+        if hasattr(self._class, attr):
+            raise UnknownEndpointError(
+                f"{self._class.__qualname__}.{attr} is not an endpoint; mark it with @endpoint to call it "
+                "on the mesh"
+            )
+        names = ", ".join(sorted(self._endpoints)) or "none"
+        raise UnknownEndpointError(
+            f"actor mesh {self._name!r} ({self._class.__qualname__}) has no endpoint {attr!r}; its endpoints: {names}"
+        )
+
+    def stop(self) -> Future[None]:
+        """Stops these actors (their ``__cleanup__`` runs); the procs stay."""
+        calls = [c.stop_actor(self._name) for c in self._proc.conns(list(self._shape.ranks))]
+        what, proc, ranks = f"stop of {self._name}", self._proc, self._shape.ranks
+
+        def finish(replies: list[Any]) -> None:
+            for r, base in zip(replies, ranks):
+                if isinstance(r, BaseException):
+                    raise proc.explain(r, base, what)
+
+        return Future(_calls=calls, _finish=finish)
+
+    @property
+    def initialized(self) -> Future[None]:
+        return Future._resolved(None)
+
+    def __repr__(self) -> str:
+        return f"ActorMesh(name={self._name!r}, class={self._class.__qualname__}, shape={self._shape.extent})"
+
+    def __reduce__(self) -> Any:
+        return (ActorMesh, (self._name, self._class, self._proc, self._shape))
+
+
+def check_endpoint_names(cls: type) -> None:
+    clash = sorted(n for n in endpoints_of(cls) if hasattr(ActorMesh, n))
+    if clash:
+        raise MeshSpecError(
+            f"ActorMesh has an attribute that collides with an endpoint name: {clash}; rename the endpoint"
+        )
+
+
+__all__ = ["ActorMesh", "Endpoint", "check_endpoint_names", "decode_reply"]

@@ -1,0 +1,96 @@
+"""``Future``: the result of a call, by ``.get()`` (blocking) or ``await``.
+
+``.get()`` never needs the event loop, so it works, without warnings, inside a running
+asyncio loop: every notebook cell runs inside one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable, Generator, Sequence
+from typing import Any, Generic, TypeVar
+
+from monarch_kernel import _native
+
+R = TypeVar("R")
+
+_UNSET: Any = object()
+
+
+class Future(Generic[R]):
+    """A value that will be there once the calls behind it reply.
+
+    Not constructed by users; endpoints' adverbs return them.
+    """
+
+    __slots__ = ("_calls", "_finish", "_value", "_error")
+
+    def __init__(self, *, _calls: Sequence[Any], _finish: Callable[[list[Any]], R]) -> None:
+        self._calls = list(_calls)
+        self._finish = _finish
+        self._value: Any = _UNSET
+        self._error: BaseException | None = None
+
+    @classmethod
+    def _resolved(cls, value: R) -> Future[R]:
+        f: Future[R] = cls(_calls=[], _finish=lambda _: value)
+        f._value = value
+        return f
+
+    def _settle(self, results: list[Any]) -> None:
+        try:
+            self._value = self._finish(results)
+        except BaseException as e:  # cached and re-raised by every get()
+            self._error = e
+            self._value = None
+
+    def done(self) -> bool:
+        return self._value is not _UNSET or all(c.done() for c in self._calls)
+
+    def get(self, timeout: float | None = None) -> R:
+        """Blocks until the value is there (or ``timeout`` seconds pass: TimeoutError).
+
+        The result, or the exception, is cached: a second ``get()`` gives the same.
+        """
+        if timeout is not None and (timeout < 0 or not math.isfinite(timeout)):
+            raise ValueError(f"timeout must be a finite number >= 0, not {timeout!r}")
+        if self._value is _UNSET:
+            self._settle(_native.wait_all(self._calls, timeout))
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    result = get
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        try:
+            self.get(timeout)
+        except TimeoutError:
+            raise
+        except BaseException as e:
+            return e
+        return None
+
+    def __await__(self) -> Generator[Any, None, R]:
+        if not self.done():
+            yield from self._until_done().__await__()
+        return self.get()
+
+    async def _until_done(self) -> None:
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        remaining = [len(self._calls)]
+
+        def one_done() -> None:  # runs on a runtime thread (PY-1)
+            remaining[0] -= 1
+            if remaining[0] == 0:
+                loop.call_soon_threadsafe(lambda: waiter.done() or waiter.set_result(None))
+
+        for c in self._calls:
+            c.add_done_callback(one_done)
+        await waiter
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "pending"
+        return f"<monarch_kernel.Future {state}>"

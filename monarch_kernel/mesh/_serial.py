@@ -1,0 +1,48 @@
+"""Serialization of messages: cloudpickle, protocol 5, out-of-band buffers.
+
+Classes and functions defined in ``__main__`` (a notebook) travel by value. Buffers
+(ndarrays, tensors' storage, bytes) travel out of band, beside the pickle. Only
+authenticated peers ever reach :func:`loads` (AUTH-1 in the native core).
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import cloudpickle
+
+from monarch_kernel import _native
+from monarch_kernel.errors import MessageTooLargeError, SerializationError
+
+MAX_MESSAGE_BYTES: int = _native.MAX_MESSAGE_BYTES
+
+
+def dumps(obj: Any, what: str) -> tuple[bytes, list[memoryview]]:
+    """Pickles ``obj``; ``what`` names it in errors ("arguments of counter.incr")."""
+    buffers: list[pickle.PickleBuffer] = []
+    try:
+        data = cloudpickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    except Exception as e:  # pickling runs arbitrary __reduce__ code
+        raise SerializationError(
+            f"cannot pickle the {what}: {type(e).__name__}: {e}. Pass picklable values "
+            "(plain data, tensors, arrays, classes or functions defined in a module or cell)."
+        ) from e
+    raws: list[memoryview] = []
+    for b in buffers:
+        try:
+            raws.append(b.raw())
+        except BufferError:  # not contiguous: copy it into the pickle stream instead
+            return cloudpickle.dumps(obj, protocol=5), []
+    size = len(data) + sum(r.nbytes for r in raws)
+    if size > MAX_MESSAGE_BYTES:
+        raise MessageTooLargeError(
+            f"the {what} pickle to {size:,} bytes, above the control plane's limit of "
+            f"{MAX_MESSAGE_BYTES:,} bytes. Send large tensors in pieces, or keep them on the "
+            "workers and send only what you need back."
+        )
+    return data, raws
+
+
+def loads(data: bytes, buffers: list[Any] | None = None) -> Any:
+    return pickle.loads(data, buffers=buffers or ())

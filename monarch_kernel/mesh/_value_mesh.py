@@ -1,0 +1,61 @@
+"""``ValueMesh``: one value per point of a mesh, e.g. the results of ``call()``."""
+
+from __future__ import annotations
+
+import pprint
+import textwrap
+from collections.abc import Iterator, Sequence
+from typing import Any, Generic, TypeVar
+
+from monarch_kernel.mesh._shape import MeshTrait, Point, Shape
+
+R = TypeVar("R")
+
+
+class ValueMesh(MeshTrait, Generic[R]):
+    """Values laid out over named dims (row-major)."""
+
+    def __init__(self, shape: Shape, values: Sequence[R]) -> None:
+        if len(values) != len(shape):
+            raise ValueError(f"a ValueMesh over {shape.extent} needs {len(shape)} values, got {len(values)}")
+        # Values are indexed by base rank so slices can share them.
+        self._shape = Shape(shape.extent, range(len(shape))) if shape.ranks != tuple(range(len(shape))) else shape
+        self._values = list(values)
+
+    def _new_with_shape(self, shape: Shape) -> ValueMesh[R]:
+        return ValueMesh(Shape(shape.extent), [self._values[r] for r in shape.ranks])
+
+    def values(self) -> list[R]:
+        """The values in rank order."""
+        return list(self._values)
+
+    def get(self, i: int) -> R:
+        return self._values[i]
+
+    def items(self) -> Iterator[tuple[Point, R]]:
+        """``(Point, value)`` pairs in rank order."""
+        for p, v in zip(self._shape.points(), self._values):
+            yield p, v
+
+    def __iter__(self) -> Iterator[tuple[Point, R]]:
+        return self.items()
+
+    def item(self, **coords: int) -> R:
+        """The value at ``coords``, which must name every dim (none for a 0-d mesh)."""
+        extra = [k for k in coords if k not in self._shape.labels]
+        if extra:
+            raise KeyError(f"item has extra dimensions: {extra}")
+        missing = [k for k in self._shape.labels if k not in coords]
+        if missing:
+            raise KeyError(f"item() needs a coordinate for every dimension; missing: {missing}")
+        sub = self._shape.slice(**coords)
+        return self._values[sub.ranks[0]]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ValueMesh) and self.extent == other.extent and self._values == other._values
+
+    def __repr__(self) -> str:
+        return f"ValueMesh({self.extent}):\n" + textwrap.indent(pprint.pformat(tuple(self.items())), "  ")
+
+    def __reduce__(self) -> Any:
+        return (ValueMesh, (self._shape, self._values))

@@ -1,0 +1,41 @@
+"""Entry point of a worker process, started by its host agent.
+
+The agent passes: the mesh token as the first line of stdin (AGENT-1: EOF on stdin
+later means the agent is gone, and the worker exits), a listening socket
+(``MONARCH_LISTEN_FD``), its rank (``MONARCH_RANK``), the mesh's shape
+(``MONARCH_SHAPE``) and the controller's import path (``MONARCH_SYS_PATH``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def main() -> None:
+    token = sys.stdin.readline().strip()
+    from monarch_kernel import _native
+
+    _native.exit_when_stdin_closes()
+    for p in reversed(json.loads(os.environ.get("MONARCH_SYS_PATH", "[]"))):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    from monarch_kernel.mesh._proc_mesh import ProcMesh, set_this_proc
+    from monarch_kernel.mesh._proc_ref import ProcRef
+    from monarch_kernel.mesh._shape import Extent, Point, Shape
+    from monarch_kernel.worker import Dispatcher
+
+    dims, sizes = json.loads(os.environ["MONARCH_SHAPE"])
+    rank = int(os.environ["MONARCH_RANK"])
+    server = _native.WorkerServer(token, listen_fd=int(os.environ["MONARCH_LISTEN_FD"]))
+    point = Point(rank, Extent(dims, sizes))
+    mesh = os.environ.get("MONARCH_MESH", "mesh")
+    set_this_proc(ProcMesh(ProcRef(f"{mesh}[{rank}]", token, (server.addr,)), Shape(Extent([], []))))
+    dispatcher = Dispatcher(server, point, sync_on_main=True)
+    dispatcher.start()
+    dispatcher.run_sync()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,273 @@
+//! The host agent: a daemon (one per host and mesh) that owns the worker processes.
+//!
+//! It spawns workers ([`process`]), captures their output to per-rank log files and a
+//! ring buffer, reports their exits to `Watch` streams, and stops them on `Shutdown`
+//! or when no controller has been attached for the idle timeout.
+//!
+//! AGENT-1: workers never outlive the agent: each is started with
+//! `PR_SET_PDEATHSIG = SIGKILL` and holds a pipe from the agent on its stdin whose
+//! EOF makes it exit. AGENT-2: an open `Watch` stream is a controller's lease; the
+//! idle clock runs only while there is none.
+
+pub mod process;
+
+use crate::proto::v1::host_agent_server::{HostAgent, HostAgentServer};
+use crate::proto::v1::{
+    AgentEvent, AgentPingReply, AgentPingRequest, ListWorkersReply,
+    ListWorkersRequest, LogsReply, LogsRequest, ShutdownReply, ShutdownRequest,
+    SpawnWorkersReply, SpawnWorkersRequest, WatchRequest,
+};
+use crate::rpc::auth::TokenCheck;
+use process::Workers;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::{broadcast, watch, Notify};
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+/// Errors of the agent.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The token is unusable (AUTH-2).
+    #[error("{0}")]
+    Token(#[from] crate::rpc::auth::TokenError),
+    /// Binding, spawning or log files.
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// How an agent runs.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// The mesh's name.
+    pub name: String,
+    /// The mesh's secret token.
+    pub token: String,
+    /// Where per-rank log files go.
+    pub log_dir: PathBuf,
+    /// Stop after this long with no controller attached (AGENT-2).
+    pub idle_timeout: Duration,
+    /// How long to wait for the first controller to attach.
+    pub first_attach_timeout: Duration,
+}
+
+/// State shared by the service and its background tasks.
+pub struct Agent {
+    cfg: AgentConfig,
+    /// The worker processes.
+    pub workers: Workers,
+    /// Worker exits and log lines, fanned out to `Watch` streams.
+    events: broadcast::Sender<AgentEvent>,
+    /// Open `Watch` streams (AGENT-2).
+    watchers: AtomicUsize,
+    /// When the last watcher left (or the agent started).
+    detached_since: Mutex<Option<Instant>>,
+    /// Set once any controller has attached.
+    ever_attached: Mutex<bool>,
+    /// Flips to true once when the agent must stop; ends `Watch` streams and the server.
+    stopping: watch::Sender<bool>,
+}
+
+/// Decrements the watcher count when a `Watch` stream is dropped (AGENT-2).
+struct Lease(Arc<Agent>);
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if self.0.watchers.fetch_sub(1, Ordering::SeqCst) == 1 {
+            *self.0.detached_since.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        }
+    }
+}
+
+impl Agent {
+    /// Stops every worker, then lets the server end.
+    pub async fn stop_all(&self) {
+        self.workers.stop_all(Duration::from_secs(2)).await;
+        self.stopping.send_replace(true);
+    }
+
+    /// Resolves once the agent is stopping.
+    pub async fn stopped(&self) {
+        let mut rx = self.stopping.subscribe();
+        let _ = rx.wait_for(|s| *s).await;
+    }
+
+    fn idle_expired(&self) -> bool {
+        if self.watchers.load(Ordering::SeqCst) > 0 {
+            return false;
+        }
+        let since = *self.detached_since.lock().unwrap_or_else(|e| e.into_inner());
+        let limit = if *self.ever_attached.lock().unwrap_or_else(|e| e.into_inner()) {
+            self.cfg.idle_timeout
+        } else {
+            self.cfg.first_attach_timeout.max(self.cfg.idle_timeout)
+        };
+        since.map(|s| s.elapsed() >= limit).unwrap_or(false)
+    }
+}
+
+#[derive(Clone)]
+struct Service(Arc<Agent>);
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<AgentEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl HostAgent for Service {
+    async fn spawn_workers(
+        &self,
+        req: Request<SpawnWorkersRequest>,
+    ) -> Result<Response<SpawnWorkersReply>, Status> {
+        let r = req.into_inner();
+        let workers = self
+            .0
+            .workers
+            .spawn(&r, self.0.events.clone())
+            .await
+            .map_err(|e| Status::internal(format!("cannot start workers: {e}")))?;
+        Ok(Response::new(SpawnWorkersReply { workers }))
+    }
+
+    async fn list_workers(
+        &self,
+        _req: Request<ListWorkersRequest>,
+    ) -> Result<Response<ListWorkersReply>, Status> {
+        Ok(Response::new(ListWorkersReply {
+            workers: self.0.workers.list(),
+        }))
+    }
+
+    async fn logs(&self, req: Request<LogsRequest>) -> Result<Response<LogsReply>, Status> {
+        let r = req.into_inner();
+        let rank = u32::try_from(r.rank).ok();
+        Ok(Response::new(LogsReply {
+            lines: self.0.workers.logs(rank, r.tail as usize),
+        }))
+    }
+
+    type WatchStream = EventStream;
+
+    async fn watch(&self, _req: Request<WatchRequest>) -> Result<Response<EventStream>, Status> {
+        let agent = self.0.clone();
+        agent.watchers.fetch_add(1, Ordering::SeqCst);
+        *agent.ever_attached.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        let lease = Lease(agent.clone());
+        let mut events = agent.events.subscribe();
+        let (tx, rx) = tokio::sync::mpsc::channel(1024);
+        // Forwards events until the controller goes (its stream is dropped, so `tx`
+        // closes) or the agent stops; the lease ends with this task (AGENT-2).
+        tokio::spawn(async move {
+            let _lease = lease;
+            loop {
+                tokio::select! {
+                    ev = events.recv() => match ev {
+                        Ok(ev) => if tx.send(Ok(ev)).await.is_err() { return },
+                        Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                        Err(broadcast::error::RecvError::Closed) => return,
+                    },
+                    _ = tx.closed() => return,
+                    _ = agent.stopped() => return,
+                }
+            }
+        });
+        let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn shutdown(
+        &self,
+        _req: Request<ShutdownRequest>,
+    ) -> Result<Response<ShutdownReply>, Status> {
+        self.0.stop_all().await;
+        Ok(Response::new(ShutdownReply {}))
+    }
+
+    async fn ping(&self, _req: Request<AgentPingRequest>) -> Result<Response<AgentPingReply>, Status> {
+        Ok(Response::new(AgentPingReply {
+            pid: std::process::id(),
+            name: self.0.cfg.name.clone(),
+        }))
+    }
+}
+
+/// A started agent.
+pub struct AgentHandle {
+    /// `127.0.0.1:PORT`.
+    pub addr: String,
+    /// The shared state.
+    pub agent: Arc<Agent>,
+    done: Arc<Notify>,
+}
+
+impl AgentHandle {
+    /// Blocks until the agent has stopped (its workers are gone).
+    pub fn wait(&self, rt: &tokio::runtime::Handle) {
+        let done = self.done.clone();
+        rt.block_on(async move { done.notified().await });
+    }
+}
+
+/// Starts an agent serving on `listener`.
+pub fn start(
+    rt: &tokio::runtime::Handle,
+    cfg: AgentConfig,
+    listener: std::net::TcpListener,
+) -> Result<AgentHandle, AgentError> {
+    let auth = TokenCheck::new(&cfg.token)?;
+    std::fs::create_dir_all(&cfg.log_dir)?;
+    let addr = listener.local_addr()?.to_string();
+    listener.set_nonblocking(true)?;
+    let (events, _) = broadcast::channel(4096);
+    let agent = Arc::new(Agent {
+        workers: Workers::new(cfg.name.clone(), cfg.token.clone(), cfg.log_dir.clone()),
+        cfg,
+        events,
+        watchers: AtomicUsize::new(0),
+        detached_since: Mutex::new(Some(Instant::now())),
+        ever_attached: Mutex::new(false),
+        stopping: watch::channel(false).0,
+    });
+    let svc = tonic::service::interceptor::InterceptedService::new(
+        HostAgentServer::new(Service(agent.clone())),
+        auth,
+    );
+    let done = Arc::new(Notify::new());
+    let _guard = rt.enter();
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    let (a2, done2) = (agent.clone(), done.clone());
+    rt.spawn(async move {
+        let a3 = a2.clone();
+        // The idle clock (AGENT-2).
+        let idle = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                if a3.idle_expired() {
+                    a3.stop_all().await;
+                    return;
+                }
+            }
+        });
+        let (a4, a5) = (a2.clone(), a2.clone());
+        let server = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .http2_keepalive_interval(Some(Duration::from_secs(1)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(3)))
+            .add_service(svc)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+                a4.stopped().await;
+                // Let the Shutdown reply reach its caller before the server goes.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            });
+        // A client that never closes its connection must not keep the agent alive.
+        tokio::select! {
+            _ = server => {}
+            _ = async move { a5.stopped().await; tokio::time::sleep(Duration::from_secs(2)).await } => {}
+        }
+        idle.abort();
+        done2.notify_one();
+    });
+    Ok(AgentHandle { addr, agent, done })
+}

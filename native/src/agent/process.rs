@@ -1,0 +1,260 @@
+//! Worker processes: how the agent starts them, captures their output and sees them
+//! exit.
+//!
+//! Each worker gets a listening socket bound here (`MONARCH_LISTEN_FD`), so its
+//! address is known before it runs; its own session (never the controller's process
+//! group, which Jupyter signals); AGENT-1's death signal and stdin pipe; and the mesh
+//! token as the first line on stdin (never in argv or the environment).
+
+use crate::proto::v1::{agent_event, AgentEvent, LogLine, SpawnWorkersRequest, WorkerInfo, WorkerState};
+use std::collections::VecDeque;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
+use tokio::sync::broadcast;
+
+/// Lines of output kept in memory per rank.
+pub const RING_LINES: usize = 2000;
+
+struct Record {
+    info: WorkerInfo,
+    /// AGENT-1: the write end of the worker's stdin; dropping it (or the agent dying)
+    /// tells the worker to exit.
+    stdin: Option<tokio::process::ChildStdin>,
+    /// The last [`RING_LINES`] lines of output.
+    ring: VecDeque<LogLine>,
+}
+
+/// The worker processes of one agent.
+pub struct Workers {
+    mesh: String,
+    /// The mesh token, handed to each worker on its stdin.
+    token: String,
+    log_dir: PathBuf,
+    host: String,
+    /// Shared with the per-worker output and exit tasks.
+    records: Arc<Mutex<Vec<Record>>>,
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into buf.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr() as *mut libc::c_char, buf.len()) };
+    if rc != 0 {
+        return "localhost".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+impl Workers {
+    /// No workers yet.
+    pub fn new(mesh: String, token: String, log_dir: PathBuf) -> Self {
+        Workers {
+            mesh,
+            token,
+            log_dir,
+            host: hostname(),
+            records: Arc::new(Mutex::new(Vec::new())),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Record>> {
+        self.records.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts `req.count` workers, ranked after those that exist. Must run inside the
+    /// runtime.
+    pub async fn spawn(
+        &self,
+        req: &SpawnWorkersRequest,
+        events: broadcast::Sender<AgentEvent>,
+    ) -> std::io::Result<Vec<WorkerInfo>> {
+        let first = self.lock().len() as u32;
+        let mut out = Vec::new();
+        for rank in first..first + req.count {
+            out.push(self.spawn_one(rank, req, events.clone()).await?);
+        }
+        Ok(out)
+    }
+
+    async fn spawn_one(
+        &self,
+        rank: u32,
+        req: &SpawnWorkersRequest,
+        events: broadcast::Sender<AgentEvent>,
+    ) -> std::io::Result<WorkerInfo> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let addr = listener.local_addr()?.to_string();
+        let fd = listener.as_raw_fd();
+        let mut cmd = tokio::process::Command::new(&req.executable);
+        cmd.args(&req.args)
+            .envs(&req.env)
+            .env("MONARCH_LISTEN_FD", fd.to_string())
+            .env("MONARCH_RANK", rank.to_string())
+            .env("MONARCH_MESH", &self.mesh)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if !req.cwd.is_empty() {
+            cmd.current_dir(&req.cwd);
+        }
+        // SAFETY: the closure runs in the child between fork and exec and calls only
+        // async-signal-safe functions (setsid, prctl, fcntl).
+        unsafe {
+            cmd.pre_exec(move || {
+                libc::setsid();
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                // Keep the listening socket across exec (std sets CLOEXEC on it).
+                let flags = libc::fcntl(fd, libc::F_GETFD);
+                libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn()?;
+        drop(listener);
+        let pid = child.id().unwrap_or(0);
+        let mut stdin = child.stdin.take();
+        let info = WorkerInfo {
+            rank,
+            pid,
+            addr,
+            state: WorkerState::Running as i32,
+            exit_code: 0,
+            signal: 0,
+            host: self.host.clone(),
+        };
+        if let Some(s) = stdin.as_mut() {
+            // The pipe is empty and far larger than a token line: this never waits.
+            let _ = s.write_all(format!("{}\n", self.token).as_bytes()).await;
+        }
+        self.lock().push(Record {
+            info: info.clone(),
+            stdin,
+            ring: VecDeque::new(),
+        });
+        let log_path = self.log_dir.join(format!("rank-{rank}.log"));
+        if let Some(out) = child.stdout.take() {
+            self.capture(rank, "stdout", out, log_path.clone(), events.clone());
+        }
+        if let Some(err) = child.stderr.take() {
+            self.capture(rank, "stderr", err, log_path, events.clone());
+        }
+        let records = self.records.clone();
+        tokio::spawn(async move {
+            let status = child.wait().await;
+            let info = {
+                let mut recs = records.lock().unwrap_or_else(|e| e.into_inner());
+                let Some(rec) = recs.iter_mut().find(|r| r.info.rank == rank) else {
+                    return;
+                };
+                rec.info.state = WorkerState::Exited as i32;
+                if let Ok(st) = status {
+                    rec.info.exit_code = st.code().unwrap_or(-1);
+                    rec.info.signal = st.signal().unwrap_or(0);
+                }
+                rec.stdin = None;
+                rec.info.clone()
+            };
+            let _ = events.send(AgentEvent {
+                event: Some(agent_event::Event::WorkerExited(info)),
+            });
+        });
+        Ok(info)
+    }
+
+    fn capture<R: AsyncRead + Unpin + Send + 'static>(
+        &self,
+        rank: u32,
+        stream: &'static str,
+        pipe: R,
+        path: PathBuf,
+        events: broadcast::Sender<AgentEvent>,
+    ) {
+        let records = self.records.clone();
+        tokio::spawn(async move {
+            let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&path).ok();
+            let mut reader = BufReader::new(pipe);
+            let mut buf = Vec::new();
+            loop {
+                buf.clear();
+                match reader.read_until(b'\n', &mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+                if let Some(f) = file.as_mut() {
+                    let _ = f.write_all(&buf);
+                }
+                let text = String::from_utf8_lossy(&buf).trim_end_matches('\n').to_string();
+                let line = LogLine {
+                    rank,
+                    stream: stream.to_string(),
+                    text,
+                };
+                {
+                    let mut recs = records.lock().unwrap_or_else(|e| e.into_inner());
+                    if let Some(rec) = recs.iter_mut().find(|r| r.info.rank == rank) {
+                        if rec.ring.len() == RING_LINES {
+                            rec.ring.pop_front();
+                        }
+                        rec.ring.push_back(line.clone());
+                    }
+                }
+                let _ = events.send(AgentEvent {
+                    event: Some(agent_event::Event::Log(line)),
+                });
+            }
+        });
+    }
+
+    /// Every worker, alive or not.
+    pub fn list(&self) -> Vec<WorkerInfo> {
+        self.lock().iter().map(|r| r.info.clone()).collect()
+    }
+
+    /// The last `tail` lines of `rank` (every rank if `None`), oldest first.
+    pub fn logs(&self, rank: Option<u32>, tail: usize) -> Vec<LogLine> {
+        let recs = self.lock();
+        let mut out = Vec::new();
+        for r in recs.iter().filter(|r| rank.is_none_or(|k| k == r.info.rank)) {
+            let skip = r.ring.len().saturating_sub(tail);
+            out.extend(r.ring.iter().skip(skip).cloned());
+        }
+        out
+    }
+
+    fn running_pids(&self) -> Vec<i32> {
+        self.lock()
+            .iter()
+            .filter(|r| r.info.state == WorkerState::Running as i32)
+            .map(|r| r.info.pid as i32)
+            .collect()
+    }
+
+    /// SIGTERM every worker's process group, SIGKILL what is left after `grace`, and
+    /// wait (briefly) for the exits to be recorded.
+    pub async fn stop_all(&self, grace: Duration) {
+        for pid in self.running_pids() {
+            // SAFETY: kill has no memory-safety preconditions. Each worker leads its
+            // own session, so -pid is its process group.
+            unsafe { libc::kill(-pid, libc::SIGTERM) };
+        }
+        let deadline = Instant::now() + grace;
+        while !self.running_pids().is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for pid in self.running_pids() {
+            // SAFETY: as above.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+        }
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !self.running_pids().is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}

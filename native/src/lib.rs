@@ -1,0 +1,15 @@
+//! Native core of monarch-kernel: one tokio runtime per process ([`node`]), the gRPC
+//! control plane ([`rpc`]: the `Worker` service and its one client), and the host
+//! agent that owns worker processes ([`agent`]).
+//!
+//! This file only wires modules. pyo3 appears only in `py/` (feature `python`), so
+//! `cargo test` builds and runs without libpython.
+#![warn(missing_docs)]
+
+pub mod agent;
+pub mod node;
+pub mod proto;
+pub mod rpc;
+
+#[cfg(feature = "python")]
+mod py;

@@ -1,0 +1,80 @@
+//! Bindings of the host agent: start one in this process and wait for it to stop.
+
+use crate::agent::{self, AgentConfig, AgentHandle};
+use crate::node;
+use pyo3::exceptions::PyOSError;
+use pyo3::prelude::*;
+use std::time::Duration;
+
+/// A host agent running in this process.
+#[pyclass(frozen, name = "Agent", module = "monarch_kernel._native")]
+pub struct PyAgent {
+    handle: AgentHandle,
+}
+
+#[pymethods]
+impl PyAgent {
+    #[getter]
+    fn addr(&self) -> String {
+        self.handle.addr.clone()
+    }
+
+    /// Blocks (GIL released) until the agent has stopped its workers and itself.
+    fn wait(&self, py: Python<'_>) {
+        py.detach(|| self.handle.wait(node::handle()));
+    }
+}
+
+/// Starts a host agent on 127.0.0.1 (a free port).
+#[pyfunction]
+#[pyo3(signature = (name, token, log_dir, idle_timeout_s, first_attach_timeout_s=30.0))]
+fn start_agent(
+    py: Python<'_>,
+    name: String,
+    token: String,
+    log_dir: String,
+    idle_timeout_s: f64,
+    first_attach_timeout_s: f64,
+) -> PyResult<PyAgent> {
+    let cfg = AgentConfig {
+        name,
+        token,
+        log_dir: log_dir.into(),
+        idle_timeout: Duration::from_secs_f64(idle_timeout_s.max(0.0)),
+        first_attach_timeout: Duration::from_secs_f64(first_attach_timeout_s.max(0.0)),
+    };
+    let handle = py
+        .detach(|| {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(agent::AgentError::from)?;
+            agent::start(node::handle(), cfg, l)
+        })
+        .map_err(|e| PyOSError::new_err(format!("cannot start the host agent: {e}")))?;
+    Ok(PyAgent { handle })
+}
+
+/// Worker side of AGENT-1: exits this process at once when stdin reaches EOF (the
+/// agent closed it or died). Call after reading the token line.
+#[pyfunction]
+fn exit_when_stdin_closes() {
+    std::thread::Builder::new()
+        .name("monarch-stdin-watch".into())
+        .spawn(|| {
+            let mut buf = [0u8; 64];
+            loop {
+                // SAFETY: reads into a valid local buffer from fd 0.
+                let n = unsafe { libc::read(0, buf.as_mut_ptr() as *mut libc::c_void, buf.len()) };
+                if n == 0 || (n < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted) {
+                    // SAFETY: _exit ends the process without running any more code.
+                    unsafe { libc::_exit(70) };
+                }
+            }
+        })
+        .ok();
+}
+
+pub fn register_python_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyAgent>()?;
+    m.add_function(wrap_pyfunction!(start_agent, m)?)?;
+    m.add_function(wrap_pyfunction!(exit_when_stdin_closes, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,260 @@
+//! Bindings of the `Worker` client: connections, fan-out calls, pending calls.
+
+use super::errors::to_py;
+use crate::node;
+use crate::rpc::client::{Target, WorkerConn};
+use crate::rpc::slot::{Outcome, Slot};
+use crate::proto::v1::Reply;
+use bytes::Bytes;
+use pyo3::buffer::PyBuffer;
+use pyo3::exceptions::PyTimeoutError;
+use pyo3::prelude::*;
+use pyo3::types::{PyByteArray, PyBytes, PyDict};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A connection to one worker (shared per address and token within the process).
+#[pyclass(frozen, name = "WorkerConn", module = "monarch_kernel._native")]
+pub struct PyWorkerConn {
+    inner: Arc<WorkerConn>,
+}
+
+/// A call in flight.
+#[pyclass(frozen, name = "PendingCall", module = "monarch_kernel._native")]
+pub struct PendingCall {
+    slot: Arc<Slot>,
+    call_id: u64,
+    conn: Arc<WorkerConn>,
+}
+
+/// Copies Python buffer-protocol objects (format "B") into owned bytes.
+pub(crate) fn to_bytes_vec(py: Python<'_>, bufs: &[PyBuffer<u8>]) -> PyResult<Vec<Bytes>> {
+    bufs.iter().map(|b| Ok(Bytes::from(b.to_vec(py)?))).collect()
+}
+
+type PyReply = (i32, Py<PyBytes>, Vec<Py<PyByteArray>>);
+
+fn reply_to_py(py: Python<'_>, r: &Reply) -> PyReply {
+    (
+        r.kind,
+        PyBytes::new(py, &r.payload).unbind(),
+        r.buffers.iter().map(|b| PyByteArray::new(py, b).unbind()).collect(),
+    )
+}
+
+fn outcome_to_py(py: Python<'_>, o: Outcome) -> PyResult<PyReply> {
+    match o {
+        Ok(r) => Ok(reply_to_py(py, &r)),
+        Err(e) => Err(to_py(e)),
+    }
+}
+
+/// Waits for `slot`, releasing the GIL, waking every 50 ms to let Python run signal
+/// handlers (so Ctrl-C / a kernel interrupt reaches a blocked `.get()`).
+fn wait_slot(py: Python<'_>, slot: &Arc<Slot>, deadline: Option<Instant>) -> PyResult<Outcome> {
+    loop {
+        let chunk = match deadline {
+            None => Duration::from_millis(50),
+            Some(d) => d.saturating_duration_since(Instant::now()).min(Duration::from_millis(50)),
+        };
+        if let Some(o) = py.detach(|| slot.wait(Some(chunk))) {
+            return Ok(o);
+        }
+        py.check_signals()?;
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(PyTimeoutError::new_err("timed out waiting for the reply"));
+        }
+    }
+}
+
+fn deadline(timeout: Option<f64>) -> Option<Instant> {
+    timeout.map(|t| Instant::now() + Duration::from_secs_f64(t.max(0.0)))
+}
+
+impl PendingCall {
+    fn new(slot: Arc<Slot>, call_id: u64, conn: Arc<WorkerConn>) -> Self {
+        PendingCall { slot, call_id, conn }
+    }
+}
+
+#[pymethods]
+impl PendingCall {
+    /// Waits for the reply: `(kind, payload, buffers)`. Raises TimeoutError,
+    /// ConnectionLost, AuthError or MessageTooLarge.
+    #[pyo3(signature = (timeout=None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<PyReply> {
+        let o = wait_slot(py, &self.slot, deadline(timeout))?;
+        outcome_to_py(py, o)
+    }
+
+    /// True once the reply (or the failure) is in.
+    fn done(&self) -> bool {
+        self.slot.is_done()
+    }
+
+    /// Calls `fn()` once the call completes: on a runtime thread, or at once here if
+    /// it already has.
+    fn add_done_callback(&self, cb: Py<PyAny>) {
+        self.slot.on_done(Box::new(move || super::enter_python(cb)));
+    }
+
+    /// Asks the worker to cancel this call.
+    fn cancel(&self) {
+        self.conn.cancel(node::handle(), self.call_id);
+    }
+
+    #[getter]
+    fn call_id(&self) -> u64 {
+        self.call_id
+    }
+
+    #[getter]
+    fn addr(&self) -> String {
+        self.conn.addr().to_string()
+    }
+}
+
+#[pymethods]
+impl PyWorkerConn {
+    #[new]
+    fn new(py: Python<'_>, addr: &str, token: &str) -> PyResult<Self> {
+        let inner = py
+            .detach(|| WorkerConn::get(node::handle(), addr, token))
+            .map_err(to_py)?;
+        Ok(PyWorkerConn { inner })
+    }
+
+    #[getter]
+    fn addr(&self) -> String {
+        self.inner.addr().to_string()
+    }
+
+    /// Why the connection was lost, or None while it is up.
+    fn lost(&self) -> Option<String> {
+        self.inner.lost().map(|e| e.to_string())
+    }
+
+    /// Creates (or replaces) actor `name` from a pickled (class, args, kwargs).
+    fn spawn_actor(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        payload: &[u8],
+        buffers: Vec<PyBuffer<u8>>,
+    ) -> PyResult<PendingCall> {
+        let bufs = to_bytes_vec(py, &buffers)?;
+        let slot = self
+            .inner
+            .spawn_actor(node::handle(), name, Bytes::copy_from_slice(payload), bufs);
+        Ok(PendingCall::new(slot, 0, self.inner.clone()))
+    }
+
+    /// Stops actor `name`.
+    fn stop_actor(&self, name: &str) -> PendingCall {
+        let slot = self.inner.stop_actor(node::handle(), name);
+        PendingCall::new(slot, 0, self.inner.clone())
+    }
+
+    /// Round trip through the worker's native runtime; returns its pid.
+    #[pyo3(signature = (timeout=5.0))]
+    fn ping(&self, py: Python<'_>, timeout: f64) -> PyResult<u32> {
+        let inner = self.inner.clone();
+        let r = py.detach(|| {
+            node::handle().block_on(async move {
+                tokio::time::timeout(Duration::from_secs_f64(timeout), inner.ping()).await
+            })
+        });
+        match r {
+            Ok(r) => r.map_err(to_py),
+            Err(_) => Err(PyTimeoutError::new_err(format!(
+                "worker at {} did not answer a ping within {timeout} s",
+                self.inner.addr()
+            ))),
+        }
+    }
+
+    /// The worker's counters, as a dict.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let inner = self.inner.clone();
+        let s = py
+            .detach(|| node::handle().block_on(async move { inner.stats().await }))
+            .map_err(to_py)?;
+        let d = PyDict::new(py);
+        d.set_item("pid", s.pid)?;
+        d.set_item("calls_received", s.calls_received)?;
+        d.set_item("calls_in_flight", s.calls_in_flight)?;
+        d.set_item("rejected_auth", s.rejected_auth)?;
+        Ok(d)
+    }
+}
+
+/// Sends one call to every connection in `conns` (one Python call, one GIL release);
+/// `ranks[i]` is the index of `conns[i]` within the called mesh of `dims`/`sizes`.
+/// Returns the pending calls in the same order, or an empty list if `oneway`.
+#[pyfunction]
+#[pyo3(signature = (conns, ranks, dims, sizes, actor, method, payload, buffers, oneway=false))]
+#[allow(clippy::too_many_arguments)]
+fn call(
+    py: Python<'_>,
+    conns: Vec<PyRef<'_, PyWorkerConn>>,
+    ranks: Vec<u32>,
+    dims: Vec<String>,
+    sizes: Vec<u32>,
+    actor: &str,
+    method: &str,
+    payload: &[u8],
+    buffers: Vec<PyBuffer<u8>>,
+    oneway: bool,
+) -> PyResult<Vec<PendingCall>> {
+    if ranks.len() != conns.len() {
+        return Err(pyo3::exceptions::PyValueError::new_err("conns and ranks differ in length"));
+    }
+    let bufs = to_bytes_vec(py, &buffers)?;
+    let payload = Bytes::copy_from_slice(payload);
+    let targets: Vec<Arc<WorkerConn>> = conns.iter().map(|c| c.inner.clone()).collect();
+    let t = Target { actor, method, payload: &payload, buffers: &bufs, oneway, dims: &dims, sizes: &sizes };
+    let sent = py.detach(|| {
+        targets
+            .iter()
+            .zip(&ranks)
+            .map(|(c, &r)| {
+                let (id, slot) = c.call(&t, r);
+                (id, slot, c.clone())
+            })
+            .collect::<Vec<_>>()
+    });
+    Ok(sent
+        .into_iter()
+        .filter_map(|(id, slot, c)| slot.map(|s| PendingCall::new(s, id, c)))
+        .collect())
+}
+
+/// Waits for every call, with one deadline for all. Returns, in order, each reply
+/// tuple or the exception instance that call failed with; raises TimeoutError if the
+/// deadline passes first.
+#[pyfunction]
+#[pyo3(signature = (calls, timeout=None))]
+fn wait_all(
+    py: Python<'_>,
+    calls: Vec<PyRef<'_, PendingCall>>,
+    timeout: Option<f64>,
+) -> PyResult<Vec<Py<PyAny>>> {
+    let d = deadline(timeout);
+    let mut out = Vec::with_capacity(calls.len());
+    for c in &calls {
+        let o = wait_slot(py, &c.slot, d)?;
+        out.push(match outcome_to_py(py, o) {
+            Ok(t) => t.into_pyobject(py)?.into_any().unbind(),
+            Err(e) => e.into_value(py).into_any(),
+        });
+    }
+    Ok(out)
+}
+
+pub fn register_python_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyWorkerConn>()?;
+    m.add_class::<PendingCall>()?;
+    m.add_function(wrap_pyfunction!(call, m)?)?;
+    m.add_function(wrap_pyfunction!(wait_all, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,105 @@
+//! Bindings of the `Worker` server: the inbox a Python dispatcher drains.
+
+use super::client::to_bytes_vec;
+use super::errors::to_py;
+use crate::node;
+use crate::proto::v1::ReplyKind;
+use crate::rpc::server::WorkerHost;
+use bytes::Bytes;
+use pyo3::buffer::PyBuffer;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyByteArray, PyBytes};
+use std::os::fd::FromRawFd;
+
+/// Serves the `Worker` service for this process.
+#[pyclass(frozen, name = "WorkerServer", module = "monarch_kernel._native")]
+pub struct PyWorkerServer {
+    host: WorkerHost,
+}
+
+type PyIncoming = (u64, u8, u64, String, String, Py<PyBytes>, Vec<Py<PyByteArray>>, (u32, Vec<String>, Vec<u32>));
+
+#[pymethods]
+impl PyWorkerServer {
+    /// Serves on the inherited listening socket `listen_fd`, or binds `addr`.
+    #[new]
+    #[pyo3(signature = (token, listen_fd=None, addr="127.0.0.1:0"))]
+    fn new(py: Python<'_>, token: &str, listen_fd: Option<i32>, addr: &str) -> PyResult<Self> {
+        let host = py
+            .detach(|| match listen_fd {
+                // SAFETY: the agent passed us this descriptor to own (MONARCH_LISTEN_FD).
+                Some(fd) => WorkerHost::serve(node::handle(), unsafe {
+                    std::net::TcpListener::from_raw_fd(fd)
+                }, token),
+                None => WorkerHost::bind(node::handle(), addr, token),
+            })
+            .map_err(to_py)?;
+        Ok(PyWorkerServer { host })
+    }
+
+    #[getter]
+    fn addr(&self) -> String {
+        self.host.addr.clone()
+    }
+
+    /// An eventfd that is readable while items are queued.
+    fn fileno(&self) -> i32 {
+        self.host.inbox.fd()
+    }
+
+    /// Every queued item: `(token, kind, call_id, actor, method, payload, buffers,
+    /// (rank, dims, sizes))`.
+    fn take(&self, py: Python<'_>) -> Vec<PyIncoming> {
+        let items = py.detach(|| self.host.inbox.take());
+        items
+            .into_iter()
+            .map(|i| {
+                (
+                    i.token,
+                    i.kind as u8,
+                    i.call_id,
+                    i.actor,
+                    i.method,
+                    PyBytes::new(py, &i.payload).unbind(),
+                    i.buffers.iter().map(|b| PyByteArray::new(py, b).unbind()).collect(),
+                    (i.rank, i.dims, i.sizes),
+                )
+            })
+            .collect()
+    }
+
+    /// Answers the item that carried `token`.
+    fn reply(
+        &self,
+        py: Python<'_>,
+        token: u64,
+        kind: i32,
+        payload: &[u8],
+        buffers: Vec<PyBuffer<u8>>,
+    ) -> PyResult<()> {
+        let kind = ReplyKind::try_from(kind)
+            .map_err(|_| PyValueError::new_err(format!("unknown reply kind {kind}")))?;
+        let bufs = to_bytes_vec(py, &buffers)?;
+        let payload = Bytes::copy_from_slice(payload);
+        py.detach(|| self.host.inbox.reply(token, kind, payload, bufs));
+        Ok(())
+    }
+
+    /// Stops serving.
+    fn shutdown(&self) {
+        self.host.shutdown();
+    }
+}
+
+pub fn register_python_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyWorkerServer>()?;
+    m.add("KIND_SPAWN", 1u8)?;
+    m.add("KIND_STOP", 2u8)?;
+    m.add("KIND_CALL", 3u8)?;
+    m.add("KIND_CANCEL", 4u8)?;
+    m.add("REPLY_RESULT", ReplyKind::Result as i32)?;
+    m.add("REPLY_EXCEPTION", ReplyKind::Exception as i32)?;
+    m.add("REPLY_REJECTED", ReplyKind::Rejected as i32)?;
+    Ok(())
+}

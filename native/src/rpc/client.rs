@@ -1,0 +1,286 @@
+//! The one client of the `Worker` service. A [`WorkerConn`] is one HTTP/2 connection
+//! to one worker with one long-lived `Messages` stream on it; calls are matched to
+//! replies by call id and complete [`Slot`]s.
+//!
+//! CLIENT-1: once a connection is lost, every pending call on it fails with
+//! [`RpcError::ConnectionLost`] and so does every later call: nothing waits forever
+//! on a dead worker. CLIENT-2: one connection per (address, token) per process, so
+//! actor meshes unpickled many times share it.
+
+use super::auth::TokenAttach;
+use super::slot::{Outcome, Slot};
+use super::{RpcError, MAX_MESSAGE_BYTES};
+use crate::proto::v1::worker_client::WorkerClient;
+use crate::proto::v1::{
+    Call, CancelRequest, PingRequest, Reply, ReplyKind, SpawnActorRequest, StatsReply,
+    StatsRequest, StopActorRequest,
+};
+use bytes::Bytes;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+use tokio::runtime::Handle;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+
+type Client = WorkerClient<InterceptedService<Channel, TokenAttach>>;
+
+/// Calls waiting for replies, and whether the connection is gone (CLIENT-1).
+#[derive(Default)]
+struct Pending {
+    calls: HashMap<u64, Arc<Slot>>,
+    lost: Option<RpcError>,
+}
+
+/// A connection to one worker.
+pub struct WorkerConn {
+    addr: String,
+    client: Client,
+    /// Outgoing calls, written to the `Messages` stream by the runtime.
+    tx: mpsc::UnboundedSender<Call>,
+    /// Shared with the task that reads replies.
+    pending: Arc<Mutex<Pending>>,
+}
+
+/// Call ids: unique within this process; the random start keeps two controllers'
+/// ids apart in a worker's logs.
+fn next_call_id() -> u64 {
+    static NEXT: OnceLock<AtomicU64> = OnceLock::new();
+    NEXT.get_or_init(|| {
+        let seed = std::process::id() as u64;
+        AtomicU64::new(seed << 40)
+    })
+    .fetch_add(1, Ordering::Relaxed)
+}
+
+fn lock(p: &Mutex<Pending>) -> std::sync::MutexGuard<'_, Pending> {
+    p.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn fail_all(pending: &Mutex<Pending>, err: RpcError) {
+    let calls = {
+        let mut p = lock(pending);
+        if p.lost.is_none() {
+            p.lost = Some(err.clone());
+        }
+        std::mem::take(&mut p.calls)
+    };
+    for (_, slot) in calls {
+        slot.complete(Err(err.clone()));
+    }
+}
+
+impl WorkerConn {
+    /// Returns this process's connection to `addr`, opening it (lazily) if needed or
+    /// if the previous one was lost (CLIENT-2).
+    pub fn get(rt: &Handle, addr: &str, token: &str) -> Result<Arc<WorkerConn>, RpcError> {
+        static CONNS: OnceLock<Mutex<HashMap<(String, String), Arc<WorkerConn>>>> =
+            OnceLock::new();
+        let conns = CONNS.get_or_init(Default::default);
+        let key = (addr.to_string(), token.to_string());
+        let mut map = conns.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = map.get(&key) {
+            if c.lost().is_none() {
+                return Ok(c.clone());
+            }
+        }
+        let c = Arc::new(Self::open(rt, addr, token)?);
+        map.insert(key, c.clone());
+        Ok(c)
+    }
+
+    /// Opens a new connection (not shared).
+    pub fn open(rt: &Handle, addr: &str, token: &str) -> Result<WorkerConn, RpcError> {
+        let attach = TokenAttach::new(token).map_err(|e| RpcError::Auth(e.to_string()))?;
+        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| RpcError::Address(format!("{addr}: {e}")))?
+            .tcp_nodelay(true)
+            .connect_timeout(Duration::from_secs(10))
+            // The gRPC default never notices a silent peer (DESIGN.md section 4).
+            .http2_keep_alive_interval(Duration::from_secs(1))
+            .keep_alive_timeout(Duration::from_secs(3))
+            .keep_alive_while_idle(true);
+        let _guard = rt.enter();
+        let channel = endpoint.connect_lazy();
+        let client = WorkerClient::with_interceptor(channel, attach)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        let (tx, rx) = mpsc::unbounded_channel::<Call>();
+        let pending = Arc::new(Mutex::new(Pending::default()));
+        let (mut c2, p2, addr2) = (client.clone(), pending.clone(), addr.to_string());
+        rt.spawn(async move {
+            let resp = c2.messages(UnboundedReceiverStream::new(rx)).await;
+            let mut inbound = match resp {
+                Ok(r) => r.into_inner(),
+                Err(s) => return fail_all(&p2, RpcError::from_status(&addr2, &s)),
+            };
+            loop {
+                match inbound.message().await {
+                    Ok(Some(reply)) => {
+                        let slot = lock(&p2).calls.remove(&reply.call_id);
+                        if let Some(slot) = slot {
+                            slot.complete(Ok(reply));
+                        }
+                    }
+                    Ok(None) => {
+                        let reason = "the worker closed the stream".to_string();
+                        let err = RpcError::ConnectionLost { addr: addr2.clone(), reason };
+                        return fail_all(&p2, err);
+                    }
+                    Err(s) => return fail_all(&p2, RpcError::from_status(&addr2, &s)),
+                }
+            }
+        });
+        Ok(WorkerConn {
+            addr: addr.to_string(),
+            client,
+            tx,
+            pending,
+        })
+    }
+
+    /// The worker's address.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// Why the connection is gone, if it is.
+    pub fn lost(&self) -> Option<RpcError> {
+        lock(&self.pending).lost.clone()
+    }
+
+    /// Sends an endpoint call. Returns the call id and, unless `oneway`, the slot
+    /// its reply completes.
+    pub fn call(&self, target: &Target<'_>, rank: u32) -> (u64, Option<Arc<Slot>>) {
+        let Target { actor, method, payload, buffers, oneway, dims, sizes } = *target;
+        let (payload, buffers) = (payload.clone(), buffers.to_vec());
+        let call_id = next_call_id();
+        let size = payload.len() + buffers.iter().map(Bytes::len).sum::<usize>();
+        if size > MAX_MESSAGE_BYTES {
+            let err = RpcError::TooLarge {
+                size,
+                limit: MAX_MESSAGE_BYTES,
+            };
+            return (call_id, (!oneway).then(|| Slot::done_with(Err(err))));
+        }
+        let slot = if oneway {
+            None
+        } else {
+            let slot = Slot::new();
+            let mut p = lock(&self.pending);
+            if let Some(err) = &p.lost {
+                return (call_id, Some(Slot::done_with(Err(err.clone()))));
+            }
+            p.calls.insert(call_id, slot.clone());
+            Some(slot)
+        };
+        let msg = Call {
+            call_id,
+            actor: actor.to_string(),
+            method: method.to_string(),
+            payload,
+            buffers,
+            oneway,
+            rank,
+            dims: dims.to_vec(),
+            sizes: sizes.to_vec(),
+        };
+        if self.tx.send(msg).is_err() {
+            let err = RpcError::ConnectionLost {
+                addr: self.addr.clone(),
+                reason: "the connection task ended".into(),
+            };
+            fail_all(&self.pending, err);
+        }
+        (call_id, slot)
+    }
+
+    /// Runs a unary RPC on the runtime and completes a slot with its reply.
+    fn unary<F, Fut>(&self, rt: &Handle, f: F) -> Arc<Slot>
+    where
+        F: FnOnce(Client) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<tonic::Response<Reply>, tonic::Status>> + Send,
+    {
+        let slot = Slot::new();
+        let (s2, client, addr) = (slot.clone(), self.client.clone(), self.addr.clone());
+        rt.spawn(async move {
+            let outcome: Outcome = match f(client).await {
+                Ok(r) => Ok(r.into_inner()),
+                Err(s) => Err(RpcError::from_status(&addr, &s)),
+            };
+            s2.complete(outcome);
+        });
+        slot
+    }
+
+    /// Creates (or replaces) actor `name` from a pickled (class, args, kwargs).
+    pub fn spawn_actor(&self, rt: &Handle, name: &str, payload: Bytes, buffers: Vec<Bytes>) -> Arc<Slot> {
+        let req = SpawnActorRequest {
+            name: name.to_string(),
+            payload,
+            buffers,
+        };
+        self.unary(rt, move |mut c| async move { c.spawn_actor(req).await })
+    }
+
+    /// Stops actor `name`.
+    pub fn stop_actor(&self, rt: &Handle, name: &str) -> Arc<Slot> {
+        let req = StopActorRequest {
+            name: name.to_string(),
+        };
+        self.unary(rt, move |mut c| async move { c.stop_actor(req).await })
+    }
+
+    /// Asks the worker to cancel `call_id` (fire and forget).
+    pub fn cancel(&self, rt: &Handle, call_id: u64) {
+        let mut c = self.client.clone();
+        rt.spawn(async move {
+            let _ = c.cancel(CancelRequest { call_id }).await;
+        });
+    }
+
+    /// Round trip through the worker's runtime (not its Python); returns its pid.
+    pub async fn ping(&self) -> Result<u32, RpcError> {
+        let mut c = self.client.clone();
+        c.ping(PingRequest { nonce: 1 })
+            .await
+            .map(|r| r.into_inner().pid)
+            .map_err(|s| RpcError::from_status(&self.addr, &s))
+    }
+
+    /// The worker's counters.
+    pub async fn stats(&self) -> Result<StatsReply, RpcError> {
+        let mut c = self.client.clone();
+        c.stats(StatsRequest {})
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| RpcError::from_status(&self.addr, &s))
+    }
+}
+
+/// What one endpoint call sends, the same for every rank it goes to.
+#[derive(Clone, Copy)]
+pub struct Target<'a> {
+    /// Actor name.
+    pub actor: &'a str,
+    /// Endpoint name.
+    pub method: &'a str,
+    /// Pickled arguments.
+    pub payload: &'a Bytes,
+    /// Out-of-band buffers.
+    pub buffers: &'a [Bytes],
+    /// No reply (broadcast).
+    pub oneway: bool,
+    /// Dims of the called mesh.
+    pub dims: &'a [String],
+    /// Sizes of the called mesh.
+    pub sizes: &'a [u32],
+}
+
+/// A reply's kind, from its wire value.
+pub fn reply_kind(r: &Reply) -> ReplyKind {
+    ReplyKind::try_from(r.kind).unwrap_or(ReplyKind::Unspecified)
+}

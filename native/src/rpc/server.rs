@@ -1,0 +1,344 @@
+//! The `Worker` gRPC service: receives spawns, stops, calls and cancels, and queues
+//! them in an [`Inbox`] for the process's Python dispatcher, which answers through
+//! [`Inbox::reply`].
+//!
+//! INBOX-1: the inbox's eventfd is readable whenever the queue is non-empty, so the
+//! dispatcher can wait on it from an asyncio loop (`loop.add_reader`) and never polls.
+//! INBOX-2: each queued item that expects an answer holds a reply token; answering a
+//! token whose caller has gone is not an error (the reply is dropped).
+
+use super::auth::TokenCheck;
+use super::{RpcError, MAX_MESSAGE_BYTES};
+use crate::proto::v1::worker_server::{Worker, WorkerServer};
+use crate::proto::v1::{
+    Call, CancelReply, CancelRequest, PingReply, PingRequest, Reply, ReplyKind,
+    SpawnActorRequest, StatsReply, StatsRequest, StopActorRequest,
+};
+use bytes::Bytes;
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot, Notify};
+use tokio_stream::wrappers::{TcpListenerStream, UnboundedReceiverStream};
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
+
+/// What an inbox item asks the dispatcher to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    /// Create or replace an actor.
+    Spawn = 1,
+    /// Stop an actor.
+    Stop = 2,
+    /// Run an endpoint.
+    Call = 3,
+    /// Cancel the call with `call_id`.
+    Cancel = 4,
+}
+
+/// One item for the dispatcher.
+#[derive(Debug)]
+pub struct Incoming {
+    /// Reply token for [`Inbox::reply`]; 0 when no reply is expected.
+    pub token: u64,
+    /// What to do.
+    pub kind: Kind,
+    /// The caller's call id (calls and cancels).
+    pub call_id: u64,
+    /// Actor name.
+    pub actor: String,
+    /// Endpoint name (calls).
+    pub method: String,
+    /// Pickled arguments.
+    pub payload: Bytes,
+    /// Out-of-band pickle buffers.
+    pub buffers: Vec<Bytes>,
+    /// Index within the called mesh (calls).
+    pub rank: u32,
+    /// Dims of the called mesh (calls).
+    pub dims: Vec<String>,
+    /// Sizes of the called mesh (calls).
+    pub sizes: Vec<u32>,
+}
+
+/// Where a reply goes.
+enum Sink {
+    /// Back on a `Messages` stream, tagged with the caller's call id.
+    Stream(mpsc::UnboundedSender<Result<Reply, Status>>, u64),
+    /// As the answer of a unary RPC.
+    Unary(oneshot::Sender<Reply>),
+}
+
+/// The queue between the gRPC service and the Python dispatcher.
+pub struct Inbox {
+    /// Items not yet taken by the dispatcher.
+    queue: Mutex<VecDeque<Incoming>>,
+    /// INBOX-1.
+    efd: OwnedFd,
+    /// Reply sinks by token (INBOX-2).
+    sinks: Mutex<HashMap<u64, Sink>>,
+    next_token: AtomicU64,
+    /// Calls received, for `Stats`.
+    received: AtomicU64,
+}
+
+impl Inbox {
+    fn new() -> Result<Arc<Self>, RpcError> {
+        // SAFETY: eventfd has no memory-safety preconditions; we check the result.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(RpcError::Io(std::io::Error::last_os_error().to_string()));
+        }
+        Ok(Arc::new(Inbox {
+            queue: Mutex::new(VecDeque::new()),
+            // SAFETY: fd is a fresh descriptor that nothing else owns.
+            efd: unsafe { OwnedFd::from_raw_fd(fd) },
+            sinks: Mutex::new(HashMap::new()),
+            next_token: AtomicU64::new(1),
+            received: AtomicU64::new(0),
+        }))
+    }
+
+    /// The eventfd to wait on (INBOX-1).
+    pub fn fd(&self) -> RawFd {
+        self.efd.as_raw_fd()
+    }
+
+    fn push(&self, item: Incoming, sink: Option<Sink>) {
+        let mut item = item;
+        if let Some(sink) = sink {
+            let token = self.next_token.fetch_add(1, Ordering::Relaxed);
+            item.token = token;
+            self.sinks
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(token, sink);
+        }
+        let was_empty = {
+            let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+            let was_empty = q.is_empty();
+            q.push_back(item);
+            was_empty
+        };
+        if was_empty {
+            let one: u64 = 1;
+            // SAFETY: writes 8 bytes from a valid u64 to our own eventfd. A full
+            // counter (EAGAIN) still leaves it readable, which is all INBOX-1 needs.
+            unsafe {
+                libc::write(self.fd(), &one as *const u64 as *const libc::c_void, 8);
+            }
+        }
+    }
+
+    /// Takes every queued item and clears the eventfd.
+    pub fn take(&self) -> Vec<Incoming> {
+        let mut buf: u64 = 0;
+        // SAFETY: reads 8 bytes into a valid u64 from our own non-blocking eventfd.
+        unsafe {
+            libc::read(self.fd(), &mut buf as *mut u64 as *mut libc::c_void, 8);
+        }
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        q.drain(..).collect()
+    }
+
+    /// Answers the item that carried `token` (INBOX-2).
+    pub fn reply(&self, token: u64, kind: ReplyKind, payload: Bytes, buffers: Vec<Bytes>) {
+        let sink = self
+            .sinks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&token);
+        let mut reply = Reply {
+            call_id: 0,
+            kind: kind as i32,
+            payload,
+            buffers,
+        };
+        match sink {
+            Some(Sink::Stream(tx, call_id)) => {
+                reply.call_id = call_id;
+                let _ = tx.send(Ok(reply));
+            }
+            Some(Sink::Unary(tx)) => {
+                let _ = tx.send(reply);
+            }
+            None => {}
+        }
+    }
+
+    /// Items answered by nobody yet (in flight).
+    pub fn in_flight(&self) -> usize {
+        self.sinks.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+struct Service {
+    inbox: Arc<Inbox>,
+    auth: TokenCheck,
+}
+
+impl Service {
+    async fn unary(&self, item: Incoming) -> Result<Response<Reply>, Status> {
+        let (tx, rx) = oneshot::channel();
+        self.inbox.push(item, Some(Sink::Unary(tx)));
+        rx.await
+            .map(Response::new)
+            .map_err(|_| Status::unavailable("the worker's dispatcher stopped"))
+    }
+}
+
+fn item(kind: Kind, call_id: u64, actor: String) -> Incoming {
+    Incoming {
+        token: 0,
+        kind,
+        call_id,
+        actor,
+        method: String::new(),
+        payload: Bytes::new(),
+        buffers: Vec::new(),
+        rank: 0,
+        dims: Vec::new(),
+        sizes: Vec::new(),
+    }
+}
+
+type ReplyStream = Pin<Box<dyn Stream<Item = Result<Reply, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Worker for Service {
+    async fn spawn_actor(
+        &self,
+        req: Request<SpawnActorRequest>,
+    ) -> Result<Response<Reply>, Status> {
+        let r = req.into_inner();
+        let mut it = item(Kind::Spawn, 0, r.name);
+        it.payload = r.payload;
+        it.buffers = r.buffers;
+        self.unary(it).await
+    }
+
+    async fn stop_actor(&self, req: Request<StopActorRequest>) -> Result<Response<Reply>, Status> {
+        self.unary(item(Kind::Stop, 0, req.into_inner().name)).await
+    }
+
+    type MessagesStream = ReplyStream;
+
+    async fn messages(
+        &self,
+        req: Request<Streaming<Call>>,
+    ) -> Result<Response<Self::MessagesStream>, Status> {
+        let mut calls = req.into_inner();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let inbox = self.inbox.clone();
+        tokio::spawn(async move {
+            while let Some(Ok(c)) = calls.next().await {
+                inbox.received.fetch_add(1, Ordering::Relaxed);
+                let sink = (!c.oneway).then(|| Sink::Stream(tx.clone(), c.call_id));
+                let it = Incoming {
+                    token: 0,
+                    kind: Kind::Call,
+                    call_id: c.call_id,
+                    actor: c.actor,
+                    method: c.method,
+                    payload: c.payload,
+                    buffers: c.buffers,
+                    rank: c.rank,
+                    dims: c.dims,
+                    sizes: c.sizes,
+                };
+                inbox.push(it, sink);
+            }
+        });
+        Ok(Response::new(Box::pin(UnboundedReceiverStream::new(rx))))
+    }
+
+    async fn cancel(&self, req: Request<CancelRequest>) -> Result<Response<CancelReply>, Status> {
+        self.inbox
+            .push(item(Kind::Cancel, req.into_inner().call_id, String::new()), None);
+        Ok(Response::new(CancelReply { found: true }))
+    }
+
+    async fn ping(&self, req: Request<PingRequest>) -> Result<Response<PingReply>, Status> {
+        Ok(Response::new(PingReply {
+            nonce: req.into_inner().nonce,
+            pid: std::process::id(),
+        }))
+    }
+
+    async fn stats(&self, _req: Request<StatsRequest>) -> Result<Response<StatsReply>, Status> {
+        Ok(Response::new(StatsReply {
+            pid: std::process::id(),
+            calls_received: self.inbox.received.load(Ordering::Relaxed),
+            calls_in_flight: self.inbox.in_flight() as u64,
+            rejected_auth: self.auth.rejected(),
+        }))
+    }
+}
+
+/// A running `Worker` server.
+pub struct WorkerHost {
+    /// The queue the dispatcher drains.
+    pub inbox: Arc<Inbox>,
+    /// The bound address, `127.0.0.1:PORT`.
+    pub addr: String,
+    /// Stops the server when notified.
+    stop: Arc<Notify>,
+}
+
+impl WorkerHost {
+    /// Serves on an already-bound listener (the host agent binds it and passes the
+    /// descriptor to the worker, so it knows the address before the worker starts).
+    pub fn serve(
+        rt: &tokio::runtime::Handle,
+        listener: std::net::TcpListener,
+        token: &str,
+    ) -> Result<Self, RpcError> {
+        let auth = TokenCheck::new(token).map_err(|e| RpcError::Auth(e.to_string()))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| RpcError::Io(e.to_string()))?
+            .to_string();
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| RpcError::Io(e.to_string()))?;
+        let inbox = Inbox::new()?;
+        let stop = Arc::new(Notify::new());
+        let svc = WorkerServer::new(Service {
+            inbox: inbox.clone(),
+            auth: auth.clone(),
+        })
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        let svc = tonic::service::interceptor::InterceptedService::new(svc, auth);
+        let stop2 = stop.clone();
+        let _guard = rt.enter();
+        let listener =
+            tokio::net::TcpListener::from_std(listener).map_err(|e| RpcError::Io(e.to_string()))?;
+        rt.spawn(async move {
+            let incoming = TcpListenerStream::new(listener);
+            let _ = tonic::transport::Server::builder()
+                .tcp_nodelay(true)
+                .http2_keepalive_interval(Some(Duration::from_secs(1)))
+                .http2_keepalive_timeout(Some(Duration::from_secs(3)))
+                .add_service(svc)
+                .serve_with_incoming_shutdown(incoming, async move { stop2.notified().await })
+                .await;
+        });
+        Ok(WorkerHost { inbox, addr, stop })
+    }
+
+    /// Binds `addr` (for example `127.0.0.1:0`) and serves there.
+    pub fn bind(rt: &tokio::runtime::Handle, addr: &str, token: &str) -> Result<Self, RpcError> {
+        let l = std::net::TcpListener::bind(addr).map_err(|e| RpcError::Address(format!("{addr}: {e}")))?;
+        Self::serve(rt, l, token)
+    }
+
+    /// Stops serving.
+    pub fn shutdown(&self) {
+        self.stop.notify_one();
+    }
+}

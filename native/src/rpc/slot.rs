@@ -1,0 +1,158 @@
+//! Completion slots: how a reply produced on a runtime thread reaches a waiting
+//! thread (a blocking `wait`) or a callback (an asyncio future).
+//!
+//! SLOT-1: a slot completes exactly once; later completions are ignored, so a reply
+//! racing a connection loss cannot be seen twice.
+
+use super::RpcError;
+use crate::proto::v1::Reply;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// What a call ends with.
+pub type Outcome = Result<Reply, RpcError>;
+
+/// A function run once when the slot completes, on the completing thread.
+pub type Callback = Box<dyn FnOnce() + Send>;
+
+enum State {
+    Pending(Vec<Callback>),
+    Done(Outcome),
+}
+
+/// One pending call's result.
+pub struct Slot {
+    /// Guards the state; held only for short, non-blocking sections.
+    state: Mutex<State>,
+    /// Wakes threads blocked in [`Slot::wait`].
+    ready: Condvar,
+}
+
+impl Default for Slot {
+    fn default() -> Self {
+        Slot {
+            state: Mutex::new(State::Pending(Vec::new())),
+            ready: Condvar::new(),
+        }
+    }
+}
+
+impl Slot {
+    /// A new pending slot.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Slot::default())
+    }
+
+    /// A slot that is already complete.
+    pub fn done_with(outcome: Outcome) -> Arc<Self> {
+        let s = Slot::new();
+        s.complete(outcome);
+        s
+    }
+
+    /// Completes the slot (SLOT-1), then runs the callbacks outside the lock.
+    pub fn complete(&self, outcome: Outcome) {
+        let callbacks = {
+            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            match &mut *st {
+                State::Done(_) => return,
+                State::Pending(cbs) => {
+                    let cbs = std::mem::take(cbs);
+                    *st = State::Done(outcome);
+                    cbs
+                }
+            }
+        };
+        self.ready.notify_all();
+        for cb in callbacks {
+            cb();
+        }
+    }
+
+    /// True once complete.
+    pub fn is_done(&self) -> bool {
+        matches!(
+            *self.state.lock().unwrap_or_else(|e| e.into_inner()),
+            State::Done(_)
+        )
+    }
+
+    /// Runs `cb` when the slot completes (at once, on this thread, if it already has).
+    pub fn on_done(&self, cb: Callback) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        match &mut *st {
+            State::Pending(cbs) => cbs.push(cb),
+            State::Done(_) => {
+                drop(st);
+                cb();
+            }
+        }
+    }
+
+    /// Waits up to `timeout` (forever if `None`); `None` if still pending then.
+    pub fn wait(&self, timeout: Option<Duration>) -> Option<Outcome> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let State::Done(o) = &*st {
+                return Some(o.clone());
+            }
+            st = match deadline {
+                None => self.ready.wait(st).unwrap_or_else(|e| e.into_inner()),
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return None;
+                    }
+                    self.ready
+                        .wait_timeout(st, d - now)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn completes_once_and_wakes_waiters() {
+        let s = Slot::new();
+        let s2 = s.clone();
+        let t = std::thread::spawn(move || s2.wait(None));
+        s.complete(Ok(Reply {
+            call_id: 7,
+            ..Default::default()
+        }));
+        s.complete(Err(RpcError::Io("late".into())));
+        let got = t.join().unwrap().unwrap().unwrap();
+        assert_eq!(got.call_id, 7);
+    }
+
+    #[test]
+    fn wait_times_out_while_pending() {
+        let s = Slot::new();
+        assert!(s.wait(Some(Duration::from_millis(10))).is_none());
+        assert!(!s.is_done());
+    }
+
+    #[test]
+    fn callbacks_run_once_whether_added_before_or_after() {
+        let n = Arc::new(AtomicUsize::new(0));
+        let s = Slot::new();
+        let n1 = n.clone();
+        s.on_done(Box::new(move || {
+            n1.fetch_add(1, Ordering::SeqCst);
+        }));
+        s.complete(Err(RpcError::Io("x".into())));
+        let n2 = n.clone();
+        s.on_done(Box::new(move || {
+            n2.fetch_add(1, Ordering::SeqCst);
+        }));
+        assert_eq!(n.load(Ordering::SeqCst), 2);
+    }
+}
