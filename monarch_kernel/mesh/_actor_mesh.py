@@ -20,6 +20,7 @@ from monarch_kernel.errors import (
     SerializationError,
     UnknownEndpointError,
 )
+from monarch_kernel.mesh import _proc_ref
 from monarch_kernel.mesh._future import Future
 from monarch_kernel.mesh._serial import dumps, loads
 from monarch_kernel.mesh._shape import MeshTrait, Point, Shape
@@ -76,11 +77,10 @@ class Endpoint(Generic[R]):
             raise TypeError(f"{self._what}(): {e}") from None
         payload, buffers = dumps((args, kwargs), f"arguments of {self._what}")
         mesh = self._mesh
-        shape = mesh._shape
-        conns = mesh._proc.conns([shape.ranks[i] for i in local])
-        return _native.call(
-            conns, local, list(shape.labels), list(shape.extent.sizes), mesh._name, self._name, payload, buffers, oneway
-        )
+        conns = mesh._conns()
+        if len(local) != len(conns):
+            conns = [conns[i] for i in local]
+        return _native.call(conns, local, mesh._labels, mesh._sizes, mesh._name, self._name, payload, buffers, oneway)
 
     def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[R]]:
         """Calls every actor in the mesh; the Future gives a ValueMesh of the results."""
@@ -157,16 +157,30 @@ class ActorMesh(MeshTrait, Generic[R]):
         self._proc = proc
         self._shape = shape
         self._endpoints = endpoints_of(cls)
+        self._labels = list(shape.labels)
+        self._sizes = list(shape.extent.sizes)
+        self._conn_cache: list[Any] | None = None
+        self._endpoint_cache: dict[str, Endpoint[Any]] = {}
+
+    def _conns(self) -> list[Any]:
+        """Connections to this mesh's procs, in local rank order (opened once)."""
+        if self._conn_cache is None or self._proc.name in _proc_ref._stopped:
+            self._conn_cache = self._proc.conns(list(self._shape.ranks))
+        return self._conn_cache
 
     def _new_with_shape(self, shape: Shape) -> ActorMesh[R]:
         return ActorMesh(self._name, self._class, self._proc, shape)
 
     def __getattr__(self, attr: str) -> Any:
-        if attr.startswith("__") or attr in ("_endpoints", "_class", "_name", "_proc", "_shape"):
+        if attr.startswith("_"):
             raise AttributeError(attr)
+        ep = self._endpoint_cache.get(attr)
+        if ep is not None:
+            return ep
         prop = self._endpoints.get(attr)
         if prop is not None:
-            return Endpoint(self, attr, prop)
+            ep = self._endpoint_cache[attr] = Endpoint(self, attr, prop)
+            return ep
         if hasattr(self._class, attr):
             raise UnknownEndpointError(
                 f"{self._class.__qualname__}.{attr} is not an endpoint; mark it with @endpoint to call it "

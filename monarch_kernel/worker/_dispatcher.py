@@ -1,10 +1,11 @@
 """``Dispatcher``: runs the actors of one process for its native ``Worker`` server.
 
 Threads:
-- the *loop thread* runs an asyncio loop that waits on the server's inbox (an eventfd,
-  INBOX-1), routes every item, and runs async actors;
-- the *sync thread* (the main thread in a worker) runs sync actors' constructors and
-  endpoints, one at a time, with no event loop (as Monarch does).
+- the *loop thread* runs an asyncio loop that waits on the server's loop lane (an
+  eventfd, INBOX-1): spawns, stops, cancels and async actors' calls;
+- the *sync thread* (the main thread in a worker) waits on the sync lane, where the
+  native server puts calls to sync actors (INBOX-3), and runs them, and sync actors'
+  constructors, one at a time, with no event loop (as Monarch does).
 
 DISPATCH-1: each actor handles one message at a time, in arrival order (async ones
 too: the next handler starts when the previous coroutine has finished).
@@ -30,6 +31,9 @@ from monarch_kernel.mesh._serial import dumps, loads
 from monarch_kernel.mesh._shape import Extent, Point
 
 _SPAWN, _STOP, _CALL, _CANCEL = _native.KIND_SPAWN, _native.KIND_STOP, _native.KIND_CALL, _native.KIND_CANCEL
+_LANE_SYNC, _LANE_LOOP = _native.LANE_SYNC, _native.LANE_LOOP
+# How often the sync thread comes back to Python while idle, so signals are handled.
+_IDLE_WAKE_S = 0.1
 
 
 @dataclass
@@ -71,20 +75,30 @@ class Dispatcher:
 
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self.loop)
-        self.loop.add_reader(self.server.fileno(), self._drain)
+        self.loop.add_reader(self.server.fileno(_LANE_LOOP), self._drain)
         self.loop.run_forever()
 
     def run_sync(self) -> None:
-        """Runs sync actors' work until ``stop_sync()``; in a worker, on the main thread."""
+        """Runs sync actors' work until a ``None`` job; in a worker, on the main thread."""
         self.sync_thread_id = threading.get_ident()
         while True:
             try:
-                job = self.sync_jobs.get()
-                if job is None:
-                    return
-                job()
+                for item in self.server.take_wait(_LANE_SYNC, _IDLE_WAKE_S):
+                    self._run_sync_item(item)
+                while True:
+                    try:
+                        job = self.sync_jobs.get_nowait()
+                    except queue.Empty:
+                        break
+                    if job is None:
+                        return
+                    job()
             except KeyboardInterrupt:  # a cancel that arrived between jobs
                 continue
+
+    def _to_sync(self, job: Callable[[], None]) -> None:
+        self.sync_jobs.put(job)
+        self.server.wake(_LANE_SYNC)
 
     # -- routing (loop thread) -----------------------------------------------------------
 
@@ -106,14 +120,14 @@ class Dispatcher:
             if a.is_async:
                 assert a.inbox is not None
                 a.inbox.put_nowait((token, call_id, method, payload, buffers, where))
-            else:
-                self.sync_jobs.put(lambda: self._run_sync_call(a, token, call_id, method, payload, buffers, where))
+            else:  # queued before the actor was routed to the sync lane
+                self._to_sync(lambda: self._run_sync_item(item))
         elif kind == _SPAWN:
             cls, args, kwargs = loads(payload, buffers)
             if is_async_actor(cls):
                 self._construct(token, actor, cls, args, kwargs, True)
             else:
-                self.sync_jobs.put(lambda: self._construct(token, actor, cls, args, kwargs, False))
+                self._to_sync(lambda: self._construct(token, actor, cls, args, kwargs, False))
         elif kind == _STOP:
             self._stop_actor(token, actor)
         elif kind == _CANCEL:
@@ -144,12 +158,14 @@ class Dispatcher:
             a.inbox = asyncio.Queue()
             a.task = self.loop.create_task(self._consume(a))
         self.actors[name] = a
+        self.server.route(name, None if is_async else _LANE_SYNC)
         if old is not None:
             self._cleanup(old)
         self._reply(token, None, f"spawn of {name}")
 
     def _stop_actor(self, token: int, name: str) -> None:
         a = self.actors.pop(name, None)
+        self.server.route(name, None)
         if a is not None:
             self._cleanup(a)
         self._reply(token, None, f"stop of {name}")
@@ -163,7 +179,7 @@ class Dispatcher:
         if a.is_async:
             self.loop.create_task(self._guard(hook(None), f"{a.name}.__cleanup__"))
         else:
-            self.sync_jobs.put(lambda: self._guarded_sync(hook, f"{a.name}.__cleanup__"))
+            self._to_sync(lambda: self._guarded_sync(hook, f"{a.name}.__cleanup__"))
 
     async def _guard(self, coro: Any, what: str) -> None:
         try:
@@ -183,6 +199,15 @@ class Dispatcher:
     def _message_context(a: _Actor, where: tuple[int, list[str], list[int]]) -> Context:
         rank, dims, sizes = where
         return Context(a.context.actor_instance, message_rank=Point(rank, Extent(dims, sizes)))
+
+    def _run_sync_item(self, item: tuple[Any, ...]) -> None:
+        token, _kind, call_id, actor, method, payload, buffers, where = item
+        a = self.actors.get(actor)
+        if a is None:
+            return self._reject(token, f"no actor named {actor!r} on {self.point} (stopped, or never spawned)")
+        if method not in a.endpoints:
+            return self._reject(token, f"actor {actor!r} has no endpoint {method!r}")
+        self._run_sync_call(a, token, call_id, method, payload, buffers, where)
 
     def _run_sync_call(
         self, a: _Actor, token: int, call_id: int, method: str, payload: bytes, buffers: list[Any], where: Any

@@ -13,9 +13,9 @@ pub mod process;
 
 use crate::proto::v1::host_agent_server::{HostAgent, HostAgentServer};
 use crate::proto::v1::{
-    AgentEvent, AgentPingReply, AgentPingRequest, ListWorkersReply,
-    ListWorkersRequest, LogsReply, LogsRequest, ShutdownReply, ShutdownRequest,
-    SpawnWorkersReply, SpawnWorkersRequest, WatchRequest,
+    AgentEvent, AgentPingReply, AgentPingRequest, ListWorkersReply, ListWorkersRequest, LogsReply,
+    LogsRequest, ShutdownReply, ShutdownRequest, SpawnWorkersReply, SpawnWorkersRequest,
+    WatchRequest,
 };
 use crate::rpc::auth::TokenCheck;
 use process::Workers;
@@ -78,7 +78,11 @@ struct Lease(Arc<Agent>);
 impl Drop for Lease {
     fn drop(&mut self) {
         if self.0.watchers.fetch_sub(1, Ordering::SeqCst) == 1 {
-            *self.0.detached_since.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+            *self
+                .0
+                .detached_since
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
         }
     }
 }
@@ -100,7 +104,10 @@ impl Agent {
         if self.watchers.load(Ordering::SeqCst) > 0 {
             return false;
         }
-        let since = *self.detached_since.lock().unwrap_or_else(|e| e.into_inner());
+        let since = *self
+            .detached_since
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let limit = if *self.ever_attached.lock().unwrap_or_else(|e| e.into_inner()) {
             self.cfg.idle_timeout
         } else {
@@ -153,7 +160,10 @@ impl HostAgent for Service {
     async fn watch(&self, _req: Request<WatchRequest>) -> Result<Response<EventStream>, Status> {
         let agent = self.0.clone();
         agent.watchers.fetch_add(1, Ordering::SeqCst);
-        *agent.ever_attached.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        *agent
+            .ever_attached
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = true;
         let lease = Lease(agent.clone());
         let mut events = agent.events.subscribe();
         let (tx, rx) = tokio::sync::mpsc::channel(1024);
@@ -185,7 +195,10 @@ impl HostAgent for Service {
         Ok(Response::new(ShutdownReply {}))
     }
 
-    async fn ping(&self, _req: Request<AgentPingRequest>) -> Result<Response<AgentPingReply>, Status> {
+    async fn ping(
+        &self,
+        _req: Request<AgentPingRequest>,
+    ) -> Result<Response<AgentPingReply>, Status> {
         Ok(Response::new(AgentPingReply {
             pid: std::process::id(),
             name: self.0.cfg.name.clone(),

@@ -6,7 +6,9 @@
 //! group, which Jupyter signals); AGENT-1's death signal and stdin pipe; and the mesh
 //! token as the first line on stdin (never in argv or the environment).
 
-use crate::proto::v1::{agent_event, AgentEvent, LogLine, SpawnWorkersRequest, WorkerInfo, WorkerState};
+use crate::proto::v1::{
+    agent_event, AgentEvent, LogLine, SpawnWorkersRequest, WorkerInfo, WorkerState,
+};
 use std::collections::VecDeque;
 use std::io::Write;
 use std::os::fd::AsRawFd;
@@ -178,7 +180,11 @@ impl Workers {
     ) {
         let records = self.records.clone();
         tokio::spawn(async move {
-            let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&path).ok();
+            let mut file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .ok();
             let mut reader = BufReader::new(pipe);
             let mut buf = Vec::new();
             loop {
@@ -190,7 +196,9 @@ impl Workers {
                 if let Some(f) = file.as_mut() {
                     let _ = f.write_all(&buf);
                 }
-                let text = String::from_utf8_lossy(&buf).trim_end_matches('\n').to_string();
+                let text = String::from_utf8_lossy(&buf)
+                    .trim_end_matches('\n')
+                    .to_string();
                 let line = LogLine {
                     rank,
                     stream: stream.to_string(),
@@ -221,7 +229,10 @@ impl Workers {
     pub fn logs(&self, rank: Option<u32>, tail: usize) -> Vec<LogLine> {
         let recs = self.lock();
         let mut out = Vec::new();
-        for r in recs.iter().filter(|r| rank.is_none_or(|k| k == r.info.rank)) {
+        for r in recs
+            .iter()
+            .filter(|r| rank.is_none_or(|k| k == r.info.rank))
+        {
             let skip = r.ring.len().saturating_sub(tail);
             out.extend(r.ring.iter().skip(skip).cloned());
         }

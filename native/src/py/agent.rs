@@ -63,7 +63,11 @@ fn exit_when_stdin_closes() {
             loop {
                 // SAFETY: reads into a valid local buffer from fd 0.
                 let n = unsafe { libc::read(0, buf.as_mut_ptr() as *mut libc::c_void, buf.len()) };
-                if n == 0 || (n < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted) {
+                if n == 0
+                    || (n < 0
+                        && std::io::Error::last_os_error().kind()
+                            != std::io::ErrorKind::Interrupted)
+                {
                     // SAFETY: _exit ends the process without running any more code.
                     unsafe { libc::_exit(70) };
                 }

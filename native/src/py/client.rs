@@ -2,9 +2,9 @@
 
 use super::errors::to_py;
 use crate::node;
+use crate::proto::v1::Reply;
 use crate::rpc::client::{Target, WorkerConn};
 use crate::rpc::slot::{Outcome, Slot};
-use crate::proto::v1::Reply;
 use bytes::Bytes;
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyTimeoutError;
@@ -29,7 +29,9 @@ pub struct PendingCall {
 
 /// Copies Python buffer-protocol objects (format "B") into owned bytes.
 pub(crate) fn to_bytes_vec(py: Python<'_>, bufs: &[PyBuffer<u8>]) -> PyResult<Vec<Bytes>> {
-    bufs.iter().map(|b| Ok(Bytes::from(b.to_vec(py)?))).collect()
+    bufs.iter()
+        .map(|b| Ok(Bytes::from(b.to_vec(py)?)))
+        .collect()
 }
 
 type PyReply = (i32, Py<PyBytes>, Vec<Py<PyByteArray>>);
@@ -38,7 +40,10 @@ fn reply_to_py(py: Python<'_>, r: &Reply) -> PyReply {
     (
         r.kind,
         PyBytes::new(py, &r.payload).unbind(),
-        r.buffers.iter().map(|b| PyByteArray::new(py, b).unbind()).collect(),
+        r.buffers
+            .iter()
+            .map(|b| PyByteArray::new(py, b).unbind())
+            .collect(),
     )
 }
 
@@ -55,7 +60,9 @@ fn wait_slot(py: Python<'_>, slot: &Arc<Slot>, deadline: Option<Instant>) -> PyR
     loop {
         let chunk = match deadline {
             None => Duration::from_millis(50),
-            Some(d) => d.saturating_duration_since(Instant::now()).min(Duration::from_millis(50)),
+            Some(d) => d
+                .saturating_duration_since(Instant::now())
+                .min(Duration::from_millis(50)),
         };
         if let Some(o) = py.detach(|| slot.wait(Some(chunk))) {
             return Ok(o);
@@ -73,7 +80,11 @@ fn deadline(timeout: Option<f64>) -> Option<Instant> {
 
 impl PendingCall {
     fn new(slot: Arc<Slot>, call_id: u64, conn: Arc<WorkerConn>) -> Self {
-        PendingCall { slot, call_id, conn }
+        PendingCall {
+            slot,
+            call_id,
+            conn,
+        }
     }
 }
 
@@ -143,9 +154,9 @@ impl PyWorkerConn {
         buffers: Vec<PyBuffer<u8>>,
     ) -> PyResult<PendingCall> {
         let bufs = to_bytes_vec(py, &buffers)?;
-        let slot = self
-            .inner
-            .spawn_actor(node::handle(), name, Bytes::copy_from_slice(payload), bufs);
+        let slot =
+            self.inner
+                .spawn_actor(node::handle(), name, Bytes::copy_from_slice(payload), bufs);
         Ok(PendingCall::new(slot, 0, self.inner.clone()))
     }
 
@@ -207,12 +218,22 @@ fn call(
     oneway: bool,
 ) -> PyResult<Vec<PendingCall>> {
     if ranks.len() != conns.len() {
-        return Err(pyo3::exceptions::PyValueError::new_err("conns and ranks differ in length"));
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "conns and ranks differ in length",
+        ));
     }
     let bufs = to_bytes_vec(py, &buffers)?;
     let payload = Bytes::copy_from_slice(payload);
     let targets: Vec<Arc<WorkerConn>> = conns.iter().map(|c| c.inner.clone()).collect();
-    let t = Target { actor, method, payload: &payload, buffers: &bufs, oneway, dims: &dims, sizes: &sizes };
+    let t = Target {
+        actor,
+        method,
+        payload: &payload,
+        buffers: &bufs,
+        oneway,
+        dims: &dims,
+        sizes: &sizes,
+    };
     let sent = py.detach(|| {
         targets
             .iter()

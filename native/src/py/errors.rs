@@ -5,10 +5,30 @@ use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 
-create_exception!(_native, NativeError, PyException, "Base of the native core's errors.");
-create_exception!(_native, ConnectionLost, NativeError, "The peer process went away before replying.");
-create_exception!(_native, AuthError, NativeError, "The peer rejected the mesh token, or the token is unusable.");
-create_exception!(_native, MessageTooLarge, NativeError, "A message is above the control plane's size limit.");
+create_exception!(
+    _native,
+    NativeError,
+    PyException,
+    "Base of the native core's errors."
+);
+create_exception!(
+    _native,
+    ConnectionLost,
+    NativeError,
+    "The peer process went away before replying."
+);
+create_exception!(
+    _native,
+    AuthError,
+    NativeError,
+    "The peer rejected the mesh token, or the token is unusable."
+);
+create_exception!(
+    _native,
+    MessageTooLarge,
+    NativeError,
+    "A message is above the control plane's size limit."
+);
 
 /// Converts a control-plane error into its Python exception.
 pub fn to_py(e: RpcError) -> PyErr {

@@ -4,13 +4,14 @@ use super::client::to_bytes_vec;
 use super::errors::to_py;
 use crate::node;
 use crate::proto::v1::ReplyKind;
-use crate::rpc::server::WorkerHost;
+use crate::rpc::server::{Incoming, WorkerHost, LANE_LOOP, LANE_SYNC};
 use bytes::Bytes;
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes};
 use std::os::fd::FromRawFd;
+use std::time::Duration;
 
 /// Serves the `Worker` service for this process.
 #[pyclass(frozen, name = "WorkerServer", module = "monarch_kernel._native")]
@@ -18,7 +19,16 @@ pub struct PyWorkerServer {
     host: WorkerHost,
 }
 
-type PyIncoming = (u64, u8, u64, String, String, Py<PyBytes>, Vec<Py<PyByteArray>>, (u32, Vec<String>, Vec<u32>));
+type PyIncoming = (
+    u64,
+    u8,
+    u64,
+    String,
+    String,
+    Py<PyBytes>,
+    Vec<Py<PyByteArray>>,
+    (u32, Vec<String>, Vec<u32>),
+);
 
 #[pymethods]
 impl PyWorkerServer {
@@ -29,9 +39,11 @@ impl PyWorkerServer {
         let host = py
             .detach(|| match listen_fd {
                 // SAFETY: the agent passed us this descriptor to own (MONARCH_LISTEN_FD).
-                Some(fd) => WorkerHost::serve(node::handle(), unsafe {
-                    std::net::TcpListener::from_raw_fd(fd)
-                }, token),
+                Some(fd) => WorkerHost::serve(
+                    node::handle(),
+                    unsafe { std::net::TcpListener::from_raw_fd(fd) },
+                    token,
+                ),
                 None => WorkerHost::bind(node::handle(), addr, token),
             })
             .map_err(to_py)?;
@@ -43,30 +55,38 @@ impl PyWorkerServer {
         self.host.addr.clone()
     }
 
-    /// An eventfd that is readable while items are queued.
-    fn fileno(&self) -> i32 {
-        self.host.inbox.fd()
+    /// An eventfd that is readable while `lane` has items.
+    #[pyo3(signature = (lane=LANE_LOOP))]
+    fn fileno(&self, lane: usize) -> PyResult<i32> {
+        Ok(self.host.inbox.fd(check_lane(lane)?))
     }
 
-    /// Every queued item: `(token, kind, call_id, actor, method, payload, buffers,
-    /// (rank, dims, sizes))`.
-    fn take(&self, py: Python<'_>) -> Vec<PyIncoming> {
-        let items = py.detach(|| self.host.inbox.take());
-        items
-            .into_iter()
-            .map(|i| {
-                (
-                    i.token,
-                    i.kind as u8,
-                    i.call_id,
-                    i.actor,
-                    i.method,
-                    PyBytes::new(py, &i.payload).unbind(),
-                    i.buffers.iter().map(|b| PyByteArray::new(py, b).unbind()).collect(),
-                    (i.rank, i.dims, i.sizes),
-                )
-            })
-            .collect()
+    /// Every item queued in `lane`: `(token, kind, call_id, actor, method, payload,
+    /// buffers, (rank, dims, sizes))`. Does not block.
+    #[pyo3(signature = (lane=LANE_LOOP))]
+    fn take(&self, py: Python<'_>, lane: usize) -> PyResult<Vec<PyIncoming>> {
+        Ok(to_py_items(py, self.host.inbox.take(check_lane(lane)?)))
+    }
+
+    /// Like `take`, but waits up to `timeout` seconds (GIL released) while `lane` is
+    /// empty. Returns early, maybe empty, on `wake(lane)`.
+    fn take_wait(&self, py: Python<'_>, lane: usize, timeout: f64) -> PyResult<Vec<PyIncoming>> {
+        let lane = check_lane(lane)?;
+        let t = Duration::from_secs_f64(timeout.max(0.0));
+        let items = py.detach(|| self.host.inbox.take_wait(lane, t));
+        Ok(to_py_items(py, items))
+    }
+
+    /// Wakes a `take_wait` on `lane`.
+    fn wake(&self, lane: usize) -> PyResult<()> {
+        self.host.inbox.wake(check_lane(lane)?);
+        Ok(())
+    }
+
+    /// Routes later calls to `actor` to `lane` (None: back to the loop lane).
+    #[pyo3(signature = (actor, lane))]
+    fn route(&self, actor: &str, lane: Option<usize>) {
+        self.host.inbox.route(actor, lane);
     }
 
     /// Answers the item that carried `token`.
@@ -82,7 +102,8 @@ impl PyWorkerServer {
             .map_err(|_| PyValueError::new_err(format!("unknown reply kind {kind}")))?;
         let bufs = to_bytes_vec(py, &buffers)?;
         let payload = Bytes::copy_from_slice(payload);
-        py.detach(|| self.host.inbox.reply(token, kind, payload, bufs));
+        // Non-blocking (a channel send): no need to release the GIL.
+        self.host.inbox.reply(token, kind, payload, bufs);
         Ok(())
     }
 
@@ -92,8 +113,39 @@ impl PyWorkerServer {
     }
 }
 
+fn check_lane(lane: usize) -> PyResult<usize> {
+    if lane == LANE_SYNC || lane == LANE_LOOP {
+        Ok(lane)
+    } else {
+        Err(PyValueError::new_err(format!("no lane {lane}")))
+    }
+}
+
+fn to_py_items(py: Python<'_>, items: Vec<Incoming>) -> Vec<PyIncoming> {
+    items
+        .into_iter()
+        .map(|i| {
+            (
+                i.token,
+                i.kind as u8,
+                i.call_id,
+                i.actor,
+                i.method,
+                PyBytes::new(py, &i.payload).unbind(),
+                i.buffers
+                    .iter()
+                    .map(|b| PyByteArray::new(py, b).unbind())
+                    .collect(),
+                (i.rank, i.dims, i.sizes),
+            )
+        })
+        .collect()
+}
+
 pub fn register_python_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyWorkerServer>()?;
+    m.add("LANE_SYNC", LANE_SYNC)?;
+    m.add("LANE_LOOP", LANE_LOOP)?;
     m.add("KIND_SPAWN", 1u8)?;
     m.add("KIND_STOP", 2u8)?;
     m.add("KIND_CALL", 3u8)?;

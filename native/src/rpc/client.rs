@@ -8,11 +8,12 @@
 //! actor meshes unpickled many times share it.
 
 use super::auth::TokenAttach;
+use super::batch::Batched;
 use super::slot::{Outcome, Slot};
 use super::{RpcError, MAX_MESSAGE_BYTES};
 use crate::proto::v1::worker_client::WorkerClient;
 use crate::proto::v1::{
-    Call, CancelRequest, PingRequest, Reply, ReplyKind, SpawnActorRequest, StatsReply,
+    Call, Calls, CancelRequest, PingRequest, Reply, ReplyKind, SpawnActorRequest, StatsReply,
     StatsRequest, StopActorRequest,
 };
 use bytes::Bytes;
@@ -22,7 +23,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
@@ -77,8 +77,7 @@ impl WorkerConn {
     /// Returns this process's connection to `addr`, opening it (lazily) if needed or
     /// if the previous one was lost (CLIENT-2).
     pub fn get(rt: &Handle, addr: &str, token: &str) -> Result<Arc<WorkerConn>, RpcError> {
-        static CONNS: OnceLock<Mutex<HashMap<(String, String), Arc<WorkerConn>>>> =
-            OnceLock::new();
+        static CONNS: OnceLock<Mutex<HashMap<(String, String), Arc<WorkerConn>>>> = OnceLock::new();
         let conns = CONNS.get_or_init(Default::default);
         let key = (addr.to_string(), token.to_string());
         let mut map = conns.lock().unwrap_or_else(|e| e.into_inner());
@@ -112,22 +111,27 @@ impl WorkerConn {
         let pending = Arc::new(Mutex::new(Pending::default()));
         let (mut c2, p2, addr2) = (client.clone(), pending.clone(), addr.to_string());
         rt.spawn(async move {
-            let resp = c2.messages(UnboundedReceiverStream::new(rx)).await;
+            let resp = c2.messages(Batched::new(rx, |calls| Calls { calls })).await;
             let mut inbound = match resp {
                 Ok(r) => r.into_inner(),
                 Err(s) => return fail_all(&p2, RpcError::from_status(&addr2, &s)),
             };
             loop {
                 match inbound.message().await {
-                    Ok(Some(reply)) => {
-                        let slot = lock(&p2).calls.remove(&reply.call_id);
-                        if let Some(slot) = slot {
-                            slot.complete(Ok(reply));
+                    Ok(Some(batch)) => {
+                        for reply in batch.replies {
+                            let slot = lock(&p2).calls.remove(&reply.call_id);
+                            if let Some(slot) = slot {
+                                slot.complete(Ok(reply));
+                            }
                         }
                     }
                     Ok(None) => {
                         let reason = "the worker closed the stream".to_string();
-                        let err = RpcError::ConnectionLost { addr: addr2.clone(), reason };
+                        let err = RpcError::ConnectionLost {
+                            addr: addr2.clone(),
+                            reason,
+                        };
                         return fail_all(&p2, err);
                     }
                     Err(s) => return fail_all(&p2, RpcError::from_status(&addr2, &s)),
@@ -155,7 +159,15 @@ impl WorkerConn {
     /// Sends an endpoint call. Returns the call id and, unless `oneway`, the slot
     /// its reply completes.
     pub fn call(&self, target: &Target<'_>, rank: u32) -> (u64, Option<Arc<Slot>>) {
-        let Target { actor, method, payload, buffers, oneway, dims, sizes } = *target;
+        let Target {
+            actor,
+            method,
+            payload,
+            buffers,
+            oneway,
+            dims,
+            sizes,
+        } = *target;
         let (payload, buffers) = (payload.clone(), buffers.to_vec());
         let call_id = next_call_id();
         let size = payload.len() + buffers.iter().map(Bytes::len).sum::<usize>();
@@ -217,7 +229,13 @@ impl WorkerConn {
     }
 
     /// Creates (or replaces) actor `name` from a pickled (class, args, kwargs).
-    pub fn spawn_actor(&self, rt: &Handle, name: &str, payload: Bytes, buffers: Vec<Bytes>) -> Arc<Slot> {
+    pub fn spawn_actor(
+        &self,
+        rt: &Handle,
+        name: &str,
+        payload: Bytes,
+        buffers: Vec<Bytes>,
+    ) -> Arc<Slot> {
         let req = SpawnActorRequest {
             name: name.to_string(),
             payload,

@@ -3,6 +3,7 @@
 //! its one client ([`client`]).
 
 pub mod auth;
+pub mod batch;
 pub mod client;
 pub mod server;
 pub mod slot;

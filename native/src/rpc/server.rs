@@ -8,11 +8,13 @@
 //! token whose caller has gone is not an error (the reply is dropped).
 
 use super::auth::TokenCheck;
+use super::batch::Batched;
 use super::{RpcError, MAX_MESSAGE_BYTES};
 use crate::proto::v1::worker_server::{Worker, WorkerServer};
+use crate::proto::v1::Replies;
 use crate::proto::v1::{
-    Call, CancelReply, CancelRequest, PingReply, PingRequest, Reply, ReplyKind,
-    SpawnActorRequest, StatsReply, StatsRequest, StopActorRequest,
+    Calls, CancelReply, CancelRequest, PingReply, PingRequest, Reply, ReplyKind, SpawnActorRequest,
+    StatsReply, StatsRequest, StopActorRequest,
 };
 use bytes::Bytes;
 use std::collections::{HashMap, VecDeque};
@@ -22,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, Notify};
-use tokio_stream::wrappers::{TcpListenerStream, UnboundedReceiverStream};
+use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
@@ -68,17 +70,74 @@ pub struct Incoming {
 /// Where a reply goes.
 enum Sink {
     /// Back on a `Messages` stream, tagged with the caller's call id.
-    Stream(mpsc::UnboundedSender<Result<Reply, Status>>, u64),
+    Stream(mpsc::UnboundedSender<Reply>, u64),
     /// As the answer of a unary RPC.
     Unary(oneshot::Sender<Reply>),
 }
 
-/// The queue between the gRPC service and the Python dispatcher.
-pub struct Inbox {
+/// The lane whose items the process's sync-actor thread runs (INBOX-3).
+pub const LANE_SYNC: usize = 0;
+/// The lane of everything else: async actors, spawns, stops, cancels.
+pub const LANE_LOOP: usize = 1;
+
+/// One queue and the eventfd that says it is non-empty (INBOX-1).
+struct Lane {
     /// Items not yet taken by the dispatcher.
     queue: Mutex<VecDeque<Incoming>>,
-    /// INBOX-1.
     efd: OwnedFd,
+}
+
+impl Lane {
+    fn new() -> Result<Self, RpcError> {
+        // SAFETY: eventfd has no memory-safety preconditions; we check the result.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(RpcError::Io(std::io::Error::last_os_error().to_string()));
+        }
+        Ok(Lane {
+            queue: Mutex::new(VecDeque::new()),
+            // SAFETY: fd is a fresh descriptor that nothing else owns.
+            efd: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
+    }
+
+    fn signal(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a valid u64 to our own eventfd. A full counter
+        // (EAGAIN) still leaves it readable, which is all INBOX-1 needs.
+        unsafe {
+            libc::write(
+                self.efd.as_raw_fd(),
+                &one as *const u64 as *const libc::c_void,
+                8,
+            );
+        }
+    }
+
+    fn take(&self) -> Vec<Incoming> {
+        let mut buf: u64 = 0;
+        // SAFETY: reads 8 bytes into a valid u64 from our own non-blocking eventfd.
+        unsafe {
+            libc::read(
+                self.efd.as_raw_fd(),
+                &mut buf as *mut u64 as *mut libc::c_void,
+                8,
+            );
+        }
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        q.drain(..).collect()
+    }
+}
+
+/// The queues between the gRPC service and the Python dispatcher.
+///
+/// INBOX-3: calls to an actor routed to [`LANE_SYNC`] (by [`Inbox::route`]) wake only
+/// the thread that runs sync actors, so a call costs one thread wake-up in Python;
+/// everything else goes to [`LANE_LOOP`], which an asyncio loop waits on.
+pub struct Inbox {
+    lanes: [Lane; 2],
+    /// Which lane each actor's calls go to; absent means [`LANE_LOOP`].
+    routes: Mutex<HashMap<String, usize>>,
     /// Reply sinks by token (INBOX-2).
     sinks: Mutex<HashMap<u64, Sink>>,
     next_token: AtomicU64,
@@ -88,24 +147,31 @@ pub struct Inbox {
 
 impl Inbox {
     fn new() -> Result<Arc<Self>, RpcError> {
-        // SAFETY: eventfd has no memory-safety preconditions; we check the result.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(RpcError::Io(std::io::Error::last_os_error().to_string()));
-        }
         Ok(Arc::new(Inbox {
-            queue: Mutex::new(VecDeque::new()),
-            // SAFETY: fd is a fresh descriptor that nothing else owns.
-            efd: unsafe { OwnedFd::from_raw_fd(fd) },
+            lanes: [Lane::new()?, Lane::new()?],
+            routes: Mutex::new(HashMap::new()),
             sinks: Mutex::new(HashMap::new()),
             next_token: AtomicU64::new(1),
             received: AtomicU64::new(0),
         }))
     }
 
-    /// The eventfd to wait on (INBOX-1).
-    pub fn fd(&self) -> RawFd {
-        self.efd.as_raw_fd()
+    /// The eventfd of `lane` to wait on (INBOX-1).
+    pub fn fd(&self, lane: usize) -> RawFd {
+        self.lanes[lane].efd.as_raw_fd()
+    }
+
+    /// Sends later calls to `actor` to `lane`, or back to [`LANE_LOOP`] if `None`.
+    pub fn route(&self, actor: &str, lane: Option<usize>) {
+        let mut r = self.routes.lock().unwrap_or_else(|e| e.into_inner());
+        match lane {
+            Some(l) if l < self.lanes.len() => {
+                r.insert(actor.to_string(), l);
+            }
+            _ => {
+                r.remove(actor);
+            }
+        }
     }
 
     fn push(&self, item: Incoming, sink: Option<Sink>) {
@@ -118,31 +184,50 @@ impl Inbox {
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(token, sink);
         }
+        let lane = if item.kind == Kind::Call {
+            let r = self.routes.lock().unwrap_or_else(|e| e.into_inner());
+            r.get(&item.actor).copied().unwrap_or(LANE_LOOP)
+        } else {
+            LANE_LOOP
+        };
+        let lane = &self.lanes[lane];
         let was_empty = {
-            let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+            let mut q = lane.queue.lock().unwrap_or_else(|e| e.into_inner());
             let was_empty = q.is_empty();
             q.push_back(item);
             was_empty
         };
         if was_empty {
-            let one: u64 = 1;
-            // SAFETY: writes 8 bytes from a valid u64 to our own eventfd. A full
-            // counter (EAGAIN) still leaves it readable, which is all INBOX-1 needs.
-            unsafe {
-                libc::write(self.fd(), &one as *const u64 as *const libc::c_void, 8);
-            }
+            lane.signal();
         }
     }
 
-    /// Takes every queued item and clears the eventfd.
-    pub fn take(&self) -> Vec<Incoming> {
-        let mut buf: u64 = 0;
-        // SAFETY: reads 8 bytes into a valid u64 from our own non-blocking eventfd.
-        unsafe {
-            libc::read(self.fd(), &mut buf as *mut u64 as *mut libc::c_void, 8);
+    /// Takes every item queued in `lane` and clears its eventfd.
+    pub fn take(&self, lane: usize) -> Vec<Incoming> {
+        self.lanes[lane].take()
+    }
+
+    /// Like [`Inbox::take`], but first waits up to `timeout` for an item (or a
+    /// [`Inbox::wake`]) if there is none. Blocks: call it without the GIL.
+    pub fn take_wait(&self, lane: usize, timeout: Duration) -> Vec<Incoming> {
+        let items = self.take(lane);
+        if !items.is_empty() {
+            return items;
         }
-        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        q.drain(..).collect()
+        let mut pfd = libc::pollfd {
+            fd: self.fd(lane),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: polls one valid pollfd that lives for the call.
+        unsafe { libc::poll(&mut pfd, 1, ms) };
+        self.take(lane)
+    }
+
+    /// Makes a waiter on `lane` return (with whatever is queued, maybe nothing).
+    pub fn wake(&self, lane: usize) {
+        self.lanes[lane].signal();
     }
 
     /// Answers the item that carried `token` (INBOX-2).
@@ -161,7 +246,7 @@ impl Inbox {
         match sink {
             Some(Sink::Stream(tx, call_id)) => {
                 reply.call_id = call_id;
-                let _ = tx.send(Ok(reply));
+                let _ = tx.send(reply);
             }
             Some(Sink::Unary(tx)) => {
                 let _ = tx.send(reply);
@@ -206,7 +291,7 @@ fn item(kind: Kind, call_id: u64, actor: String) -> Incoming {
     }
 }
 
-type ReplyStream = Pin<Box<dyn Stream<Item = Result<Reply, Status>> + Send>>;
+type ReplyStream = Pin<Box<dyn Stream<Item = Result<Replies, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl Worker for Service {
@@ -229,36 +314,41 @@ impl Worker for Service {
 
     async fn messages(
         &self,
-        req: Request<Streaming<Call>>,
+        req: Request<Streaming<Calls>>,
     ) -> Result<Response<Self::MessagesStream>, Status> {
         let mut calls = req.into_inner();
         let (tx, rx) = mpsc::unbounded_channel();
         let inbox = self.inbox.clone();
         tokio::spawn(async move {
-            while let Some(Ok(c)) = calls.next().await {
-                inbox.received.fetch_add(1, Ordering::Relaxed);
-                let sink = (!c.oneway).then(|| Sink::Stream(tx.clone(), c.call_id));
-                let it = Incoming {
-                    token: 0,
-                    kind: Kind::Call,
-                    call_id: c.call_id,
-                    actor: c.actor,
-                    method: c.method,
-                    payload: c.payload,
-                    buffers: c.buffers,
-                    rank: c.rank,
-                    dims: c.dims,
-                    sizes: c.sizes,
-                };
-                inbox.push(it, sink);
+            while let Some(Ok(batch)) = calls.next().await {
+                for c in batch.calls {
+                    inbox.received.fetch_add(1, Ordering::Relaxed);
+                    let sink = (!c.oneway).then(|| Sink::Stream(tx.clone(), c.call_id));
+                    let it = Incoming {
+                        token: 0,
+                        kind: Kind::Call,
+                        call_id: c.call_id,
+                        actor: c.actor,
+                        method: c.method,
+                        payload: c.payload,
+                        buffers: c.buffers,
+                        rank: c.rank,
+                        dims: c.dims,
+                        sizes: c.sizes,
+                    };
+                    inbox.push(it, sink);
+                }
             }
         });
-        Ok(Response::new(Box::pin(UnboundedReceiverStream::new(rx))))
+        let replies = Batched::new(rx, |replies| Ok(Replies { replies }));
+        Ok(Response::new(Box::pin(replies)))
     }
 
     async fn cancel(&self, req: Request<CancelRequest>) -> Result<Response<CancelReply>, Status> {
-        self.inbox
-            .push(item(Kind::Cancel, req.into_inner().call_id, String::new()), None);
+        self.inbox.push(
+            item(Kind::Cancel, req.into_inner().call_id, String::new()),
+            None,
+        );
         Ok(Response::new(CancelReply { found: true }))
     }
 
@@ -333,7 +423,8 @@ impl WorkerHost {
 
     /// Binds `addr` (for example `127.0.0.1:0`) and serves there.
     pub fn bind(rt: &tokio::runtime::Handle, addr: &str, token: &str) -> Result<Self, RpcError> {
-        let l = std::net::TcpListener::bind(addr).map_err(|e| RpcError::Address(format!("{addr}: {e}")))?;
+        let l = std::net::TcpListener::bind(addr)
+            .map_err(|e| RpcError::Address(format!("{addr}: {e}")))?;
         Self::serve(rt, l, token)
     }
 

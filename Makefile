@@ -1,0 +1,62 @@
+# monarch-kernel. Every target sets up what it needs from nothing (venv, Python and
+# Rust dependencies, the maturin build); run `make help` for the list.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMPS := $(VENV)/.stamps
+NATIVE_SRC := $(shell find native/src proto -type f) native/Cargo.toml native/build.rs Cargo.toml
+export CARGO_TERM_COLOR ?= never
+
+.DEFAULT_GOAL := help
+.PHONY: help setup demo test test-rust test-python bench lint fmt stubs clean
+
+help: ## List the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(STAMPS)/deps: pyproject.toml | $(PY)
+	@mkdir -p $(STAMPS)
+	$(PIP) install -q -e '.[dev]'
+	@touch $(STAMPS)/deps $(STAMPS)/native
+
+$(STAMPS)/native: $(NATIVE_SRC) | $(STAMPS)/deps
+	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release -q
+	@touch $@
+
+setup: $(STAMPS)/native ## Create the venv, install dependencies (torch included), build the native core
+
+demo: setup ## Set up, then run a short tour of the API on a local mesh and print what it did
+	$(PY) demo/tour.py
+
+test: setup test-rust test-python ## Set up, then run every test (Rust and Python)
+
+test-rust: ## cargo test of the native core (no Python needed)
+	cargo test -q --manifest-path native/Cargo.toml
+
+test-python: setup ## pytest: unit and integration tests against real agents and workers
+	$(PY) -m pytest -q
+
+bench: setup ## Print this project's figures beside baselines measured in the same run
+	$(PY) bench/run.py
+
+lint: setup ## ruff, mypy, cargo fmt and clippy
+	$(VENV)/bin/ruff check monarch_kernel tests bench demo
+	$(VENV)/bin/ruff format --check monarch_kernel tests bench demo
+	$(VENV)/bin/mypy monarch_kernel
+	cargo fmt --manifest-path native/Cargo.toml --check
+	cargo clippy -q --manifest-path native/Cargo.toml --all-targets -- -D warnings
+	cargo clippy -q --manifest-path native/Cargo.toml --features python -- -D warnings
+
+fmt: setup ## Format Python and Rust sources
+	$(VENV)/bin/ruff format monarch_kernel tests bench demo
+	$(VENV)/bin/ruff check --fix monarch_kernel tests bench demo
+	cargo fmt --manifest-path native/Cargo.toml
+
+stubs: setup ## Regenerate the checked-in grpcio stubs from proto/
+	$(PY) -m grpc_tools.protoc -Iproto --python_out=. --grpc_python_out=. --pyi_out=. proto/monarch_kernel/v1/agent.proto
+
+clean: ## Remove the venv and build outputs
+	rm -rf $(VENV) target

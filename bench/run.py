@@ -1,0 +1,158 @@
+"""`make bench`: this project's figures beside baselines measured in the same run.
+
+Prints one table: metric, this project, the baseline, the ratio (project / baseline)
+and the issue's target. Medians unless the metric says otherwise. The output format is
+stable: other tools read it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+from monarch_kernel import Actor, endpoint, this_host
+
+N_CALLS = int(os.environ.get("BENCH_CALLS", "2000"))
+
+
+class Echo(Actor):
+    @endpoint
+    def ping(self, x: object) -> object:
+        return x
+
+
+def timed(fn: Callable[[], object], n: int, warmup: int = 100) -> float:
+    """Median seconds of one ``fn()`` over ``n`` runs."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t)
+    return statistics.median(samples)
+
+
+# -- baselines -------------------------------------------------------------------------
+
+
+def _pipe_echo(conn: mp.connection.Connection) -> None:
+    while True:
+        x = conn.recv()
+        if x is None:
+            return
+        conn.send(x)
+
+
+def pipe_round_trip() -> float:
+    a, b = mp.Pipe()
+    p = mp.get_context("fork").Process(target=_pipe_echo, args=(b,))
+    p.start()
+    try:
+        return timed(lambda: (a.send(1), a.recv()), N_CALLS)
+    finally:
+        a.send(None)
+        p.join()
+
+
+def tcp_round_trip() -> float:
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+
+    def serve() -> None:
+        c, _ = srv.accept()
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        while data := c.recv(64):
+            c.sendall(data)
+        c.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    cli = socket.create_connection(srv.getsockname())
+    cli.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        return timed(lambda: (cli.sendall(b"x" * 16), cli.recv(64)), N_CALLS)
+    finally:
+        cli.close()
+        srv.close()
+
+
+def memcpy_seconds(nbytes: int = 64 << 20) -> float:
+    src = bytearray(os.urandom(1 << 20)) * (nbytes >> 20)
+    dst = bytearray(nbytes)
+    mv = memoryview(dst)
+    return timed(lambda: mv.__setitem__(slice(None), src), 20, warmup=3)
+
+
+# -- this project ----------------------------------------------------------------------
+
+
+def cold_spawn() -> tuple[float, float]:
+    t = time.perf_counter()
+    procs = this_host().spawn_procs(per_host={"procs": 4})
+    e = procs.spawn("echo", Echo)
+    e.ping.call(0).get(timeout=60)
+    cold = time.perf_counter() - t
+    samples = []
+    for i in range(20):
+        t = time.perf_counter()
+        procs.spawn(f"echo{i}", Echo)
+        samples.append(time.perf_counter() - t)
+    procs.stop()
+    return cold, statistics.median(samples)
+
+
+def calls() -> tuple[float, float, float]:
+    procs = this_host().spawn_procs(per_host={"procs": 2})
+    try:
+        e = procs.spawn("echo", Echo)
+        one = e.slice(procs=0).ping
+        rt = timed(lambda: one.call_one(7).get(), N_CALLS)
+        both = timed(lambda: e.ping.call(7).get(), N_CALLS)
+        pipelined = []
+        for _ in range(5):
+            t = time.perf_counter()
+            futures = [one.call_one(i) for i in range(1000)]
+            for f in futures:
+                f.get()
+            pipelined.append(1000 / (time.perf_counter() - t))
+        return rt, both, statistics.median(pipelined)
+    finally:
+        procs.stop()
+
+
+def main() -> None:
+    pipe = pipe_round_trip()
+    tcp = tcp_round_trip()
+    mcp = memcpy_seconds()
+    rt, both, thru = calls()
+    cold, warm = cold_spawn()
+    us, ms = 1e6, 1e3
+    rows = [
+        # metric, value, unit, baseline name, baseline value, target
+        ("call_one round trip ping(x)->x, 2 procs", rt * us, "us", "raw Pipe round trip", pipe * us, "<= 150 us"),
+        ("call() to 2 procs and gather", both * us, "us", "raw Pipe round trip", pipe * us, "<= 250 us"),
+        ("pipelined call_one, 1000 outstanding", thru, "calls/s", "1 / raw Pipe round trip", 1 / pipe, ">= 30000/s"),
+        ("call_one round trip (vs loopback TCP)", rt * us, "us", "loopback TCP round trip", tcp * us, ""),
+        ("cold spawn_procs(4) to first reply", cold * ms, "ms", "", float("nan"), "<= 400 ms"),
+        ("second actor mesh on warm procs (4)", warm * ms, "ms", "", float("nan"), "<= 5 ms"),
+        ("memcpy 64 MiB (for later transfers)", mcp * ms, "ms", "memcpy 64 MiB", mcp * ms, ""),
+    ]
+    w = max(len(r[0]) for r in rows)
+    print(f"{'metric':<{w}}  {'monarch-kernel':>16}  {'baseline':>26}  {'ratio':>7}  target")
+    for name, val, unit, bname, bval, target in rows:
+        base = f"{bval:,.1f} ({bname})" if bname else "-"
+        ratio = f"{val / bval:.2f}" if bname else "-"
+        print(f"{name:<{w}}  {val:>10,.1f} {unit:<5}  {base:>26}  {ratio:>7}  {target}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

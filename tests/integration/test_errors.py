@@ -1,0 +1,305 @@
+"""What a user sees when something goes wrong: endpoint exceptions, bad calls, stopped
+meshes, dead workers and oversized messages."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from monarch_kernel import (
+    Actor,
+    ActorError,
+    MeshStoppedError,
+    SupervisionError,
+    current_rank,
+    endpoint,
+    this_host,
+)
+from monarch_kernel import _native
+from monarch_kernel.errors import (
+    DimensionError,
+    MeshIndexError,
+    MessageTooLargeError,
+    SerializationError,
+    UnknownEndpointError,
+)
+
+TIMEOUT = 30
+
+
+class Faulty(Actor):
+    def __init__(self) -> None:
+        self.calls = 0
+
+    @endpoint
+    def ping(self) -> int:
+        self.calls += 1
+        return self.calls
+
+    @endpoint
+    def explode(self, message: str) -> None:
+        raise ValueError(message)
+
+    @endpoint
+    def explode_on(self, rank: int) -> int:
+        if current_rank()["procs"] == rank:
+            raise RuntimeError(f"rank {rank} refuses")
+        return current_rank()["procs"]
+
+    @endpoint
+    def two_args(self, a, b):
+        return a + b
+
+    @endpoint
+    def give_lock(self):
+        return threading.Lock()
+
+    @endpoint
+    def size_of(self, data: bytes) -> int:
+        return len(data)
+
+    @endpoint
+    def die(self, code: int) -> None:
+        os._exit(code)
+
+    @endpoint
+    def sleep(self, seconds: float) -> str:
+        time.sleep(seconds)
+        return "woke"
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    def helper(self) -> str:
+        return "not an endpoint"
+
+
+class BrokenInit(Actor):
+    def __init__(self, fail_on: int) -> None:
+        if current_rank()["procs"] == fail_on:
+            raise KeyError(f"no config for rank {fail_on}")
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+
+@pytest.fixture(scope="module")
+def faulty(procs4):
+    mesh = procs4.spawn("faulty", Faulty)
+    yield mesh
+    mesh.stop().get(timeout=TIMEOUT)
+
+
+@pytest.fixture
+def own_procs2(state_home):
+    """Two procs that a test may break."""
+    procs = this_host().spawn_procs(per_host={"procs": 2})
+    yield procs
+    procs.stop()
+
+
+def _worker(procs, rank: int) -> dict:
+    return next(w for w in procs._owner.client.list_workers() if w["rank"] == rank)
+
+
+# -- endpoint exceptions -------------------------------------------------------------
+
+
+def test_an_endpoint_exception_comes_back_as_actor_error_with_the_remote_traceback(faulty):
+    with pytest.raises(ActorError) as info:
+        faulty.slice(procs=1).explode.call_one("the flux capacitor melted").get(timeout=TIMEOUT)
+    err = info.value
+    text = str(err)
+    assert "the flux capacitor melted" in text
+    assert "ValueError" in text
+    assert "in explode" in text  # the traceback line of the endpoint
+    assert err.rank is not None
+    assert isinstance(err.exception, ValueError)
+    assert "faulty.explode" in err.message
+
+
+def test_an_actor_stays_usable_after_its_endpoint_raised(faulty):
+    one = faulty.slice(procs=2)
+    before = one.ping.call_one().get(timeout=TIMEOUT)
+    with pytest.raises(ActorError):
+        one.explode.call_one("once").get(timeout=TIMEOUT)
+    assert one.ping.call_one().get(timeout=TIMEOUT) == before + 1
+
+
+def test_call_raises_actor_error_naming_the_rank_that_failed(faulty):
+    with pytest.raises(ActorError) as info:
+        faulty.explode_on.call(2).get(timeout=TIMEOUT)
+    err = info.value
+    assert err.rank is not None and err.rank["procs"] == 2
+    assert "rank 2 refuses" in str(err)
+    assert "{'procs': 2/4}" in str(err)
+    assert "in explode_on" in str(err)
+
+
+def test_the_other_ranks_keep_working_after_one_rank_raised(faulty):
+    with pytest.raises(ActorError):
+        faulty.explode_on.call(0).get(timeout=TIMEOUT)
+    assert faulty.explode_on.call(-1).get(timeout=TIMEOUT).values() == [0, 1, 2, 3]
+
+
+def test_stream_gives_the_error_only_for_the_rank_that_raised(faulty):
+    futures = list(faulty.explode_on.stream(1))
+    assert futures[0].get(timeout=TIMEOUT) == 0
+    with pytest.raises(ActorError):
+        futures[1].get(timeout=TIMEOUT)
+    assert [f.get(timeout=TIMEOUT) for f in futures[2:]] == [2, 3]
+
+
+def test_a_constructor_that_raises_fails_the_spawn_with_actor_error(procs4):
+    with pytest.raises(ActorError) as info:
+        procs4.spawn("broken", BrokenInit, 3)
+    text = str(info.value)
+    assert "no config for rank 3" in text
+    assert "BrokenInit" in text
+    assert "__init__" in text
+    assert info.value.rank is not None
+
+
+# -- bad calls -----------------------------------------------------------------------
+
+
+def test_an_unknown_endpoint_raises_unknown_endpoint_error_listing_the_endpoints(faulty):
+    with pytest.raises(UnknownEndpointError, match="no_such_thing") as info:
+        faulty.no_such_thing
+    assert isinstance(info.value, AttributeError)
+    assert "ping" in str(info.value)
+    assert not hasattr(faulty, "no_such_thing")
+
+
+def test_a_method_that_is_not_an_endpoint_cannot_be_called_on_the_mesh(faulty):
+    with pytest.raises(UnknownEndpointError, match="not an endpoint"):
+        faulty.helper.call()
+
+
+def test_slicing_an_unknown_dimension_raises_dimension_error(faulty):
+    with pytest.raises(DimensionError, match="gpus") as info:
+        faulty.slice(gpus=0)
+    assert isinstance(info.value, TypeError)
+
+
+def test_slicing_out_of_range_raises_mesh_index_error(faulty):
+    with pytest.raises(MeshIndexError) as info:
+        faulty.slice(procs=4)
+    assert isinstance(info.value, IndexError)
+
+
+def test_an_unpicklable_argument_raises_serialization_error_naming_it(faulty):
+    with pytest.raises(SerializationError, match="faulty.ping|faulty.two_args") as info:
+        faulty.two_args.call(threading.Lock(), 1)
+    assert isinstance(info.value, TypeError)
+    assert "lock" in str(info.value).lower()
+    # The mesh is unaffected.
+    assert len(faulty.ping.call().get(timeout=TIMEOUT)) == 4
+
+
+def test_an_unpicklable_return_value_comes_back_as_actor_error(faulty):
+    with pytest.raises(ActorError, match="(?i)pickle"):
+        faulty.slice(procs=0).give_lock.call_one().get(timeout=TIMEOUT)
+    assert faulty.slice(procs=0).two_args.call_one(1, 2).get(timeout=TIMEOUT) == 3
+
+
+def test_the_wrong_number_of_arguments_raises_type_error_before_sending(faulty):
+    with pytest.raises(TypeError, match="faulty.two_args"):
+        faulty.two_args.call(1)
+    with pytest.raises(TypeError):
+        faulty.slice(procs=0).two_args.call_one(1, 2, 3)
+    with pytest.raises(TypeError):
+        faulty.two_args.call(1, c=2)
+
+
+def test_a_message_above_the_limit_raises_message_too_large_error(faulty):
+    data = bytes(_native.MAX_MESSAGE_BYTES + 1)
+    try:
+        with pytest.raises(MessageTooLargeError) as info:
+            faulty.slice(procs=0).size_of.call_one(data).get(timeout=TIMEOUT)
+    finally:
+        del data
+    assert isinstance(info.value, ValueError)
+    assert f"{_native.MAX_MESSAGE_BYTES:,}" in str(info.value)
+    assert faulty.slice(procs=0).size_of.call_one(b"small").get(timeout=TIMEOUT) == 5
+
+
+# -- stopped meshes ------------------------------------------------------------------
+
+
+def test_a_stopped_mesh_raises_mesh_stopped_error_on_later_calls_and_spawns(own_procs2):
+    mesh = own_procs2.spawn("faulty", Faulty)
+    assert mesh.ping.call().get(timeout=TIMEOUT).values() == [1, 1]
+    own_procs2.stop()
+    with pytest.raises(MeshStoppedError) as info:
+        mesh.ping.call().get(timeout=TIMEOUT)
+    assert isinstance(info.value, SupervisionError)
+    assert own_procs2.name in str(info.value)
+    with pytest.raises(MeshStoppedError):
+        mesh.slice(procs=1).ping.call_one().get(timeout=TIMEOUT)
+    with pytest.raises(MeshStoppedError):
+        own_procs2.spawn("again", Faulty)
+
+
+def test_a_stopped_actor_mesh_refuses_calls_but_its_procs_keep_working(own_procs2):
+    mesh = own_procs2.spawn("faulty", Faulty)
+    mesh.stop().get(timeout=TIMEOUT)
+    with pytest.raises(SupervisionError, match="faulty"):
+        mesh.ping.call().get(timeout=TIMEOUT)
+    again = own_procs2.spawn("faulty", Faulty)
+    assert again.ping.call().get(timeout=TIMEOUT).values() == [1, 1]
+
+
+# -- dead workers --------------------------------------------------------------------
+
+
+def test_a_worker_that_exits_during_a_call_fails_it_with_supervision_error(own_procs2):
+    mesh = own_procs2.spawn("faulty", Faulty)
+    with pytest.raises(SupervisionError) as info:
+        mesh.slice(procs=1).die.call_one(3).get(timeout=TIMEOUT)
+    err = info.value
+    assert not isinstance(err, MeshStoppedError)
+    assert "rank 1" in str(err)
+    assert "code 3" in str(err)
+    assert err.rank == 1
+    assert err.exit_code == 3
+    assert mesh.slice(procs=0).ping.call_one().get(timeout=TIMEOUT) == 1
+
+
+def test_a_worker_killed_during_a_call_fails_it_with_supervision_error_naming_the_signal(own_procs2):
+    mesh = own_procs2.spawn("faulty", Faulty)
+    pid = _worker(own_procs2, 0)["pid"]
+    assert mesh.slice(procs=0).pid.call_one().get(timeout=TIMEOUT) == pid
+    pending = mesh.slice(procs=0).sleep.call_one(60)
+    conn = _native.WorkerConn(own_procs2._proc.addrs[0], own_procs2._proc.token)
+    deadline = time.monotonic() + TIMEOUT
+    while conn.stats()["calls_in_flight"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(SupervisionError) as info:
+        pending.get(timeout=TIMEOUT)
+    err = info.value
+    assert "rank 0" in str(err)
+    assert "SIGKILL" in str(err) or "signal 9" in str(err)
+    assert err.signal == signal.SIGKILL
+    assert err.pid == pid
+    assert mesh.slice(procs=1).ping.call_one().get(timeout=TIMEOUT) == 1
+
+
+def test_calls_to_a_dead_rank_keep_failing_while_live_ranks_answer(own_procs2):
+    mesh = own_procs2.spawn("faulty", Faulty)
+    with pytest.raises(SupervisionError):
+        mesh.slice(procs=0).die.call_one(5).get(timeout=TIMEOUT)
+    with pytest.raises(SupervisionError, match="rank 0"):
+        mesh.ping.call().get(timeout=TIMEOUT)
+    with pytest.raises(SupervisionError):
+        mesh.slice(procs=0).ping.call_one().get(timeout=TIMEOUT)
+    assert mesh.slice(procs=1).ping.call_one().get(timeout=TIMEOUT) == 1
+    assert _worker(own_procs2, 0)["state"] == "exited"
+    assert _worker(own_procs2, 1)["state"] == "running"

@@ -1,0 +1,104 @@
+"""The curated public API: ``monarch_kernel.__all__`` is pinned, and every name in it
+imports; the exception tree keeps Monarch's exception types."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+import monarch_kernel
+from monarch_kernel import errors
+
+PUBLIC = [
+    "Accumulator",
+    "Actor",
+    "ActorError",
+    "ActorMesh",
+    "Channel",
+    "Context",
+    "Endpoint",
+    "Extent",
+    "Future",
+    "HostMesh",
+    "Instance",
+    "MeshStoppedError",
+    "MonarchKernelError",
+    "Point",
+    "Port",
+    "PortReceiver",
+    "ProcMesh",
+    "Shape",
+    "SupervisionError",
+    "ValueMesh",
+    "as_endpoint",
+    "concurrent_endpoint",
+    "context",
+    "current_actor_name",
+    "current_rank",
+    "current_size",
+    "endpoint",
+    "get_or_spawn_controller",
+    "returns_future",
+    "send",
+    "this_host",
+    "this_proc",
+    "unhandled_fault_hook",
+]
+
+
+def test_the_public_names_are_exactly_the_pinned_list():
+    assert monarch_kernel.__all__ == PUBLIC
+
+
+def test_the_pinned_list_is_sorted_and_has_no_duplicates():
+    assert PUBLIC == sorted(set(PUBLIC))
+
+
+@pytest.mark.parametrize("name", PUBLIC)
+def test_every_public_name_is_importable(name):
+    module = importlib.import_module("monarch_kernel")
+    assert getattr(module, name) is not None
+    namespace: dict[str, object] = {}
+    exec(f"from monarch_kernel import {name}", namespace)
+    assert namespace[name] is getattr(module, name)
+
+
+def test_star_import_gives_the_public_names():
+    namespace: dict[str, object] = {}
+    exec("from monarch_kernel import *", namespace)
+    assert set(PUBLIC) <= set(namespace)
+
+
+def test_every_error_in_errors_all_is_importable_and_derives_from_the_root():
+    for name in errors.__all__:
+        cls = getattr(errors, name)
+        assert issubclass(cls, errors.MonarchKernelError), name
+
+
+@pytest.mark.parametrize(
+    ("error", "builtin"),
+    [
+        ("SupervisionError", RuntimeError),
+        ("MeshStoppedError", RuntimeError),
+        ("MessageTooLargeError", ValueError),
+        ("SerializationError", TypeError),
+        ("MeshSpecError", ValueError),
+        ("UnknownEndpointError", AttributeError),
+        ("DimensionError", TypeError),
+        ("MeshIndexError", IndexError),
+    ],
+)
+def test_errors_are_also_the_builtin_exception_monarch_raises(error, builtin):
+    assert issubclass(getattr(errors, error), builtin)
+
+
+def test_a_stopped_mesh_error_is_a_supervision_error():
+    assert issubclass(errors.MeshStoppedError, errors.SupervisionError)
+
+
+def test_public_error_names_are_the_ones_in_errors():
+    assert monarch_kernel.ActorError is errors.ActorError
+    assert monarch_kernel.SupervisionError is errors.SupervisionError
+    assert monarch_kernel.MeshStoppedError is errors.MeshStoppedError
+    assert monarch_kernel.MonarchKernelError is errors.MonarchKernelError
