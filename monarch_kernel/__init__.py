@@ -4,47 +4,91 @@ The names here keep PyTorch Monarch's public actor API, so Monarch code ports by
 changing ``from monarch.actor import ...`` to ``from monarch_kernel import ...``.
 """
 
-from monarch_kernel._compat import (
-    Accumulator,
-    Channel,
-    Port,
-    PortReceiver,
-    as_endpoint,
-    concurrent_endpoint,
-    get_or_spawn_controller,
-    returns_future,
-    send,
-    unhandled_fault_hook,
-)
-from monarch_kernel.actor import (
-    Actor,
-    Context,
-    Instance,
-    context,
-    current_actor_name,
-    current_rank,
-    current_size,
-    endpoint,
-)
-from monarch_kernel.errors import (
-    ActorError,
-    MeshStoppedError,
-    MonarchKernelError,
-    SupervisionError,
-)
-from monarch_kernel.mesh import (
-    ActorMesh,
-    Endpoint,
-    Extent,
-    Future,
-    HostMesh,
-    Point,
-    ProcMesh,
-    Shape,
-    ValueMesh,
-    this_host,
-    this_proc,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from monarch_kernel._compat import (
+        Accumulator,
+        Channel,
+        Port,
+        PortReceiver,
+        as_endpoint,
+        concurrent_endpoint,
+        get_or_spawn_controller,
+        returns_future,
+        send,
+        unhandled_fault_hook,
+    )
+    from monarch_kernel.actor import (
+        Actor,
+        Context,
+        Instance,
+        context,
+        current_actor_name,
+        current_rank,
+        current_size,
+        endpoint,
+    )
+    from monarch_kernel.errors import (
+        ActorError,
+        MeshStoppedError,
+        MonarchKernelError,
+        SupervisionError,
+    )
+    from monarch_kernel.mesh import (
+        ActorMesh,
+        Endpoint,
+        Extent,
+        Future,
+        HostMesh,
+        Point,
+        ProcMesh,
+        Shape,
+        ValueMesh,
+        this_host,
+        this_proc,
+    )
+
+# Names are imported on first use (PEP 562), so processes that need only a part (the
+# host agent needs only _native) start fast.
+_LAZY: dict[str, str] = {
+    "Accumulator": "monarch_kernel._compat",
+    "Actor": "monarch_kernel.actor",
+    "ActorError": "monarch_kernel.errors",
+    "ActorMesh": "monarch_kernel.mesh",
+    "Channel": "monarch_kernel._compat",
+    "Context": "monarch_kernel.actor",
+    "Endpoint": "monarch_kernel.mesh",
+    "Extent": "monarch_kernel.mesh",
+    "Future": "monarch_kernel.mesh",
+    "HostMesh": "monarch_kernel.mesh",
+    "Instance": "monarch_kernel.actor",
+    "MeshStoppedError": "monarch_kernel.errors",
+    "MonarchKernelError": "monarch_kernel.errors",
+    "Point": "monarch_kernel.mesh",
+    "Port": "monarch_kernel._compat",
+    "PortReceiver": "monarch_kernel._compat",
+    "ProcMesh": "monarch_kernel.mesh",
+    "Shape": "monarch_kernel.mesh",
+    "SupervisionError": "monarch_kernel.errors",
+    "ValueMesh": "monarch_kernel.mesh",
+    "as_endpoint": "monarch_kernel._compat",
+    "concurrent_endpoint": "monarch_kernel._compat",
+    "context": "monarch_kernel.actor",
+    "current_actor_name": "monarch_kernel.actor",
+    "current_rank": "monarch_kernel.actor",
+    "current_size": "monarch_kernel.actor",
+    "endpoint": "monarch_kernel.actor",
+    "get_or_spawn_controller": "monarch_kernel._compat",
+    "returns_future": "monarch_kernel._compat",
+    "send": "monarch_kernel._compat",
+    "this_host": "monarch_kernel.mesh",
+    "this_proc": "monarch_kernel.mesh",
+    "unhandled_fault_hook": "monarch_kernel._compat",
+}
 
 __all__ = [
     "Accumulator",
@@ -81,3 +125,16 @@ __all__ = [
     "this_proc",
     "unhandled_fault_hook",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'monarch_kernel' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -49,7 +49,7 @@ class ActorError(MonarchKernelError):
         exception: The remote exception, when it could be unpickled here, else None.
         exception_formatted: The remote traceback, notebook source lines included.
         message: What failed ("Actor call counter.incr failed.").
-        rank: The rank (a Point) of the actor that raised.
+        rank: The proc rank (an int) of the actor that raised.
     """
 
     def __init__(

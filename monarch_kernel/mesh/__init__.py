@@ -1,22 +1,43 @@
 """The mesh API: shapes, value meshes, futures, proc meshes and actor meshes. Works
-in plain scripts and inside workers; never imports Jupyter."""
+in plain scripts and inside workers; never imports Jupyter.
 
-from monarch_kernel.mesh._actor_mesh import ActorMesh, Endpoint
-from monarch_kernel.mesh._future import Future
-from monarch_kernel.mesh._proc_mesh import HostMesh, ProcMesh, this_host, this_proc
-from monarch_kernel.mesh._shape import Extent, Point, Shape
-from monarch_kernel.mesh._value_mesh import ValueMesh
+Names are imported on first use (PEP 562), so ``monarch_kernel.actor`` can use the
+shape types without importing the whole mesh API.
+"""
 
-__all__ = [
-    "ActorMesh",
-    "Endpoint",
-    "Extent",
-    "Future",
-    "HostMesh",
-    "Point",
-    "ProcMesh",
-    "Shape",
-    "ValueMesh",
-    "this_host",
-    "this_proc",
-]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from monarch_kernel.mesh._actor_mesh import ActorMesh, Endpoint
+    from monarch_kernel.mesh._future import Future
+    from monarch_kernel.mesh._proc_mesh import HostMesh, ProcMesh, this_host, this_proc
+    from monarch_kernel.mesh._shape import Extent, Point, Shape
+    from monarch_kernel.mesh._value_mesh import ValueMesh
+
+_LAZY: dict[str, str] = {
+    "ActorMesh": "monarch_kernel.mesh._actor_mesh",
+    "Endpoint": "monarch_kernel.mesh._actor_mesh",
+    "Extent": "monarch_kernel.mesh._shape",
+    "Future": "monarch_kernel.mesh._future",
+    "HostMesh": "monarch_kernel.mesh._proc_mesh",
+    "Point": "monarch_kernel.mesh._shape",
+    "ProcMesh": "monarch_kernel.mesh._proc_mesh",
+    "Shape": "monarch_kernel.mesh._shape",
+    "ValueMesh": "monarch_kernel.mesh._value_mesh",
+    "this_host": "monarch_kernel.mesh._proc_mesh",
+    "this_proc": "monarch_kernel.mesh._proc_mesh",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'monarch_kernel.mesh' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -53,7 +53,7 @@ def decode_reply(reply: Any, proc: ProcRef, base_rank: int, point: Point, what: 
             exc, formatted = loads(payload, buffers)
         except Exception:  # the exception's class is not importable here
             exc, formatted = None, "(the remote exception could not be unpickled here)"
-        raise ActorError(exc, f"Actor call {what} failed.", formatted, rank=point)
+        raise ActorError(exc, f"Actor call {what} failed.", formatted, rank=base)
     raise proc.rejected(bytes(payload).decode("utf-8", "replace"), base_rank, what)
 
 

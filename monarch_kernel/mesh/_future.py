@@ -6,7 +6,6 @@ asyncio loop: every notebook cell runs inside one.
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, Generic, TypeVar
@@ -78,6 +77,8 @@ class Future(Generic[R]):
         return self.get()
 
     async def _until_done(self) -> None:
+        import asyncio  # only awaiting code pays for importing it
+
         loop = asyncio.get_running_loop()
         waiter = loop.create_future()
         remaining = [len(self._calls)]

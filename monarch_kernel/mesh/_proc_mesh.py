@@ -233,7 +233,7 @@ def this_proc() -> ProcMesh:
             token = secrets.token_urlsafe(32)
             server = _native.WorkerServer(token)
             point = Point(0, Extent([], []))
-            Dispatcher(server, point, sync_on_main=False).start()
+            Dispatcher(server, point).start()
             _this_proc.append(ProcMesh(ProcRef("this_proc", token, (server.addr,)), Shape(Extent([], []))))
         return _this_proc[0]
 

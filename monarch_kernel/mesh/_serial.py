@@ -7,7 +7,10 @@ authenticated peers ever reach :func:`loads` (AUTH-1 in the native core).
 
 from __future__ import annotations
 
+import io
+import linecache
 import pickle
+import types
 from typing import Any
 
 import cloudpickle
@@ -18,11 +21,38 @@ from monarch_kernel.errors import MessageTooLargeError, SerializationError
 MAX_MESSAGE_BYTES: int = _native.MAX_MESSAGE_BYTES
 
 
+def _code(filename: str, source: list[str], args: tuple[Any, ...]) -> types.CodeType:
+    """Rebuilds a code object sent by value, with its file name, and registers the
+    source lines so remote tracebacks show them."""
+    if source and filename not in linecache.cache:
+        linecache.cache[filename] = (sum(map(len, source)), None, source, filename)
+    return types.CodeType(*args)
+
+
+class _Pickler(cloudpickle.Pickler):
+    """cloudpickle, except that code sent by value keeps its file name (cloudpickle
+    writes ``<dynamic-code>``) and carries its source lines, for remote tracebacks."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, types.CodeType):
+            fn, args = cloudpickle.cloudpickle._code_reduce(obj)
+            filename = obj.co_filename
+            args = tuple(filename if a == "<dynamic-code>" else a for a in args)
+            return _code, (filename, linecache.getlines(filename), args)
+        return super().reducer_override(obj)
+
+
+def _cloudpickle_dumps(obj: Any, buffer_callback: Any = None) -> bytes:
+    with io.BytesIO() as f:
+        _Pickler(f, protocol=5, buffer_callback=buffer_callback).dump(obj)
+        return f.getvalue()
+
+
 def dumps(obj: Any, what: str) -> tuple[bytes, list[memoryview]]:
     """Pickles ``obj``; ``what`` names it in errors ("arguments of counter.incr")."""
     buffers: list[pickle.PickleBuffer] = []
     try:
-        data = cloudpickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+        data = _cloudpickle_dumps(obj, buffers.append)
     except Exception as e:  # pickling runs arbitrary __reduce__ code
         raise SerializationError(
             f"cannot pickle the {what}: {type(e).__name__}: {e}. Pass picklable values "
@@ -33,7 +63,7 @@ def dumps(obj: Any, what: str) -> tuple[bytes, list[memoryview]]:
         try:
             raws.append(b.raw())
         except BufferError:  # not contiguous: copy it into the pickle stream instead
-            return cloudpickle.dumps(obj, protocol=5), []
+            return _cloudpickle_dumps(obj), []
     size = len(data) + sum(r.nbytes for r in raws)
     if size > MAX_MESSAGE_BYTES:
         raise MessageTooLargeError(

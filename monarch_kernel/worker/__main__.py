@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 
 
 def main() -> None:
@@ -32,9 +33,10 @@ def main() -> None:
     point = Point(rank, Extent(dims, sizes))
     mesh = os.environ.get("MONARCH_MESH", "mesh")
     set_this_proc(ProcMesh(ProcRef(f"{mesh}[{rank}]", token, (server.addr,)), Shape(Extent([], []))))
-    dispatcher = Dispatcher(server, point, sync_on_main=True)
-    dispatcher.start()
-    dispatcher.run_sync()
+    Dispatcher(server, point).start()
+    # The main thread stays free (for SPMD cells, later); the process lives until the
+    # agent stops it or goes away (AGENT-1).
+    threading.Event().wait()
 
 
 if __name__ == "__main__":

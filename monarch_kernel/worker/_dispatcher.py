@@ -3,9 +3,10 @@
 Threads:
 - the *loop thread* runs an asyncio loop that waits on the server's loop lane (an
   eventfd, INBOX-1): spawns, stops, cancels and async actors' calls;
-- the *sync thread* (the main thread in a worker) waits on the sync lane, where the
-  native server puts calls to sync actors (INBOX-3), and runs them, and sync actors'
-  constructors, one at a time, with no event loop (as Monarch does).
+- each sync actor has a *thread of its own*, waiting on a lane of its own where the
+  native server puts that actor's calls (INBOX-3); it runs the constructor and the
+  endpoints one at a time, with no event loop (as Monarch does). So a sync endpoint
+  may wait on another actor in the same process.
 
 DISPATCH-1: each actor handles one message at a time, in arrival order (async ones
 too: the next handler starts when the previous coroutine has finished).
@@ -16,8 +17,8 @@ actor stays usable; nothing an actor does takes the dispatcher down.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import queue
-import signal
 import sys
 import threading
 import traceback
@@ -31,9 +32,9 @@ from monarch_kernel.mesh._serial import dumps, loads
 from monarch_kernel.mesh._shape import Extent, Point
 
 _SPAWN, _STOP, _CALL, _CANCEL = _native.KIND_SPAWN, _native.KIND_STOP, _native.KIND_CALL, _native.KIND_CANCEL
-_LANE_SYNC, _LANE_LOOP = _native.LANE_SYNC, _native.LANE_LOOP
-# How often the sync thread comes back to Python while idle, so signals are handled.
-_IDLE_WAKE_S = 0.1
+_LANE_LOOP = _native.LANE_LOOP
+# How often an idle sync-actor thread comes back to Python (to see it was stopped).
+_IDLE_WAKE_S = 0.5
 
 
 @dataclass
@@ -47,58 +48,75 @@ class _Actor:
     inbox: asyncio.Queue[Any] | None = None
     task: asyncio.Task[None] | None = None
     running: dict[int, asyncio.Task[Any]] = field(default_factory=dict)
+    # Sync actors: the thread that runs them.
+    runner: _SyncRunner | None = None
+
+
+class _SyncRunner:
+    """The thread of one sync actor: runs its jobs, then its lane's calls (INBOX-3)."""
+
+    def __init__(self, dispatcher: Dispatcher, name: str) -> None:
+        self.dispatcher = dispatcher
+        self.server = dispatcher.server
+        self.lane: int = self.server.open_lane()
+        # Constructor and __cleanup__, put here by the loop thread.
+        self.jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self.stopped = False
+        self.running_call: int | None = None
+        self.thread = threading.Thread(target=self._run, name=f"monarch-actor-{name}", daemon=True)
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self.jobs.put(job)
+        self.server.wake(self.lane)
+
+    def stop(self) -> None:
+        """Ends the thread once its queued jobs ran; calls still queued are rejected."""
+        self.submit(self._close)
+
+    def _close(self) -> None:
+        self.stopped = True
+        for item in self.server.close_lane(self.lane):
+            self.dispatcher._reject(item[0], f"actor {item[3]!r} was stopped")
+
+    def interrupt(self, call_id: int) -> None:
+        if self.running_call == call_id and self.thread.ident is not None:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread.ident), ctypes.py_object(KeyboardInterrupt))
+
+    def _run(self) -> None:
+        while not self.stopped:
+            try:
+                while not self.stopped:
+                    try:
+                        job = self.jobs.get_nowait()
+                    except queue.Empty:
+                        break
+                    job()
+                if self.stopped:
+                    return
+                for item in self.server.take_wait(self.lane, _IDLE_WAKE_S):
+                    self.dispatcher._run_sync_item(self, item)
+            except KeyboardInterrupt:  # a cancel that arrived between calls
+                continue
 
 
 class Dispatcher:
     """Runs actors for ``server`` (a ``_native.WorkerServer``)."""
 
-    def __init__(self, server: Any, point: Point, sync_on_main: bool = True) -> None:
+    def __init__(self, server: Any, point: Point) -> None:
         self.server = server
         self.point = point
-        self.sync_on_main = sync_on_main
         self.actors: dict[str, _Actor] = {}
         self.loop = asyncio.new_event_loop()
-        # Work for the sync thread; None stops it.
-        self.sync_jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        # The call the sync thread is running, so a cancel can interrupt it.
-        self.sync_running: int | None = None
-        self.sync_thread_id: int | None = None
         _process_default[0] = Context(Instance(point, name="root"), message_rank=point)
 
-    # -- threads -----------------------------------------------------------------------
-
     def start(self) -> None:
-        """Starts the loop thread and, unless ``sync_on_main``, the sync thread."""
+        """Starts the loop thread."""
         threading.Thread(target=self._run_loop, name="monarch-dispatch", daemon=True).start()
-        if not self.sync_on_main:
-            threading.Thread(target=self.run_sync, name="monarch-sync-actors", daemon=True).start()
 
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self.loop)
         self.loop.add_reader(self.server.fileno(_LANE_LOOP), self._drain)
         self.loop.run_forever()
-
-    def run_sync(self) -> None:
-        """Runs sync actors' work until a ``None`` job; in a worker, on the main thread."""
-        self.sync_thread_id = threading.get_ident()
-        while True:
-            try:
-                for item in self.server.take_wait(_LANE_SYNC, _IDLE_WAKE_S):
-                    self._run_sync_item(item)
-                while True:
-                    try:
-                        job = self.sync_jobs.get_nowait()
-                    except queue.Empty:
-                        break
-                    if job is None:
-                        return
-                    job()
-            except KeyboardInterrupt:  # a cancel that arrived between jobs
-                continue
-
-    def _to_sync(self, job: Callable[[], None]) -> None:
-        self.sync_jobs.put(job)
-        self.server.wake(_LANE_SYNC)
 
     # -- routing (loop thread) -----------------------------------------------------------
 
@@ -120,14 +138,18 @@ class Dispatcher:
             if a.is_async:
                 assert a.inbox is not None
                 a.inbox.put_nowait((token, call_id, method, payload, buffers, where))
-            else:  # queued before the actor was routed to the sync lane
-                self._to_sync(lambda: self._run_sync_item(item))
+            else:  # queued before the actor was routed to its lane
+                runner = a.runner
+                assert runner is not None
+                runner.submit(lambda: self._run_sync_item(runner, item))
         elif kind == _SPAWN:
             cls, args, kwargs = loads(payload, buffers)
             if is_async_actor(cls):
-                self._construct(token, actor, cls, args, kwargs, True)
+                self._construct(token, actor, cls, args, kwargs, None)
             else:
-                self._to_sync(lambda: self._construct(token, actor, cls, args, kwargs, False))
+                runner = _SyncRunner(self, actor)
+                runner.submit(lambda: self._construct(token, actor, cls, args, kwargs, runner))
+                runner.thread.start()
         elif kind == _STOP:
             self._stop_actor(token, actor)
         elif kind == _CANCEL:
@@ -139,7 +161,9 @@ class Dispatcher:
 
     # -- actors --------------------------------------------------------------------------
 
-    def _construct(self, token: int, name: str, cls: type, args: Any, kwargs: Any, is_async: bool) -> None:
+    def _construct(self, token: int, name: str, cls: type, args: Any, kwargs: Any, runner: _SyncRunner | None) -> None:
+        """Runs the constructor: on the loop thread for async actors, else on ``runner``."""
+        is_async = runner is None
         ctx = Context(
             Instance(self.point, name=name, class_name=f"{cls.__module__}.{cls.__qualname__}"),
             message_rank=self.point,
@@ -148,20 +172,29 @@ class Dispatcher:
         try:
             instance = cls(*args, **kwargs)
         except BaseException as e:  # DISPATCH-2
+            if runner is not None:
+                runner._close()
             self._reply_exception(token, e, None)
             return
         finally:
             _current.reset(reset)
-        old = self.actors.get(name)
-        a = _Actor(name, instance, is_async, frozenset(endpoints_of(cls)), ctx)
+        a = _Actor(name, instance, is_async, frozenset(endpoints_of(cls)), ctx, runner=runner)
         if is_async:
+            self._install(token, a)
+        else:
+            self.loop.call_soon_threadsafe(self._install, token, a)
+
+    def _install(self, token: int, a: _Actor) -> None:
+        """Makes ``a`` the actor of its name (loop thread), replacing any old one."""
+        if a.is_async:
             a.inbox = asyncio.Queue()
             a.task = self.loop.create_task(self._consume(a))
-        self.actors[name] = a
-        self.server.route(name, None if is_async else _LANE_SYNC)
+        old = self.actors.get(a.name)
+        self.actors[a.name] = a
+        self.server.route(a.name, a.runner.lane if a.runner is not None else None)
         if old is not None:
             self._cleanup(old)
-        self._reply(token, None, f"spawn of {name}")
+        self._reply(token, None, f"spawn of {a.name}")
 
     def _stop_actor(self, token: int, name: str) -> None:
         a = self.actors.pop(name, None)
@@ -175,11 +208,14 @@ class Dispatcher:
             a.task.cancel()
         hook = getattr(a.instance, "__cleanup__", None)
         if hook is None:
+            if a.runner is not None:
+                a.runner.stop()
             return
         if a.is_async:
             self.loop.create_task(self._guard(hook(None), f"{a.name}.__cleanup__"))
-        else:
-            self._to_sync(lambda: self._guarded_sync(hook, f"{a.name}.__cleanup__"))
+        elif a.runner is not None:
+            a.runner.submit(lambda: self._guarded_sync(hook, f"{a.name}.__cleanup__"))
+            a.runner.stop()
 
     async def _guard(self, coro: Any, what: str) -> None:
         try:
@@ -200,29 +236,24 @@ class Dispatcher:
         rank, dims, sizes = where
         return Context(a.context.actor_instance, message_rank=Point(rank, Extent(dims, sizes)))
 
-    def _run_sync_item(self, item: tuple[Any, ...]) -> None:
+    def _run_sync_item(self, runner: _SyncRunner, item: tuple[Any, ...]) -> None:
         token, _kind, call_id, actor, method, payload, buffers, where = item
         a = self.actors.get(actor)
-        if a is None:
+        if a is None or a.runner is not runner:
             return self._reject(token, f"no actor named {actor!r} on {self.point} (stopped, or never spawned)")
         if method not in a.endpoints:
             return self._reject(token, f"actor {actor!r} has no endpoint {method!r}")
-        self._run_sync_call(a, token, call_id, method, payload, buffers, where)
-
-    def _run_sync_call(
-        self, a: _Actor, token: int, call_id: int, method: str, payload: bytes, buffers: list[Any], where: Any
-    ) -> None:
         reset = _current.set(self._message_context(a, where))
-        self.sync_running = call_id
+        runner.running_call = call_id
         try:
             args, kwargs = loads(payload, buffers)
             result = getattr(a.instance, method)(*args, **kwargs)
         except BaseException as e:  # DISPATCH-2, KeyboardInterrupt from a cancel included
-            self.sync_running = None
+            runner.running_call = None
             self._reply_exception(token, e, f"{a.name}.{method}")
             return
         finally:
-            self.sync_running = None
+            runner.running_call = None
             _current.reset(reset)
         self._reply(token, result, f"{a.name}.{method}")
 
@@ -259,8 +290,8 @@ class Dispatcher:
             if task is not None:
                 task.cancel()
                 return
-        if self.sync_running == call_id and self.sync_on_main and self.sync_thread_id is not None:
-            signal.pthread_kill(self.sync_thread_id, signal.SIGINT)
+            if a.runner is not None:
+                a.runner.interrupt(call_id)
 
     # -- replies -------------------------------------------------------------------------
 

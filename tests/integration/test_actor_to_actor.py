@@ -181,7 +181,10 @@ def test_a_class_defined_in_a_test_function_travels_by_value(procs2):
 
     mesh = procs2.spawn("greeter", Greeter, "hello")
     try:
-        assert mesh.greet.call("you").get(timeout=TIMEOUT).values() == ["hello, you from 0", "hello, you from 1"]
+        assert mesh.greet.call("you").get(timeout=TIMEOUT).values() == [
+            "hello, you from 0",
+            "hello, you from 1",
+        ]
     finally:
         mesh.stop().get(timeout=TIMEOUT)
 
@@ -191,7 +194,10 @@ def test_lambdas_and_closures_passed_as_arguments_run_on_the_workers(procs2):
     offset = 1000
     try:
         assert mesh.apply.call(lambda x: x * 2, 21).get(timeout=TIMEOUT).values() == [42, 42]
-        assert mesh.apply.call(lambda: offset + current_rank()["procs"]).get(timeout=TIMEOUT).values() == [1000, 1001]
+        assert mesh.apply.call(lambda: offset + current_rank()["procs"]).get(timeout=TIMEOUT).values() == [
+            1000,
+            1001,
+        ]
     finally:
         mesh.stop().get(timeout=TIMEOUT)
 
@@ -234,4 +240,6 @@ def test_a_script_that_used_this_proc_exits_cleanly():
         done = subprocess.run(
             [sys.executable, "-c", script, str(i / 100)], capture_output=True, text=True, timeout=60
         )
-        assert done.returncode == 0, f"exit status {done.returncode} after {i / 100} s; stderr:\n{done.stderr}"
+        assert done.returncode == 0, (
+            f"exit status {done.returncode} after {i / 100} s; stderr:\n{done.stderr}"
+        )

@@ -213,7 +213,9 @@ def test_async_endpoints_are_called_with_the_same_adverbs(procs4):
         mesh.incr.broadcast(1)
         assert mesh.incr.call(0).get(timeout=TIMEOUT).values() == [4, 5, 4, 4]
         assert mesh.incr.choose(0).get(timeout=TIMEOUT) in (4, 5)
-        assert [f.get(timeout=TIMEOUT) for f in mesh.where.stream()] == [f"{{'procs': {i}/4}}" for i in range(4)]
+        assert [f.get(timeout=TIMEOUT) for f in mesh.where.stream()] == [
+            f"{{'procs': {i}/4}}" for i in range(4)
+        ]
     finally:
         mesh.stop().get(timeout=TIMEOUT)
 

@@ -100,7 +100,9 @@ def test_the_limit_is_the_native_core_limit():
 
 def test_actor_error_survives_pickling_with_its_rank_and_traceback():
     rank = Point(2, Extent(["procs"], [4]))
-    err = ActorError(ValueError("bad input"), "Actor call c.f failed.", "Traceback (most recent call last):\n  x", rank)
+    err = ActorError(
+        ValueError("bad input"), "Actor call c.f failed.", "Traceback (most recent call last):\n  x", rank
+    )
     back = pickle.loads(pickle.dumps(err))
     assert isinstance(back, ActorError)
     assert back.rank == rank

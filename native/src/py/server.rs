@@ -4,13 +4,14 @@ use super::client::to_bytes_vec;
 use super::errors::to_py;
 use crate::node;
 use crate::proto::v1::ReplyKind;
-use crate::rpc::server::{Incoming, WorkerHost, LANE_LOOP, LANE_SYNC};
+use crate::rpc::server::{Incoming, Lane, WorkerHost, LANE_LOOP};
 use bytes::Bytes;
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes};
 use std::os::fd::FromRawFd;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Serves the `Worker` service for this process.
@@ -58,29 +59,39 @@ impl PyWorkerServer {
     /// An eventfd that is readable while `lane` has items.
     #[pyo3(signature = (lane=LANE_LOOP))]
     fn fileno(&self, lane: usize) -> PyResult<i32> {
-        Ok(self.host.inbox.fd(check_lane(lane)?))
+        Ok(self.lane(lane)?.fd())
     }
 
     /// Every item queued in `lane`: `(token, kind, call_id, actor, method, payload,
     /// buffers, (rank, dims, sizes))`. Does not block.
     #[pyo3(signature = (lane=LANE_LOOP))]
     fn take(&self, py: Python<'_>, lane: usize) -> PyResult<Vec<PyIncoming>> {
-        Ok(to_py_items(py, self.host.inbox.take(check_lane(lane)?)))
+        Ok(to_py_items(py, self.lane(lane)?.take()))
     }
 
     /// Like `take`, but waits up to `timeout` seconds (GIL released) while `lane` is
     /// empty. Returns early, maybe empty, on `wake(lane)`.
     fn take_wait(&self, py: Python<'_>, lane: usize, timeout: f64) -> PyResult<Vec<PyIncoming>> {
-        let lane = check_lane(lane)?;
+        let lane = self.lane(lane)?;
         let t = Duration::from_secs_f64(timeout.max(0.0));
-        let items = py.detach(|| self.host.inbox.take_wait(lane, t));
+        let items = py.detach(|| lane.take_wait(t));
         Ok(to_py_items(py, items))
     }
 
     /// Wakes a `take_wait` on `lane`.
     fn wake(&self, lane: usize) -> PyResult<()> {
-        self.host.inbox.wake(check_lane(lane)?);
+        self.lane(lane)?.signal();
         Ok(())
+    }
+
+    /// Opens a lane for one actor's calls; returns its index.
+    fn open_lane(&self) -> PyResult<usize> {
+        self.host.inbox.open_lane().map_err(to_py)
+    }
+
+    /// Closes `lane`; returns the items still queued in it.
+    fn close_lane(&self, py: Python<'_>, lane: usize) -> Vec<PyIncoming> {
+        to_py_items(py, self.host.inbox.close_lane(lane))
     }
 
     /// Routes later calls to `actor` to `lane` (None: back to the loop lane).
@@ -113,11 +124,11 @@ impl PyWorkerServer {
     }
 }
 
-fn check_lane(lane: usize) -> PyResult<usize> {
-    if lane == LANE_SYNC || lane == LANE_LOOP {
-        Ok(lane)
-    } else {
-        Err(PyValueError::new_err(format!("no lane {lane}")))
+impl PyWorkerServer {
+    fn lane(&self, lane: usize) -> PyResult<Arc<Lane>> {
+        self.host.inbox.lane(lane).ok_or_else(|| {
+            PyValueError::new_err(format!("lane {lane} is closed or was never opened"))
+        })
     }
 }
 
@@ -144,7 +155,6 @@ fn to_py_items(py: Python<'_>, items: Vec<Incoming>) -> Vec<PyIncoming> {
 
 pub fn register_python_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyWorkerServer>()?;
-    m.add("LANE_SYNC", LANE_SYNC)?;
     m.add("LANE_LOOP", LANE_LOOP)?;
     m.add("KIND_SPAWN", 1u8)?;
     m.add("KIND_STOP", 2u8)?;

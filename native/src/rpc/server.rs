@@ -21,7 +21,7 @@ use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio_stream::wrappers::TcpListenerStream;
@@ -75,13 +75,11 @@ enum Sink {
     Unary(oneshot::Sender<Reply>),
 }
 
-/// The lane whose items the process's sync-actor thread runs (INBOX-3).
-pub const LANE_SYNC: usize = 0;
-/// The lane of everything else: async actors, spawns, stops, cancels.
-pub const LANE_LOOP: usize = 1;
+/// The lane of everything not routed elsewhere: async actors, spawns, stops, cancels.
+pub const LANE_LOOP: usize = 0;
 
 /// One queue and the eventfd that says it is non-empty (INBOX-1).
-struct Lane {
+pub struct Lane {
     /// Items not yet taken by the dispatcher.
     queue: Mutex<VecDeque<Incoming>>,
     efd: OwnedFd,
@@ -101,7 +99,8 @@ impl Lane {
         })
     }
 
-    fn signal(&self) {
+    /// Makes a waiter on this lane return (with whatever is queued, maybe nothing).
+    pub fn signal(&self) {
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a valid u64 to our own eventfd. A full counter
         // (EAGAIN) still leaves it readable, which is all INBOX-1 needs.
@@ -114,7 +113,31 @@ impl Lane {
         }
     }
 
-    fn take(&self) -> Vec<Incoming> {
+    /// The eventfd to wait on (INBOX-1).
+    pub fn fd(&self) -> RawFd {
+        self.efd.as_raw_fd()
+    }
+
+    /// Like [`Lane::take`], but first waits up to `timeout` for an item (or a
+    /// [`Lane::signal`]) if there is none. Blocks: call it without the GIL.
+    pub fn take_wait(&self, timeout: Duration) -> Vec<Incoming> {
+        let items = self.take();
+        if !items.is_empty() {
+            return items;
+        }
+        let mut pfd = libc::pollfd {
+            fd: self.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: polls one valid pollfd that lives for the call.
+        unsafe { libc::poll(&mut pfd, 1, ms) };
+        self.take()
+    }
+
+    /// Takes every queued item and clears the eventfd.
+    pub fn take(&self) -> Vec<Incoming> {
         let mut buf: u64 = 0;
         // SAFETY: reads 8 bytes into a valid u64 from our own non-blocking eventfd.
         unsafe {
@@ -131,11 +154,12 @@ impl Lane {
 
 /// The queues between the gRPC service and the Python dispatcher.
 ///
-/// INBOX-3: calls to an actor routed to [`LANE_SYNC`] (by [`Inbox::route`]) wake only
-/// the thread that runs sync actors, so a call costs one thread wake-up in Python;
+/// INBOX-3: calls to an actor routed to a lane of its own (by [`Inbox::route`]) wake
+/// only the thread that runs that actor, so a call costs one thread wake-up in Python;
 /// everything else goes to [`LANE_LOOP`], which an asyncio loop waits on.
 pub struct Inbox {
-    lanes: [Lane; 2],
+    /// Lane 0 is [`LANE_LOOP`]; closed lanes are `None`.
+    lanes: RwLock<Vec<Option<Arc<Lane>>>>,
     /// Which lane each actor's calls go to; absent means [`LANE_LOOP`].
     routes: Mutex<HashMap<String, usize>>,
     /// Reply sinks by token (INBOX-2).
@@ -148,7 +172,7 @@ pub struct Inbox {
 impl Inbox {
     fn new() -> Result<Arc<Self>, RpcError> {
         Ok(Arc::new(Inbox {
-            lanes: [Lane::new()?, Lane::new()?],
+            lanes: RwLock::new(vec![Some(Arc::new(Lane::new()?))]),
             routes: Mutex::new(HashMap::new()),
             sinks: Mutex::new(HashMap::new()),
             next_token: AtomicU64::new(1),
@@ -156,19 +180,40 @@ impl Inbox {
         }))
     }
 
-    /// The eventfd of `lane` to wait on (INBOX-1).
-    pub fn fd(&self, lane: usize) -> RawFd {
-        self.lanes[lane].efd.as_raw_fd()
+    /// The lane with index `lane`, unless closed or unknown.
+    pub fn lane(&self, lane: usize) -> Option<Arc<Lane>> {
+        let lanes = self.lanes.read().unwrap_or_else(|e| e.into_inner());
+        lanes.get(lane).cloned().flatten()
+    }
+
+    /// Opens a new lane; returns its index.
+    pub fn open_lane(&self) -> Result<usize, RpcError> {
+        let lane = Arc::new(Lane::new()?);
+        let mut lanes = self.lanes.write().unwrap_or_else(|e| e.into_inner());
+        lanes.push(Some(lane));
+        Ok(lanes.len() - 1)
+    }
+
+    /// Closes `lane` (never [`LANE_LOOP`]); its queued items are returned.
+    pub fn close_lane(&self, lane: usize) -> Vec<Incoming> {
+        if lane == LANE_LOOP {
+            return Vec::new();
+        }
+        let closed = {
+            let mut lanes = self.lanes.write().unwrap_or_else(|e| e.into_inner());
+            lanes.get_mut(lane).and_then(Option::take)
+        };
+        closed.map(|l| l.take()).unwrap_or_default()
     }
 
     /// Sends later calls to `actor` to `lane`, or back to [`LANE_LOOP`] if `None`.
     pub fn route(&self, actor: &str, lane: Option<usize>) {
         let mut r = self.routes.lock().unwrap_or_else(|e| e.into_inner());
         match lane {
-            Some(l) if l < self.lanes.len() => {
+            Some(l) => {
                 r.insert(actor.to_string(), l);
             }
-            _ => {
+            None => {
                 r.remove(actor);
             }
         }
@@ -184,13 +229,15 @@ impl Inbox {
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(token, sink);
         }
-        let lane = if item.kind == Kind::Call {
+        let routed = if item.kind == Kind::Call {
             let r = self.routes.lock().unwrap_or_else(|e| e.into_inner());
             r.get(&item.actor).copied().unwrap_or(LANE_LOOP)
         } else {
             LANE_LOOP
         };
-        let lane = &self.lanes[lane];
+        let Some(lane) = self.lane(routed).or_else(|| self.lane(LANE_LOOP)) else {
+            return;
+        };
         let was_empty = {
             let mut q = lane.queue.lock().unwrap_or_else(|e| e.into_inner());
             let was_empty = q.is_empty();
@@ -200,34 +247,6 @@ impl Inbox {
         if was_empty {
             lane.signal();
         }
-    }
-
-    /// Takes every item queued in `lane` and clears its eventfd.
-    pub fn take(&self, lane: usize) -> Vec<Incoming> {
-        self.lanes[lane].take()
-    }
-
-    /// Like [`Inbox::take`], but first waits up to `timeout` for an item (or a
-    /// [`Inbox::wake`]) if there is none. Blocks: call it without the GIL.
-    pub fn take_wait(&self, lane: usize, timeout: Duration) -> Vec<Incoming> {
-        let items = self.take(lane);
-        if !items.is_empty() {
-            return items;
-        }
-        let mut pfd = libc::pollfd {
-            fd: self.fd(lane),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-        // SAFETY: polls one valid pollfd that lives for the call.
-        unsafe { libc::poll(&mut pfd, 1, ms) };
-        self.take(lane)
-    }
-
-    /// Makes a waiter on `lane` return (with whatever is queued, maybe nothing).
-    pub fn wake(&self, lane: usize) {
-        self.lanes[lane].signal();
     }
 
     /// Answers the item that carried `token` (INBOX-2).
