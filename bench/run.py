@@ -137,9 +137,23 @@ def main() -> None:
     us, ms = 1e6, 1e3
     rows = [
         # metric, value, unit, baseline name, baseline value, target
-        ("call_one round trip ping(x)->x, 2 procs", rt * us, "us", "raw Pipe round trip", pipe * us, "<= 150 us"),
+        (
+            "call_one round trip ping(x)->x, 2 procs",
+            rt * us,
+            "us",
+            "raw Pipe round trip",
+            pipe * us,
+            "<= 150 us",
+        ),
         ("call() to 2 procs and gather", both * us, "us", "raw Pipe round trip", pipe * us, "<= 250 us"),
-        ("pipelined call_one, 1000 outstanding", thru, "calls/s", "1 / raw Pipe round trip", 1 / pipe, ">= 30000/s"),
+        (
+            "pipelined call_one, 1000 outstanding",
+            thru,
+            "calls/s",
+            "1 / raw Pipe round trip",
+            1 / pipe,
+            ">= 30000/s",
+        ),
         ("call_one round trip (vs loopback TCP)", rt * us, "us", "loopback TCP round trip", tcp * us, ""),
         ("cold spawn_procs(4) to first reply", cold * ms, "ms", "", float("nan"), "<= 400 ms"),
         ("second actor mesh on warm procs (4)", warm * ms, "ms", "", float("nan"), "<= 5 ms"),

@@ -38,11 +38,17 @@ class Accumulator(Generic[R, A]):
 
 
 def send(
-    endpoint: Endpoint[Any], args: tuple[Any, ...], kwargs: dict[str, Any], port: Any = None, selection: str = "all"
+    endpoint: Endpoint[Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    port: Any = None,
+    selection: str = "all",
 ) -> None:
     """Fire-and-forget ``endpoint(*args, **kwargs)`` to every actor (``"all"``) or one (``"choose"``)."""
     if port is not None:
-        raise NotImplementedError("send(port=...) is not supported: use endpoint.call() and its Future instead")
+        raise NotImplementedError(
+            "send(port=...) is not supported: use endpoint.call() and its Future instead"
+        )
     if selection == "all":
         endpoint.broadcast(*args, **kwargs)
     elif selection == "choose":
@@ -70,14 +76,22 @@ def unhandled_fault_hook(failure: Any) -> None:
 
 
 def _missing(name: str, instead: str) -> Any:
+    message = f"monarch_kernel does not implement {name} yet; {instead}"
+
     class _Missing:
         __qualname__ = __name__ = name
 
         def __init__(self, *a: Any, **k: Any) -> None:
-            raise NotImplementedError(f"monarch_kernel does not implement {name} yet; {instead}")
+            raise NotImplementedError(message)
 
         def __class_getitem__(cls, item: Any) -> Any:
             return cls
+
+        @classmethod
+        def open(cls, *a: Any, **k: Any) -> Any:
+            raise NotImplementedError(message)
+
+        open_ranked = open
 
     return _Missing
 

@@ -52,7 +52,11 @@ class EndpointProperty(Generic[R]):
 def endpoint(method: Callable[..., Any]) -> EndpointProperty[Any]: ...
 @overload
 def endpoint(
-    method: None = None, *, propagate: Any = None, explicit_response_port: bool = False, instrument: bool = True
+    method: None = None,
+    *,
+    propagate: Any = None,
+    explicit_response_port: bool = False,
+    instrument: bool = True,
 ) -> Callable[[Callable[..., Any]], EndpointProperty[Any]]: ...
 def endpoint(
     method: Callable[..., Any] | None = None,
@@ -67,7 +71,10 @@ def endpoint(
     """
     if method is None:
         return functools.partial(
-            endpoint, propagate=propagate, explicit_response_port=explicit_response_port, instrument=instrument
+            endpoint,
+            propagate=propagate,
+            explicit_response_port=explicit_response_port,
+            instrument=instrument,
         )
     return EndpointProperty(method, propagate, explicit_response_port, instrument)
 

@@ -49,7 +49,7 @@ class ActorError(MonarchKernelError):
         exception: The remote exception, when it could be unpickled here, else None.
         exception_formatted: The remote traceback, notebook source lines included.
         message: What failed ("Actor call counter.incr failed.").
-        rank: The proc rank (an int) of the actor that raised.
+        rank: Where the actor that raised runs, as a Point of its proc mesh ({'procs': 2/4}).
     """
 
     def __init__(

@@ -72,20 +72,30 @@ class AgentClient:
         code = e.code()
         if code == self._grpc.StatusCode.UNAUTHENTICATED:
             return MeshAuthError(f"the host agent at {self.addr} rejected the mesh token ({name})")
-        return SupervisionError(f"the host agent at {self.addr} did not answer {name}: {code.name}: {e.details()}")
+        return SupervisionError(
+            f"the host agent at {self.addr} did not answer {name}: {code.name}: {e.details()}"
+        )
 
     def ping(self, timeout: float = 5.0) -> dict[str, Any]:
         r = self._call("Ping", self._pb.AgentPingRequest(), timeout)
         return {"pid": r.pid, "name": r.name}
 
     def spawn_workers(
-        self, count: int, executable: str, args: list[str], env: dict[str, str], cwd: str, timeout: float = 60.0
+        self,
+        count: int,
+        executable: str,
+        args: list[str],
+        env: dict[str, str],
+        cwd: str,
+        timeout: float = 60.0,
     ) -> list[dict[str, Any]]:
         req = self._pb.SpawnWorkersRequest(count=count, executable=executable, args=args, env=env, cwd=cwd)
         return [worker_dict(w) for w in self._call("SpawnWorkers", req, timeout).workers]
 
     def list_workers(self, timeout: float = 5.0) -> list[dict[str, Any]]:
-        return [worker_dict(w) for w in self._call("ListWorkers", self._pb.ListWorkersRequest(), timeout).workers]
+        return [
+            worker_dict(w) for w in self._call("ListWorkers", self._pb.ListWorkersRequest(), timeout).workers
+        ]
 
     def worker(self, rank: int) -> dict[str, Any] | None:
         return next((w for w in self.list_workers() if w["rank"] == rank), None)
@@ -105,7 +115,9 @@ class AgentClient:
             if e.code() != self._grpc.StatusCode.CANCELLED:
                 raise self._error(e, "Watch") from None
 
-    def watch_in_thread(self, on_event: Callable[[Any], None], on_end: Callable[[BaseException | None], None]) -> None:
+    def watch_in_thread(
+        self, on_event: Callable[[Any], None], on_end: Callable[[BaseException | None], None]
+    ) -> None:
         """Runs :meth:`watch` on a daemon thread, calling ``on_event`` per event."""
 
         def run() -> None:

@@ -53,7 +53,7 @@ def decode_reply(reply: Any, proc: ProcRef, base_rank: int, point: Point, what: 
             exc, formatted = loads(payload, buffers)
         except Exception:  # the exception's class is not importable here
             exc, formatted = None, "(the remote exception could not be unpickled here)"
-        raise ActorError(exc, f"Actor call {what} failed.", formatted, rank=base)
+        raise ActorError(exc, f"Actor call {what} failed.", formatted, rank=proc.point(base_rank))
     raise proc.rejected(bytes(payload).decode("utf-8", "replace"), base_rank, what)
 
 
@@ -70,7 +70,9 @@ class Endpoint(Generic[R]):
     def _what(self) -> str:
         return f"{self._mesh._name}.{self._name}"
 
-    def _send(self, args: tuple[Any, ...], kwargs: dict[str, Any], local: list[int], oneway: bool) -> list[Any]:
+    def _send(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], local: list[int], oneway: bool
+    ) -> list[Any]:
         try:
             self._signature.bind(None, *args, **kwargs)
         except TypeError as e:
@@ -80,7 +82,9 @@ class Endpoint(Generic[R]):
         conns = mesh._conns()
         if len(local) != len(conns):
             conns = [conns[i] for i in local]
-        return _native.call(conns, local, mesh._labels, mesh._sizes, mesh._name, self._name, payload, buffers, oneway)
+        return _native.call(
+            conns, local, mesh._labels, mesh._sizes, mesh._name, self._name, payload, buffers, oneway
+        )
 
     def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[R]]:
         """Calls every actor in the mesh; the Future gives a ValueMesh of the results."""
@@ -91,7 +95,8 @@ class Endpoint(Generic[R]):
 
         def finish(replies: list[Any]) -> ValueMesh[R]:
             values = [
-                decode_reply(r, proc, base, p, what) for r, base, p in zip(replies, shape.ranks, local_shape.points())
+                decode_reply(r, proc, base, p, what)
+                for r, base, p in zip(replies, shape.ranks, local_shape.points())
             ]
             return ValueMesh(local_shape, values)
 

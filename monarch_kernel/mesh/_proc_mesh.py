@@ -20,9 +20,9 @@ from monarch_kernel.hosts import AgentProcess, start_local_agent
 from monarch_kernel.mesh import _proc_ref
 from monarch_kernel.mesh._actor_mesh import ActorMesh, check_endpoint_names
 from monarch_kernel.mesh._future import Future
+from monarch_kernel.mesh._proc_ref import ProcRef
 from monarch_kernel.mesh._serial import dumps, loads
 from monarch_kernel.mesh._shape import Extent, MeshTrait, Point, Shape
-from monarch_kernel.mesh._proc_ref import ProcRef
 
 T = TypeVar("T")
 
@@ -85,7 +85,12 @@ class ProcMesh(MeshTrait):
             kind, data, bufs = r
             if kind == _native.REPLY_EXCEPTION:
                 exc, formatted = loads(data, bufs)
-                raise ActorError(exc, f"Actor {name} ({cls.__qualname__}) failed in __init__.", formatted, rank=base)
+                raise ActorError(
+                    exc,
+                    f"Actor {name} ({cls.__qualname__}) failed in __init__.",
+                    formatted,
+                    rank=self._proc.point(base),
+                )
             if kind != _native.REPLY_RESULT:
                 raise self._proc.rejected(bytes(data).decode(), base, f"spawn of {name}")
         return ActorMesh(name, cls, self._proc, self._shape)
@@ -185,7 +190,9 @@ class HostMesh(MeshTrait):
         ``stop()`` is called or this controller exits.
         """
         if bootstrap is not None:
-            raise NotImplementedError("spawn_procs(bootstrap=...) is not supported yet; run setup in an actor's __init__")
+            raise NotImplementedError(
+                "spawn_procs(bootstrap=...) is not supported yet; run setup in an actor's __init__"
+            )
         sizes = _check_per_host(per_host)
         shape = Shape.of(sizes)
         mesh_name = name or f"anon-{uuid.uuid4().hex[:8]}"
@@ -204,7 +211,7 @@ class HostMesh(MeshTrait):
         workers = client.spawn_workers(
             len(shape), sys.executable, ["-m", "monarch_kernel.worker"], worker_env, os.getcwd()
         )
-        proc = ProcRef(mesh_name, token, tuple(w["addr"] for w in workers), agent.addr)
+        proc = ProcRef(mesh_name, token, tuple(w["addr"] for w in workers), agent.addr, shape.extent)
         _proc_ref._stopped.discard(mesh_name)
         return ProcMesh(proc, shape, owner)
 

@@ -16,6 +16,7 @@ from monarch_kernel.errors import (
     MonarchKernelError,
     SupervisionError,
 )
+from monarch_kernel.mesh._shape import Extent, Point
 
 # Proc meshes this process stopped, by name: their calls fail as MeshStoppedError.
 _stopped: set[str] = set()
@@ -29,6 +30,14 @@ class ProcRef:
     token: str = field(repr=False)
     addrs: tuple[str, ...]
     agent_addr: str | None = None
+    #: The dims of the whole proc mesh (proc ranks index it).
+    extent: Extent = Extent([], [])
+
+    def point(self, rank: int) -> Point:
+        """Proc ``rank`` as a point of the whole proc mesh, e.g. ``{'procs': 2/4}``."""
+        return (
+            Point(rank, self.extent) if self.extent.nelements == len(self.addrs) else Point(0, Extent([], []))
+        )
 
     def conns(self, ranks: Sequence[int]) -> list[Any]:
         if self.name in _stopped:
@@ -65,10 +74,14 @@ class ProcRef:
         if isinstance(exc, _native.AuthError):
             return MeshAuthError(f"{what}: mesh {self.name!r} rejected the token: {exc}")
         if self.name in _stopped:
-            return MeshStoppedError(f"{what} failed: proc mesh {self.name!r} has been stopped", mesh=self.name)
+            return MeshStoppedError(
+                f"{what} failed: proc mesh {self.name!r} has been stopped", mesh=self.name
+            )
         if isinstance(exc, _native.ConnectionLost):
             return self.lost(rank, what, str(exc))
-        return SupervisionError(f"{what} failed on rank {rank} of mesh {self.name!r}: {exc}", mesh=self.name, rank=rank)
+        return SupervisionError(
+            f"{what} failed on rank {rank} of mesh {self.name!r}: {exc}", mesh=self.name, rank=rank
+        )
 
     def lost(self, rank: int, what: str, cause: str) -> SupervisionError:
         info = self._worker(rank, wait_exit=1.0)
@@ -103,4 +116,6 @@ class ProcRef:
         )
 
     def rejected(self, message: str, rank: int, what: str) -> SupervisionError:
-        return MeshStoppedError(f"{what} on rank {rank} of mesh {self.name!r}: {message}", mesh=self.name, rank=rank)
+        return MeshStoppedError(
+            f"{what} on rank {rank} of mesh {self.name!r}: {message}", mesh=self.name, rank=rank
+        )

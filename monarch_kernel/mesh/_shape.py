@@ -170,9 +170,7 @@ class Shape:
                 sizes.append(len(idx))
             elif isinstance(sel, int) and not isinstance(sel, bool):
                 if not 0 <= sel < size:
-                    raise MeshIndexError(
-                        f"index {sel} out of range for dimension {label!r} of size {size}"
-                    )
+                    raise MeshIndexError(f"index {sel} out of range for dimension {label!r} of size {size}")
                 idx = [sel]
             else:
                 raise DimensionError(f"slice({label}=...) takes an int or a slice, not {type(sel).__name__}")

@@ -80,7 +80,9 @@ class _SyncRunner:
 
     def interrupt(self, call_id: int) -> None:
         if self.running_call == call_id and self.thread.ident is not None:
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread.ident), ctypes.py_object(KeyboardInterrupt))
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(self.thread.ident), ctypes.py_object(KeyboardInterrupt)
+            )
 
     def _run(self) -> None:
         while not self.stopped:
@@ -132,7 +134,9 @@ class Dispatcher:
         if kind == _CALL:
             a = self.actors.get(actor)
             if a is None:
-                return self._reject(token, f"no actor named {actor!r} on {self.point} (stopped, or never spawned)")
+                return self._reject(
+                    token, f"no actor named {actor!r} on {self.point} (stopped, or never spawned)"
+                )
             if method not in a.endpoints:
                 return self._reject(token, f"actor {actor!r} has no endpoint {method!r}")
             if a.is_async:
@@ -161,7 +165,9 @@ class Dispatcher:
 
     # -- actors --------------------------------------------------------------------------
 
-    def _construct(self, token: int, name: str, cls: type, args: Any, kwargs: Any, runner: _SyncRunner | None) -> None:
+    def _construct(
+        self, token: int, name: str, cls: type, args: Any, kwargs: Any, runner: _SyncRunner | None
+    ) -> None:
         """Runs the constructor: on the loop thread for async actors, else on ``runner``."""
         is_async = runner is None
         ctx = Context(
@@ -240,7 +246,9 @@ class Dispatcher:
         token, _kind, call_id, actor, method, payload, buffers, where = item
         a = self.actors.get(actor)
         if a is None or a.runner is not runner:
-            return self._reject(token, f"no actor named {actor!r} on {self.point} (stopped, or never spawned)")
+            return self._reject(
+                token, f"no actor named {actor!r} on {self.point} (stopped, or never spawned)"
+            )
         if method not in a.endpoints:
             return self._reject(token, f"actor {actor!r} has no endpoint {method!r}")
         reset = _current.set(self._message_context(a, where))

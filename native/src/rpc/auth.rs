@@ -75,8 +75,8 @@ impl Interceptor for TokenCheck {
         } else {
             self.rejected.fetch_add(1, Ordering::Relaxed);
             Err(Status::unauthenticated(
-                "missing or wrong mesh token; attach through the mesh's state file \
-                 (monarch_kernel.attach) instead of dialling the address directly",
+                "missing or wrong mesh token; reach the mesh through the ProcMesh or \
+                 ActorMesh that spawned it instead of dialling its address directly",
             ))
         }
     }
