@@ -12,16 +12,19 @@ DISPATCH-1: each actor handles one message at a time, in arrival order (async on
 too: the next handler starts when the previous coroutine has finished).
 DISPATCH-2: an endpoint's exception goes back to the caller (REPLY_EXCEPTION) and the
 actor stays usable; nothing an actor does takes the dispatcher down.
+DISPATCH-3: no thread is left waiting in native code when the interpreter exits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import ctypes
 import queue
 import sys
 import threading
 import traceback
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +55,21 @@ class _Actor:
     runner: _SyncRunner | None = None
 
 
+# Every live sync-actor thread, stopped at exit: a daemon thread still waiting inside
+# native code when the interpreter finalizes aborts the process (DISPATCH-3).
+_runners: weakref.WeakSet[_SyncRunner] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_runners() -> None:
+    runners = list(_runners)
+    for r in runners:
+        r.stopped = True
+        r.server.wake(r.lane)
+    for r in runners:
+        r.thread.join(timeout=2 * _IDLE_WAKE_S)
+
+
 class _SyncRunner:
     """The thread of one sync actor: runs its jobs, then its lane's calls (INBOX-3)."""
 
@@ -64,6 +82,7 @@ class _SyncRunner:
         self.stopped = False
         self.running_call: int | None = None
         self.thread = threading.Thread(target=self._run, name=f"monarch-actor-{name}", daemon=True)
+        _runners.add(self)
 
     def submit(self, job: Callable[[], None]) -> None:
         self.jobs.put(job)
@@ -75,6 +94,7 @@ class _SyncRunner:
 
     def _close(self) -> None:
         self.stopped = True
+        _runners.discard(self)
         for item in self.server.close_lane(self.lane):
             self.dispatcher._reject(item[0], f"actor {item[3]!r} was stopped")
 

@@ -23,7 +23,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
@@ -167,11 +167,26 @@ pub struct Inbox {
     next_token: AtomicU64,
     /// Calls received, for `Stats`.
     received: AtomicU64,
+    /// Flips to true once, on shutdown: ends every `Messages` stream, so callers see
+    /// the connection end instead of waiting for replies that will not come.
+    stopping: watch::Sender<bool>,
 }
 
 impl Inbox {
+    async fn stopped(&self) {
+        let mut rx = self.stopping.subscribe();
+        let _ = rx.wait_for(|s| *s).await;
+    }
+
+    /// Stops accepting work: ends the streams and drops every pending reply sink.
+    fn close(&self) {
+        self.stopping.send_replace(true);
+        self.sinks.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
     fn new() -> Result<Arc<Self>, RpcError> {
         Ok(Arc::new(Inbox {
+            stopping: watch::channel(false).0,
             lanes: RwLock::new(vec![Some(Arc::new(Lane::new()?))]),
             routes: Mutex::new(HashMap::new()),
             sinks: Mutex::new(HashMap::new()),
@@ -339,7 +354,14 @@ impl Worker for Service {
         let (tx, rx) = mpsc::unbounded_channel();
         let inbox = self.inbox.clone();
         tokio::spawn(async move {
-            while let Some(Ok(batch)) = calls.next().await {
+            loop {
+                let batch = tokio::select! {
+                    b = calls.next() => match b {
+                        Some(Ok(b)) => b,
+                        _ => break,
+                    },
+                    _ = inbox.stopped() => break,
+                };
                 for c in batch.calls {
                     inbox.received.fetch_add(1, Ordering::Relaxed);
                     let sink = (!c.oneway).then(|| Sink::Stream(tx.clone(), c.call_id));
@@ -447,8 +469,9 @@ impl WorkerHost {
         Self::serve(rt, l, token)
     }
 
-    /// Stops serving.
+    /// Stops serving: open streams end, pending calls' callers see the connection end.
     pub fn shutdown(&self) {
+        self.inbox.close();
         self.stop.notify_one();
     }
 }

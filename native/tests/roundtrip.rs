@@ -1,0 +1,102 @@
+//! The Worker service and its client end to end, without Python: a thread plays the
+//! dispatcher (takes from the inbox, replies).
+
+use bytes::Bytes;
+use monarch_kernel_native::proto::v1::ReplyKind;
+use monarch_kernel_native::rpc::client::{reply_kind, Target, WorkerConn};
+use monarch_kernel_native::rpc::server::{WorkerHost, LANE_LOOP};
+use monarch_kernel_native::rpc::RpcError;
+use std::time::Duration;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn echo_dispatcher(host: &WorkerHost, n: usize) -> std::thread::JoinHandle<()> {
+    let inbox = host.inbox.clone();
+    std::thread::spawn(move || {
+        let lane = inbox.lane(LANE_LOOP).unwrap();
+        let mut done = 0;
+        while done < n {
+            for item in lane.take_wait(Duration::from_secs(5)) {
+                inbox.reply(item.token, ReplyKind::Result, item.payload.clone(), vec![]);
+                done += 1;
+            }
+        }
+    })
+}
+
+fn target<'a>(payload: &'a Bytes) -> Target<'a> {
+    Target {
+        actor: "echo",
+        method: "ping",
+        payload,
+        buffers: &[],
+        oneway: false,
+        dims: &[],
+        sizes: &[],
+    }
+}
+
+#[test]
+fn calls_come_back_matched_to_their_replies() {
+    let rt = runtime();
+    let host = WorkerHost::bind(rt.handle(), "127.0.0.1:0", "tok").unwrap();
+    let t = echo_dispatcher(&host, 50);
+    let conn = WorkerConn::open(rt.handle(), &host.addr, "tok").unwrap();
+    let payloads: Vec<Bytes> = (0..50).map(|i| Bytes::from(format!("msg-{i}"))).collect();
+    let slots: Vec<_> = payloads
+        .iter()
+        .map(|p| conn.call(&target(p), 0).1.unwrap())
+        .collect();
+    for (p, s) in payloads.iter().zip(slots) {
+        let r = s.wait(Some(Duration::from_secs(10))).unwrap().unwrap();
+        assert_eq!(reply_kind(&r), ReplyKind::Result);
+        assert_eq!(&r.payload, p);
+    }
+    t.join().unwrap();
+}
+
+#[test]
+fn a_wrong_token_is_rejected_and_never_reaches_the_inbox() {
+    let rt = runtime();
+    let host = WorkerHost::bind(rt.handle(), "127.0.0.1:0", "right").unwrap();
+    let conn = WorkerConn::open(rt.handle(), &host.addr, "wrong").unwrap();
+    let p = Bytes::from_static(b"x");
+    let slot = conn.call(&target(&p), 0).1.unwrap();
+    let out = slot.wait(Some(Duration::from_secs(10))).unwrap();
+    assert!(matches!(out, Err(RpcError::Auth(_))), "{out:?}");
+    let lane = host.inbox.lane(LANE_LOOP).unwrap();
+    assert!(lane.take().is_empty());
+}
+
+#[test]
+fn a_lost_server_fails_pending_and_later_calls() {
+    let rt = runtime();
+    let host = WorkerHost::bind(rt.handle(), "127.0.0.1:0", "tok").unwrap();
+    let conn = WorkerConn::open(rt.handle(), &host.addr, "tok").unwrap();
+    let p = Bytes::from_static(b"x");
+    let pending = conn.call(&target(&p), 0).1.unwrap();
+    // Wait until the call is queued, then stop the server without replying.
+    let lane = host.inbox.lane(LANE_LOOP).unwrap();
+    assert!(!lane.take_wait(Duration::from_secs(10)).is_empty());
+    host.shutdown();
+    drop(host);
+    let out = pending.wait(Some(Duration::from_secs(10)));
+    assert!(
+        out.is_some(),
+        "the pending call hung after the server went away"
+    );
+    assert!(out.unwrap().is_err());
+}
+
+#[test]
+fn an_empty_token_is_refused() {
+    let rt = runtime();
+    assert!(WorkerHost::bind(rt.handle(), "127.0.0.1:0", "").is_err());
+    assert!(WorkerConn::open(rt.handle(), "127.0.0.1:1", "").is_err());
+}
