@@ -34,16 +34,20 @@ pub(crate) fn to_bytes_vec(py: Python<'_>, bufs: &[PyBuffer<u8>]) -> PyResult<Ve
         .collect()
 }
 
+/// Out-of-band buffers as writable bytearrays (tensors refuse read-only memory).
+pub(crate) fn buffers_to_py(py: Python<'_>, bufs: &[Bytes]) -> Vec<Py<PyByteArray>> {
+    bufs.iter()
+        .map(|b| PyByteArray::new(py, b).unbind())
+        .collect()
+}
+
 type PyReply = (i32, Py<PyBytes>, Vec<Py<PyByteArray>>);
 
 fn reply_to_py(py: Python<'_>, r: &Reply) -> PyReply {
     (
         r.kind,
         PyBytes::new(py, &r.payload).unbind(),
-        r.buffers
-            .iter()
-            .map(|b| PyByteArray::new(py, b).unbind())
-            .collect(),
+        buffers_to_py(py, &r.buffers),
     )
 }
 

@@ -1,10 +1,10 @@
 //! Bindings of the `Worker` server: the inbox a Python dispatcher drains.
 
-use super::client::to_bytes_vec;
+use super::client::{buffers_to_py, to_bytes_vec};
 use super::errors::to_py;
 use crate::node;
 use crate::proto::v1::ReplyKind;
-use crate::rpc::server::{Incoming, Lane, WorkerHost, LANE_LOOP};
+use crate::rpc::server::{Incoming, Kind, Lane, WorkerHost, LANE_LOOP};
 use bytes::Bytes;
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
@@ -143,10 +143,7 @@ fn to_py_items(py: Python<'_>, items: Vec<Incoming>) -> Vec<PyIncoming> {
                 i.actor,
                 i.method,
                 PyBytes::new(py, &i.payload).unbind(),
-                i.buffers
-                    .iter()
-                    .map(|b| PyByteArray::new(py, b).unbind())
-                    .collect(),
+                buffers_to_py(py, &i.buffers),
                 (i.rank, i.dims, i.sizes),
             )
         })
@@ -156,10 +153,10 @@ fn to_py_items(py: Python<'_>, items: Vec<Incoming>) -> Vec<PyIncoming> {
 pub fn register_python_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyWorkerServer>()?;
     m.add("LANE_LOOP", LANE_LOOP)?;
-    m.add("KIND_SPAWN", 1u8)?;
-    m.add("KIND_STOP", 2u8)?;
-    m.add("KIND_CALL", 3u8)?;
-    m.add("KIND_CANCEL", 4u8)?;
+    m.add("KIND_SPAWN", Kind::Spawn as u8)?;
+    m.add("KIND_STOP", Kind::Stop as u8)?;
+    m.add("KIND_CALL", Kind::Call as u8)?;
+    m.add("KIND_CANCEL", Kind::Cancel as u8)?;
     m.add("REPLY_RESULT", ReplyKind::Result as i32)?;
     m.add("REPLY_EXCEPTION", ReplyKind::Exception as i32)?;
     m.add("REPLY_REJECTED", ReplyKind::Rejected as i32)?;

@@ -23,7 +23,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot, watch, Notify};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
@@ -178,7 +178,7 @@ impl Inbox {
         let _ = rx.wait_for(|s| *s).await;
     }
 
-    /// Stops accepting work: ends the streams and drops every pending reply sink.
+    /// Stops the server: ends the streams and drops every pending reply sink.
     fn close(&self) {
         self.stopping.send_replace(true);
         self.sinks.lock().unwrap_or_else(|e| e.into_inner()).clear();
@@ -416,8 +416,6 @@ pub struct WorkerHost {
     pub inbox: Arc<Inbox>,
     /// The bound address, `127.0.0.1:PORT`.
     pub addr: String,
-    /// Stops the server when notified.
-    stop: Arc<Notify>,
 }
 
 impl WorkerHost {
@@ -437,7 +435,6 @@ impl WorkerHost {
             .set_nonblocking(true)
             .map_err(|e| RpcError::Io(e.to_string()))?;
         let inbox = Inbox::new()?;
-        let stop = Arc::new(Notify::new());
         let svc = WorkerServer::new(Service {
             inbox: inbox.clone(),
             auth: auth.clone(),
@@ -445,7 +442,7 @@ impl WorkerHost {
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
         let svc = tonic::service::interceptor::InterceptedService::new(svc, auth);
-        let stop2 = stop.clone();
+        let stopping = inbox.clone();
         let _guard = rt.enter();
         let listener =
             tokio::net::TcpListener::from_std(listener).map_err(|e| RpcError::Io(e.to_string()))?;
@@ -456,10 +453,10 @@ impl WorkerHost {
                 .http2_keepalive_interval(Some(Duration::from_secs(1)))
                 .http2_keepalive_timeout(Some(Duration::from_secs(3)))
                 .add_service(svc)
-                .serve_with_incoming_shutdown(incoming, async move { stop2.notified().await })
+                .serve_with_incoming_shutdown(incoming, async move { stopping.stopped().await })
                 .await;
         });
-        Ok(WorkerHost { inbox, addr, stop })
+        Ok(WorkerHost { inbox, addr })
     }
 
     /// Binds `addr` (for example `127.0.0.1:0`) and serves there.
@@ -472,6 +469,5 @@ impl WorkerHost {
     /// Stops serving: open streams end, pending calls' callers see the connection end.
     pub fn shutdown(&self) {
         self.inbox.close();
-        self.stop.notify_one();
     }
 }
