@@ -6,8 +6,9 @@ changing ``from monarch.actor import ...`` to ``from monarch_kernel import ...``
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from monarch_kernel._lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from monarch_kernel._compat import (
@@ -127,13 +128,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'monarch_kernel' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 def __dir__() -> list[str]:

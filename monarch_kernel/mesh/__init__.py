@@ -7,8 +7,9 @@ shape types without importing the whole mesh API.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from monarch_kernel._lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from monarch_kernel.mesh._actor_mesh import ActorMesh, Endpoint
@@ -34,10 +35,4 @@ _LAZY: dict[str, str] = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'monarch_kernel.mesh' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY)

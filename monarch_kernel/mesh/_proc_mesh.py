@@ -49,6 +49,19 @@ class _Owner:
     def on_end(self, err: BaseException | None) -> None:
         pass  # the agent went away: calls fail with SupervisionError through their connections
 
+    def stop(self, timeout: float) -> None:
+        """Asks the agent to stop the workers and itself, then reaps it. Idempotent."""
+        if self.stopped:
+            return
+        self.stopped = True
+        _owners.discard(self)
+        try:
+            self.client.shutdown(timeout=timeout)
+        except Exception:  # the agent may already be gone; reaping below still runs
+            pass
+        self.client.close()
+        self.agent.wait(timeout)
+
 
 class ProcMesh(MeshTrait):
     """Processes, laid out over named dims, that actors are spawned on."""
@@ -97,17 +110,9 @@ class ProcMesh(MeshTrait):
 
     def stop(self) -> Future[None]:
         """Stops every worker and the host agent. Later calls raise MeshStoppedError."""
-        owner = self._owner
         _proc_ref._stopped.add(self._proc.name)
-        if owner is not None and not owner.stopped:
-            owner.stopped = True
-            try:
-                owner.client.shutdown()
-            except Exception:  # the agent may already be gone; reaping below still runs
-                pass
-            owner.client.close()
-            owner.agent.wait(10)
-            _owners.discard(owner)
+        if self._owner is not None:
+            self._owner.stop(timeout=10)
         return Future._resolved(None)
 
     @property
@@ -145,12 +150,9 @@ _owners: set[_Owner] = set()
 
 @atexit.register
 def _stop_owned() -> None:
+    # Best effort at exit: the agent also stops when our lease drops.
     for owner in list(_owners):
-        try:
-            owner.client.shutdown(timeout=5)
-            owner.agent.wait(5)
-        except Exception:  # best effort at exit: the agent also stops when our lease drops
-            pass
+        owner.stop(timeout=5)
     _native.shutdown_runtime()
 
 

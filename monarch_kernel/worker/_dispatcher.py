@@ -152,13 +152,9 @@ class Dispatcher:
     def _route(self, item: tuple[Any, ...]) -> None:
         token, kind, call_id, actor, method, payload, buffers, where = item
         if kind == _CALL:
-            a = self.actors.get(actor)
+            a = self._callee(token, actor, method)
             if a is None:
-                return self._reject(
-                    token, f"no actor named {actor!r} on {self.point} (stopped, or never spawned)"
-                )
-            if method not in a.endpoints:
-                return self._reject(token, f"actor {actor!r} has no endpoint {method!r}")
+                return
             if a.is_async:
                 assert a.inbox is not None
                 a.inbox.put_nowait((token, call_id, method, payload, buffers, where))
@@ -178,6 +174,20 @@ class Dispatcher:
             self._stop_actor(token, actor)
         elif kind == _CANCEL:
             self._cancel(call_id)
+
+    def _callee(
+        self, token: int, actor: str, method: str, runner: _SyncRunner | None = None
+    ) -> _Actor | None:
+        """The actor a call is for, or None after rejecting the call. With ``runner``,
+        the actor must still be the one that runner serves (not stopped or replaced)."""
+        a = self.actors.get(actor)
+        if a is None or (runner is not None and a.runner is not runner):
+            self._reject(token, f"no actor named {actor!r} on {self.point} (stopped, or never spawned)")
+            return None
+        if method not in a.endpoints:
+            self._reject(token, f"actor {actor!r} has no endpoint {method!r}")
+            return None
+        return a
 
     def _reject(self, token: int, message: str) -> None:
         if token:
@@ -264,13 +274,9 @@ class Dispatcher:
 
     def _run_sync_item(self, runner: _SyncRunner, item: tuple[Any, ...]) -> None:
         token, _kind, call_id, actor, method, payload, buffers, where = item
-        a = self.actors.get(actor)
-        if a is None or a.runner is not runner:
-            return self._reject(
-                token, f"no actor named {actor!r} on {self.point} (stopped, or never spawned)"
-            )
-        if method not in a.endpoints:
-            return self._reject(token, f"actor {actor!r} has no endpoint {method!r}")
+        a = self._callee(token, actor, method, runner)
+        if a is None:
+            return
         reset = _current.set(self._message_context(a, where))
         runner.running_call = call_id
         try:
