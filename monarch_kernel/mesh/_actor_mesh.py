@@ -65,6 +65,7 @@ class Endpoint(Generic[R]):
         self._name = name
         self._prop = prop
         self._signature = _signature(prop)
+        self._positional = _positional_range(self._signature)
 
     @property
     def _what(self) -> str:
@@ -73,10 +74,12 @@ class Endpoint(Generic[R]):
     def _send(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], local: list[int], oneway: bool
     ) -> list[Any]:
-        try:
-            self._signature.bind(None, *args, **kwargs)
-        except TypeError as e:
-            raise TypeError(f"{self._what}(): {e}") from None
+        lo, hi = self._positional
+        if kwargs or not lo <= len(args) <= hi:  # the common case needs no bind()
+            try:
+                self._signature.bind(None, *args, **kwargs)
+            except TypeError as e:
+                raise TypeError(f"{self._what}(): {e}") from None
         payload, buffers = dumps((args, kwargs), f"arguments of {self._what}")
         mesh = self._mesh
         conns = mesh._conns()
@@ -140,6 +143,22 @@ class Endpoint(Generic[R]):
 
 
 _SIGNATURES: dict[int, inspect.Signature] = {}
+
+
+def _positional_range(sig: inspect.Signature) -> tuple[int, int]:
+    """How many positional arguments (``self`` included) a call may pass with no keywords
+    and be sure to bind; (1, 0), an empty range, when keyword-only parameters without
+    defaults make every call go through ``bind``."""
+    lo = hi = 0
+    for p in sig.parameters.values():
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            hi += 1
+            lo += p.default is p.empty
+        elif p.kind is p.VAR_POSITIONAL:
+            hi = 1 << 30
+        elif p.kind is p.KEYWORD_ONLY and p.default is p.empty:
+            return 1, 0
+    return max(lo - 1, 0), hi - 1
 
 
 def _signature(prop: EndpointProperty[Any]) -> inspect.Signature:

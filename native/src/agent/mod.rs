@@ -25,7 +25,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{broadcast, watch, Notify};
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
@@ -264,12 +263,9 @@ pub fn start(
             }
         });
         let (a4, a5) = (a2.clone(), a2.clone());
-        let server = tonic::transport::Server::builder()
-            .tcp_nodelay(true)
-            .http2_keepalive_interval(Some(Duration::from_secs(1)))
-            .http2_keepalive_timeout(Some(Duration::from_secs(3)))
+        let server = crate::rpc::server_builder()
             .add_service(svc)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+            .serve_with_incoming_shutdown(crate::rpc::incoming(listener), async move {
                 a4.stopped().await;
                 // Let the Shutdown reply reach its caller before the server goes.
                 tokio::time::sleep(Duration::from_millis(50)).await;

@@ -97,6 +97,8 @@ impl WorkerConn {
         let endpoint = Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| RpcError::Address(format!("{addr}: {e}")))?
             .tcp_nodelay(true)
+            .initial_stream_window_size(super::STREAM_WINDOW)
+            .initial_connection_window_size(super::CONNECTION_WINDOW)
             .connect_timeout(Duration::from_secs(10))
             // The gRPC default never notices a silent peer (DESIGN.md section 4).
             .http2_keep_alive_interval(Duration::from_secs(1))

@@ -24,7 +24,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
@@ -447,11 +446,8 @@ impl WorkerHost {
         let listener =
             tokio::net::TcpListener::from_std(listener).map_err(|e| RpcError::Io(e.to_string()))?;
         rt.spawn(async move {
-            let incoming = TcpListenerStream::new(listener);
-            let _ = tonic::transport::Server::builder()
-                .tcp_nodelay(true)
-                .http2_keepalive_interval(Some(Duration::from_secs(1)))
-                .http2_keepalive_timeout(Some(Duration::from_secs(3)))
+            let incoming = super::incoming(listener);
+            let _ = super::server_builder()
                 .add_service(svc)
                 .serve_with_incoming_shutdown(incoming, async move { stopping.stopped().await })
                 .await;
