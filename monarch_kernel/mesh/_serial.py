@@ -68,7 +68,9 @@ def _is_plain(obj: Any, depth: int = 0) -> bool:
 def dumps(obj: Any, what: str) -> tuple[bytes, list[memoryview]]:
     """Pickles ``obj``; ``what`` names it in errors ("arguments of counter.incr")."""
     if _is_plain(obj):
-        return pickle.dumps(obj, protocol=5), []
+        data = pickle.dumps(obj, protocol=5)
+        _check_size(len(data), what)
+        return data, []
     buffers: list[pickle.PickleBuffer] = []
     try:
         data = _cloudpickle_dumps(obj, buffers.append)
@@ -83,14 +85,17 @@ def dumps(obj: Any, what: str) -> tuple[bytes, list[memoryview]]:
             raws.append(b.raw())
         except BufferError:  # not contiguous: copy it into the pickle stream instead
             return _cloudpickle_dumps(obj), []
-    size = len(data) + sum(r.nbytes for r in raws)
+    _check_size(len(data) + sum(r.nbytes for r in raws), what)
+    return data, raws
+
+
+def _check_size(size: int, what: str) -> None:
     if size > MAX_MESSAGE_BYTES:
         raise MessageTooLargeError(
             f"the {what} pickle to {size:,} bytes, above the control plane's limit of "
             f"{MAX_MESSAGE_BYTES:,} bytes. Send large tensors in pieces, or keep them on the "
             "workers and send only what you need back."
         )
-    return data, raws
 
 
 def loads(data: bytes, buffers: list[Any] | None = None) -> Any:

@@ -1,12 +1,15 @@
 """``Dispatcher``: runs the actors of one process for its native ``Worker`` server.
 
 Threads:
-- the *loop thread* runs an asyncio loop that waits on the server's loop lane (an
-  eventfd, INBOX-1): spawns, stops, cancels and async actors' calls;
+- the *routing thread* waits on the server's loop lane (LANE_LOOP, INBOX-1): spawns,
+  stops, cancels and async actors' calls. It owns the table of actors;
 - each sync actor has a *thread of its own*, waiting on a lane of its own where the
   native server puts that actor's calls (INBOX-3); it runs the constructor and the
   endpoints one at a time, with no event loop (as Monarch does). So a sync endpoint
-  may wait on another actor in the same process.
+  may wait on another actor in the same process;
+- async actors share one *asyncio thread*, started with the first async actor (a
+  worker that has none never imports asyncio: a faster cold start). Their
+  constructors, endpoints and ``__cleanup__`` run in its event loop.
 
 DISPATCH-1: each actor handles one message at a time, in arrival order (async ones
 too: the next handler starts when the previous coroutine has finished).
@@ -17,7 +20,6 @@ DISPATCH-3: no thread is left waiting in native code when the interpreter exits.
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import ctypes
 import queue
@@ -27,16 +29,19 @@ import traceback
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from monarch_kernel import _native
 from monarch_kernel.actor import Context, Instance, _current, _process_default, endpoints_of, is_async_actor
 from monarch_kernel.mesh._serial import dumps, loads
 from monarch_kernel.mesh._shape import Extent, Point
 
+if TYPE_CHECKING:
+    import asyncio
+
 _SPAWN, _STOP, _CALL, _CANCEL = _native.KIND_SPAWN, _native.KIND_STOP, _native.KIND_CALL, _native.KIND_CANCEL
 _LANE_LOOP = _native.LANE_LOOP
-# How often an idle sync-actor thread comes back to Python (to see it was stopped).
+# How often an idle lane thread comes back to Python (to see it was stopped).
 _IDLE_WAKE_S = 0.5
 
 
@@ -47,17 +52,18 @@ class _Actor:
     is_async: bool
     endpoints: frozenset[str]
     context: Context
-    # Async actors: messages wait here for the actor's consumer task (DISPATCH-1).
+    # Async actors (touched only on the asyncio thread): messages wait here for the
+    # actor's consumer task (DISPATCH-1).
     inbox: asyncio.Queue[Any] | None = None
     task: asyncio.Task[None] | None = None
     running: dict[int, asyncio.Task[Any]] = field(default_factory=dict)
     # Sync actors: the thread that runs them.
-    runner: _SyncRunner | None = None
+    runner: _LaneThread | None = None
 
 
-# Every live sync-actor thread, stopped at exit: a daemon thread still waiting inside
-# native code when the interpreter finalizes aborts the process (DISPATCH-3).
-_runners: weakref.WeakSet[_SyncRunner] = weakref.WeakSet()
+# Every live lane thread, stopped at exit: a daemon thread still waiting inside native
+# code when the interpreter finalizes aborts the process (DISPATCH-3).
+_runners: weakref.WeakSet[_LaneThread] = weakref.WeakSet()
 
 
 @atexit.register
@@ -70,33 +76,30 @@ def _stop_runners() -> None:
         r.thread.join(timeout=2 * _IDLE_WAKE_S)
 
 
-class _SyncRunner:
-    """The thread of one sync actor: runs its jobs, then its lane's calls (INBOX-3)."""
+class _LaneThread:
+    """A thread that runs its jobs, then hands what arrives on its native lane to
+    ``handle``: the routing thread (lane LANE_LOOP) or one sync actor's thread."""
 
-    def __init__(self, dispatcher: Dispatcher, name: str) -> None:
-        self.dispatcher = dispatcher
-        self.server = dispatcher.server
-        self.lane: int = self.server.open_lane()
-        # Constructor and __cleanup__, put here by the loop thread.
+    def __init__(
+        self,
+        server: Any,
+        name: str,
+        handle: Callable[[_LaneThread, tuple[Any, ...]], None],
+        lane: int | None = None,
+    ) -> None:
+        self.server = server
+        self.handle = handle
+        self.lane: int = self.server.open_lane() if lane is None else lane
+        # Jobs put here by other threads (constructor, __cleanup__, routing updates).
         self.jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self.stopped = False
         self.running_call: int | None = None
-        self.thread = threading.Thread(target=self._run, name=f"monarch-actor-{name}", daemon=True)
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         _runners.add(self)
 
     def submit(self, job: Callable[[], None]) -> None:
         self.jobs.put(job)
         self.server.wake(self.lane)
-
-    def stop(self) -> None:
-        """Ends the thread once its queued jobs ran; calls still queued are rejected."""
-        self.submit(self._close)
-
-    def _close(self) -> None:
-        self.stopped = True
-        _runners.discard(self)
-        for item in self.server.close_lane(self.lane):
-            self.dispatcher._reject(item[0], f"actor {item[3]!r} was stopped")
 
     def interrupt(self, call_id: int) -> None:
         if self.running_call == call_id and self.thread.ident is not None:
@@ -116,7 +119,7 @@ class _SyncRunner:
                 if self.stopped:
                     return
                 for item in self.server.take_wait(self.lane, _IDLE_WAKE_S):
-                    self.dispatcher._run_sync_item(self, item)
+                    self.handle(self, item)
             except KeyboardInterrupt:  # a cancel that arrived between calls
                 continue
 
@@ -127,27 +130,37 @@ class Dispatcher:
     def __init__(self, server: Any, point: Point) -> None:
         self.server = server
         self.point = point
+        # Owned by the routing thread.
         self.actors: dict[str, _Actor] = {}
-        self.loop = asyncio.new_event_loop()
+        self.router = _LaneThread(server, "monarch-dispatch", self._route_guarded, lane=_LANE_LOOP)
+        self._aloop: asyncio.AbstractEventLoop | None = None
         _process_default[0] = Context(Instance(point, name="root"), message_rank=point)
 
     def start(self) -> None:
-        """Starts the loop thread."""
-        threading.Thread(target=self._run_loop, name="monarch-dispatch", daemon=True).start()
+        """Starts the routing thread."""
+        self.router.thread.start()
 
-    def _run_loop(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.add_reader(self.server.fileno(_LANE_LOOP), self._drain)
-        self.loop.run_forever()
+    def _async(self) -> asyncio.AbstractEventLoop:
+        """The event loop of async actors, started on first use (routing thread)."""
+        if self._aloop is None:
+            import asyncio
 
-    # -- routing (loop thread) -----------------------------------------------------------
+            loop = self._aloop = asyncio.new_event_loop()
 
-    def _drain(self) -> None:
-        for item in self.server.take():
-            try:
-                self._route(item)
-            except Exception:  # DISPATCH-2: report, never stop dispatching
-                self._reply_exception(item[0], sys.exc_info()[1], None)
+            def run() -> None:
+                asyncio.set_event_loop(loop)
+                loop.run_forever()
+
+            threading.Thread(target=run, name="monarch-asyncio", daemon=True).start()
+        return self._aloop
+
+    # -- routing (routing thread) --------------------------------------------------------
+
+    def _route_guarded(self, _router: _LaneThread, item: tuple[Any, ...]) -> None:
+        try:
+            self._route(item)
+        except Exception:  # DISPATCH-2: report, never stop dispatching
+            self._reply_exception(item[0], sys.exc_info()[1], None)
 
     def _route(self, item: tuple[Any, ...]) -> None:
         token, kind, call_id, actor, method, payload, buffers, where = item
@@ -156,8 +169,8 @@ class Dispatcher:
             if a is None:
                 return
             if a.is_async:
-                assert a.inbox is not None
-                a.inbox.put_nowait((token, call_id, method, payload, buffers, where))
+                msg = (token, call_id, method, payload, buffers, where)
+                self._async().call_soon_threadsafe(self._enqueue, a, msg)
             else:  # queued before the actor was routed to its lane
                 runner = a.runner
                 assert runner is not None
@@ -165,9 +178,9 @@ class Dispatcher:
         elif kind == _SPAWN:
             cls, args, kwargs = loads(payload, buffers)
             if is_async_actor(cls):
-                self._construct(token, actor, cls, args, kwargs, None)
+                self._async().call_soon_threadsafe(self._construct, token, actor, cls, args, kwargs, None)
             else:
-                runner = _SyncRunner(self, actor)
+                runner = _LaneThread(self.server, f"monarch-actor-{actor}", self._run_sync_item)
                 runner.submit(lambda: self._construct(token, actor, cls, args, kwargs, runner))
                 runner.thread.start()
         elif kind == _STOP:
@@ -176,7 +189,7 @@ class Dispatcher:
             self._cancel(call_id)
 
     def _callee(
-        self, token: int, actor: str, method: str, runner: _SyncRunner | None = None
+        self, token: int, actor: str, method: str, runner: _LaneThread | None = None
     ) -> _Actor | None:
         """The actor a call is for, or None after rejecting the call. With ``runner``,
         the actor must still be the one that runner serves (not stopped or replaced)."""
@@ -196,10 +209,10 @@ class Dispatcher:
     # -- actors --------------------------------------------------------------------------
 
     def _construct(
-        self, token: int, name: str, cls: type, args: Any, kwargs: Any, runner: _SyncRunner | None
+        self, token: int, name: str, cls: type, args: Any, kwargs: Any, runner: _LaneThread | None
     ) -> None:
-        """Runs the constructor: on the loop thread for async actors, else on ``runner``."""
-        is_async = runner is None
+        """Runs the constructor: on the asyncio thread for async actors, else on
+        ``runner``; then hands the actor to the routing thread."""
         ctx = Context(
             Instance(self.point, name=name, class_name=f"{cls.__module__}.{cls.__qualname__}"),
             message_rank=self.point,
@@ -209,22 +222,21 @@ class Dispatcher:
             instance = cls(*args, **kwargs)
         except BaseException as e:  # DISPATCH-2
             if runner is not None:
-                runner._close()
+                self._close_runner(runner)
             self._reply_exception(token, e, None)
             return
         finally:
             _current.reset(reset)
-        a = _Actor(name, instance, is_async, frozenset(endpoints_of(cls)), ctx, runner=runner)
-        if is_async:
-            self._install(token, a)
-        else:
-            self.loop.call_soon_threadsafe(self._install, token, a)
+        a = _Actor(name, instance, runner is None, frozenset(endpoints_of(cls)), ctx, runner=runner)
+        if a.is_async:
+            import asyncio
+
+            a.inbox = asyncio.Queue()
+            a.task = asyncio.get_running_loop().create_task(self._consume(a))
+        self.router.submit(lambda: self._install(token, a))
 
     def _install(self, token: int, a: _Actor) -> None:
-        """Makes ``a`` the actor of its name (loop thread), replacing any old one."""
-        if a.is_async:
-            a.inbox = asyncio.Queue()
-            a.task = self.loop.create_task(self._consume(a))
+        """Makes ``a`` the actor of its name (routing thread), replacing any old one."""
         old = self.actors.get(a.name)
         self.actors[a.name] = a
         self.server.route(a.name, a.runner.lane if a.runner is not None else None)
@@ -239,19 +251,32 @@ class Dispatcher:
             self._cleanup(a)
         self._reply(token, None, f"stop of {name}")
 
+    def _close_runner(self, runner: _LaneThread) -> None:
+        """Ends ``runner``'s thread (on it); calls still queued for it are rejected."""
+        runner.stopped = True
+        _runners.discard(runner)
+        for item in self.server.close_lane(runner.lane):
+            self._reject(item[0], f"actor {item[3]!r} was stopped")
+
     def _cleanup(self, a: _Actor) -> None:
+        """Runs ``a``'s ``__cleanup__`` after what it has queued, then ends it."""
+        hook = getattr(a.instance, "__cleanup__", None)
+        if a.is_async:
+            self._async().call_soon_threadsafe(self._cleanup_async, a, hook)
+            return
+        runner = a.runner
+        assert runner is not None
+        if hook is not None:
+            runner.submit(lambda: self._guarded_sync(hook, f"{a.name}.__cleanup__"))
+        runner.submit(lambda: self._close_runner(runner))
+
+    def _cleanup_async(self, a: _Actor, hook: Callable[[Any], Any] | None) -> None:
         if a.task is not None:
             a.task.cancel()
-        hook = getattr(a.instance, "__cleanup__", None)
-        if hook is None:
-            if a.runner is not None:
-                a.runner.stop()
-            return
-        if a.is_async:
-            self.loop.create_task(self._guard(hook(None), f"{a.name}.__cleanup__"))
-        elif a.runner is not None:
-            a.runner.submit(lambda: self._guarded_sync(hook, f"{a.name}.__cleanup__"))
-            a.runner.stop()
+        if hook is not None:
+            import asyncio
+
+            asyncio.get_running_loop().create_task(self._guard(hook(None), f"{a.name}.__cleanup__"))
 
     async def _guard(self, coro: Any, what: str) -> None:
         try:
@@ -272,7 +297,7 @@ class Dispatcher:
         rank, dims, sizes = where
         return Context(a.context.actor_instance, message_rank=Point(rank, Extent(dims, sizes)))
 
-    def _run_sync_item(self, runner: _SyncRunner, item: tuple[Any, ...]) -> None:
+    def _run_sync_item(self, runner: _LaneThread, item: tuple[Any, ...]) -> None:
         token, _kind, call_id, actor, method, payload, buffers, where = item
         a = self._callee(token, actor, method, runner)
         if a is None:
@@ -291,7 +316,14 @@ class Dispatcher:
             _current.reset(reset)
         self._reply(token, result, f"{a.name}.{method}")
 
+    @staticmethod
+    def _enqueue(a: _Actor, msg: tuple[Any, ...]) -> None:
+        assert a.inbox is not None
+        a.inbox.put_nowait(msg)
+
     async def _consume(self, a: _Actor) -> None:
+        import asyncio
+
         assert a.inbox is not None
         while True:
             token, call_id, method, payload, buffers, where = await a.inbox.get()
@@ -320,12 +352,18 @@ class Dispatcher:
 
     def _cancel(self, call_id: int) -> None:
         for a in self.actors.values():
+            if a.runner is not None:
+                a.runner.interrupt(call_id)
+        if self._aloop is not None:
+            self._aloop.call_soon_threadsafe(self._cancel_async, list(self.actors.values()), call_id)
+
+    @staticmethod
+    def _cancel_async(actors: list[_Actor], call_id: int) -> None:
+        for a in actors:
             task = a.running.get(call_id)
             if task is not None:
                 task.cancel()
                 return
-            if a.runner is not None:
-                a.runner.interrupt(call_id)
 
     # -- replies -------------------------------------------------------------------------
 
