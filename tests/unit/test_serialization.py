@@ -118,3 +118,31 @@ def test_actor_error_str_names_the_call_the_rank_and_the_remote_traceback():
     assert "{'procs': 2/4}" in text
     assert "in f" in text
     assert "Traceback of where the remote call failed" in text
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        ((1, 2.5, "s", None, True), {}),
+        ((b"x" * 100,), {"k": [1, 2, {"n": None}]}),
+        ((b"y" * (1 << 17),), {}),  # big bytes: out of band, not the fast path
+        (([1] * 100,), {}),  # long lists: cloudpickle
+        (({1: "int key"},), {}),
+    ],
+)
+def test_plain_and_not_so_plain_arguments_round_trip_the_same(obj):
+    assert _round_trip(obj) == obj
+
+
+def test_plain_data_takes_the_c_pickler_and_nothing_else_does():
+    assert _serial._is_plain(((1, "a", b"b", None), {"x": 2.0}))
+    assert not _serial._is_plain(((lambda: 1,), {}))
+    assert not _serial._is_plain((bytes(1 << 17),))
+    assert not _serial._is_plain(({1: 2},))  # only str keys
+    assert not _serial._is_plain(((((((1,),),),),),))  # deep nesting
+
+
+def test_a_plain_message_above_the_limit_still_raises(monkeypatch):
+    monkeypatch.setattr(_serial, "MAX_MESSAGE_BYTES", 100)
+    with pytest.raises(MessageTooLargeError, match="arguments of small.put"):
+        dumps((("x" * 200,), {}), "arguments of small.put")
