@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from monarch_kernel import _native
@@ -55,6 +55,11 @@ def decode_reply(reply: Any, proc: ProcRef, base_rank: int, point: Point, what: 
             exc, formatted = None, "(the remote exception could not be unpickled here)"
         raise ActorError(exc, f"Actor call {what} failed.", formatted, rank=proc.point(base_rank))
     raise proc.rejected(bytes(payload).decode("utf-8", "replace"), base_rank, what)
+
+
+def _finish_one(proc: ProcRef, base_rank: int, point: Point, what: str) -> Callable[[list[Any]], Any]:
+    """Turns the one reply of a single-rank Future into its value."""
+    return lambda replies: decode_reply(replies[0], proc, base_rank, point, what)
 
 
 class Endpoint(Generic[R]):
@@ -108,8 +113,8 @@ class Endpoint(Generic[R]):
     def _one(self, i: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[R]:
         shape = self._mesh._shape
         (c,) = self._send(args, kwargs, [i], False)
-        proc, what, base, point = self._mesh._proc, self._what, shape.ranks[i], Point(i, shape.extent)
-        return Future(_calls=[c], _finish=lambda r: decode_reply(r[0], proc, base, point, what))
+        finish = _finish_one(self._mesh._proc, shape.ranks[i], Point(i, shape.extent), self._what)
+        return Future(_calls=[c], _finish=finish)
 
     def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
         """Calls the one actor of a single-actor mesh (slice first if needed)."""
@@ -135,8 +140,7 @@ class Endpoint(Generic[R]):
         calls = self._send(args, kwargs, list(range(len(shape))), False)
         proc, what = self._mesh._proc, self._what
         for i, c in enumerate(calls):
-            base, point = shape.ranks[i], Point(i, shape.extent)
-            yield Future(_calls=[c], _finish=lambda r, b=base, p=point: decode_reply(r[0], proc, b, p, what))
+            yield Future(_calls=[c], _finish=_finish_one(proc, shape.ranks[i], Point(i, shape.extent), what))
 
     def __repr__(self) -> str:
         return f"<Endpoint {self._what}>"

@@ -83,10 +83,14 @@ class Future(Generic[R]):
         waiter = loop.create_future()
         remaining = [len(self._calls)]
 
+        def wake() -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
         def one_done() -> None:  # runs on a runtime thread (PY-1)
             remaining[0] -= 1
             if remaining[0] == 0:
-                loop.call_soon_threadsafe(lambda: waiter.done() or waiter.set_result(None))
+                loop.call_soon_threadsafe(wake)
 
         for c in self._calls:
             c.add_done_callback(one_done)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import functools
 import queue
 import sys
 import threading
@@ -174,7 +175,7 @@ class Dispatcher:
             else:  # queued before the actor was routed to its lane
                 runner = a.runner
                 assert runner is not None
-                runner.submit(lambda: self._run_sync_item(runner, item))
+                runner.submit(functools.partial(self._run_sync_item, runner, item))
         elif kind == _SPAWN:
             cls, args, kwargs = loads(payload, buffers)
             if is_async_actor(cls):

@@ -73,11 +73,14 @@ fn fail_all(pending: &Mutex<Pending>, err: RpcError) {
     }
 }
 
+/// This process's open connections, by address and token (CLIENT-2).
+type ConnTable = Mutex<HashMap<(String, String), Arc<WorkerConn>>>;
+
 impl WorkerConn {
     /// Returns this process's connection to `addr`, opening it (lazily) if needed or
     /// if the previous one was lost (CLIENT-2).
     pub fn get(rt: &Handle, addr: &str, token: &str) -> Result<Arc<WorkerConn>, RpcError> {
-        static CONNS: OnceLock<Mutex<HashMap<(String, String), Arc<WorkerConn>>>> = OnceLock::new();
+        static CONNS: OnceLock<ConnTable> = OnceLock::new();
         let conns = CONNS.get_or_init(Default::default);
         let key = (addr.to_string(), token.to_string());
         let mut map = conns.lock().unwrap_or_else(|e| e.into_inner());
