@@ -5,11 +5,13 @@
     MonarchKernelError
     ├── ActorError                 an endpoint raised; carries the remote traceback and rank
     ├── SupervisionError           a worker or actor failed (also a RuntimeError, as in Monarch)
-    │   └── MeshStoppedError       the mesh or actor mesh was stopped
+    │   ├── MeshStoppedError       the mesh or actor mesh was stopped
+    │   └── MeshOwnershipError     another controller attached to the mesh since (fencing)
     ├── MessageTooLargeError       a message is above the control plane's limit (also ValueError)
     ├── SerializationError         arguments or results cannot be pickled (also TypeError)
     ├── MeshAuthError              a peer rejected the mesh token
     ├── MeshSpecError              bad arguments to spawn_procs / spawn (also ValueError)
+    ├── MeshNotFoundError          no running mesh of that name (also LookupError)
     ├── UnknownEndpointError       no such endpoint on the actor (also AttributeError)
     ├── DimensionError             slicing names a dimension the mesh lacks (also TypeError)
     └── MeshIndexError             slicing with an index out of range (also IndexError)
@@ -28,6 +30,8 @@ __all__ = [
     "DimensionError",
     "MeshAuthError",
     "MeshIndexError",
+    "MeshNotFoundError",
+    "MeshOwnershipError",
     "MeshSpecError",
     "MeshStoppedError",
     "MessageTooLargeError",
@@ -97,6 +101,15 @@ class SupervisionError(MonarchKernelError, RuntimeError):
 
 class MeshStoppedError(SupervisionError):
     """The proc mesh or actor mesh was stopped; spawn a new one."""
+
+
+class MeshOwnershipError(SupervisionError):
+    """Another controller attached to the mesh after this one: this one may no longer
+    command it. ``attach(name)`` takes it back (and fences the other)."""
+
+
+class MeshNotFoundError(MonarchKernelError, LookupError):
+    """No running mesh has that name."""
 
 
 class MessageTooLargeError(MonarchKernelError, ValueError):

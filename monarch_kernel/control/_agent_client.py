@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-from monarch_kernel.errors import MeshAuthError, MonarchKernelError, SupervisionError
+from monarch_kernel.errors import MeshAuthError, MeshOwnershipError, MonarchKernelError, SupervisionError
 
 _STATES = {1: "running", 2: "exited"}
 
@@ -33,6 +33,8 @@ def worker_dict(w: Any) -> dict[str, Any]:
         "exit_code": w.exit_code,
         "signal": w.signal,
         "signal_name": _signal_name(w.signal) if w.signal else None,
+        "proc_state": w.proc_state,
+        "restarts": w.restarts,
     }
 
 
@@ -72,13 +74,36 @@ class AgentClient:
         code = e.code()
         if code == self._grpc.StatusCode.UNAUTHENTICATED:
             return MeshAuthError(f"the host agent at {self.addr} rejected the mesh token ({name})")
+        if code == self._grpc.StatusCode.FAILED_PRECONDITION and "epoch" in (e.details() or ""):
+            return MeshOwnershipError(f"{e.details()}; attach again to take the mesh back")
+        if code == self._grpc.StatusCode.FAILED_PRECONDITION:
+            return SupervisionError(f"the host agent at {self.addr} refused {name}: {e.details()}")
         return SupervisionError(
             f"the host agent at {self.addr} did not answer {name}: {code.name}: {e.details()}"
         )
 
     def ping(self, timeout: float = 5.0) -> dict[str, Any]:
         r = self._call("Ping", self._pb.AgentPingRequest(), timeout)
-        return {"pid": r.pid, "name": r.name}
+        return {"pid": r.pid, "name": r.name, "epoch": r.epoch, "watchers": r.watchers}
+
+    def attach(self, timeout: float = 10.0) -> Any:
+        """Becomes the mesh's controller (bumps the epoch); the raw AttachReply."""
+        return self._call("Attach", self._pb.AttachRequest(), timeout)
+
+    def record_actor(
+        self, name: str, payload: bytes, buffers: list[Any], shape: bytes, epoch: int, timeout: float = 10.0
+    ) -> None:
+        req = self._pb.ActorRecord(
+            name=name, payload=payload, buffers=[bytes(b) for b in buffers], shape=shape, epoch=epoch
+        )
+        self._call("RecordActor", req, timeout)
+
+    def forget_actor(self, name: str, epoch: int, timeout: float = 10.0) -> None:
+        self._call("ForgetActor", self._pb.ForgetActorRequest(name=name, epoch=epoch), timeout)
+
+    def respawn_workers(self, ranks: list[int], epoch: int, timeout: float = 60.0) -> list[dict[str, Any]]:
+        req = self._pb.RespawnWorkersRequest(ranks=ranks, epoch=epoch)
+        return [worker_dict(w) for w in self._call("RespawnWorkers", req, timeout).workers]
 
     def spawn_workers(
         self,
@@ -87,9 +112,12 @@ class AgentClient:
         args: list[str],
         env: dict[str, str],
         cwd: str,
+        epoch: int = 0,
         timeout: float = 60.0,
     ) -> list[dict[str, Any]]:
-        req = self._pb.SpawnWorkersRequest(count=count, executable=executable, args=args, env=env, cwd=cwd)
+        req = self._pb.SpawnWorkersRequest(
+            count=count, executable=executable, args=args, env=env, cwd=cwd, epoch=epoch
+        )
         return [worker_dict(w) for w in self._call("SpawnWorkers", req, timeout).workers]
 
     def list_workers(self, timeout: float = 5.0) -> list[dict[str, Any]]:
@@ -104,32 +132,37 @@ class AgentClient:
         req = self._pb.LogsRequest(rank=-1 if rank is None else rank, tail=tail)
         return [ln.text for ln in self._call("Logs", req, timeout).lines]
 
-    def shutdown(self, timeout: float = 15.0) -> None:
-        self._call("Shutdown", self._pb.ShutdownRequest(), timeout)
+    def shutdown(self, epoch: int = 0, timeout: float = 15.0) -> None:
+        """Stops the workers and the agent (epoch 0: as an administrator, never fenced)."""
+        self._call("Shutdown", self._pb.ShutdownRequest(epoch=epoch), timeout)
 
-    def watch(self) -> Iterator[Any]:
-        """Agent events as they happen; holding this stream open is the controller's lease."""
-        try:
-            yield from self._stub.Watch(self._pb.WatchRequest(), metadata=self._md)
-        except self._grpc.RpcError as e:
-            if e.code() != self._grpc.StatusCode.CANCELLED:
-                raise self._error(e, "Watch") from None
+    def watch(self) -> Any:
+        """A stream of agent events as they happen (iterate it; ``.cancel()`` ends it).
+        Holding it open is the controller's lease on the mesh."""
+        return self._stub.Watch(self._pb.WatchRequest(), metadata=self._md)
 
     def watch_in_thread(
         self, on_event: Callable[[Any], None], on_end: Callable[[BaseException | None], None]
-    ) -> None:
-        """Runs :meth:`watch` on a daemon thread, calling ``on_event`` per event."""
+    ) -> Callable[[], None]:
+        """Runs :meth:`watch` on a daemon thread, calling ``on_event`` per event and
+        ``on_end`` once when the stream ends (None: cancelled by us). Returns the
+        function that cancels it."""
+        stream = self.watch()
 
         def run() -> None:
             try:
-                for ev in self.watch():
+                for ev in stream:
                     on_event(ev)
+            except self._grpc.RpcError as e:
+                on_end(None if e.code() == self._grpc.StatusCode.CANCELLED else self._error(e, "Watch"))
+                return
             except BaseException as e:  # reported to the owner, never raised on a bare thread
                 on_end(e)
                 return
             on_end(None)
 
         threading.Thread(target=run, name=f"monarch-watch-{self.addr}", daemon=True).start()
+        return stream.cancel
 
     def close(self) -> None:
         self._channel.close()

@@ -38,11 +38,22 @@ class AgentProcess:
             self.popen.wait(5)
 
 
-def start_local_agent(name: str, token: str, idle_timeout: float, timeout: float = 30.0) -> AgentProcess:
-    """Starts a host agent for mesh ``name`` and waits until it listens."""
+def start_local_agent(
+    name: str, token: str, idle_timeout: float, meta: str = "", state_file: str = "", timeout: float = 30.0
+) -> AgentProcess:
+    """Starts a host agent for mesh ``name`` and waits until it listens. ``meta`` is
+    handed to every controller that attaches; ``state_file`` is removed when the agent
+    stops, if it still names this mesh."""
     log_dir = state_dir() / "logs" / name
     log_dir.mkdir(parents=True, exist_ok=True)
-    cfg = {"name": name, "token": token, "log_dir": str(log_dir), "idle_timeout": idle_timeout}
+    cfg = {
+        "name": name,
+        "token": token,
+        "log_dir": str(log_dir),
+        "idle_timeout": idle_timeout,
+        "meta": meta,
+        "state_file": state_file,
+    }
     popen = subprocess.Popen(
         [sys.executable, "-m", "monarch_kernel.hosts._agent_main"],
         stdin=subprocess.PIPE,

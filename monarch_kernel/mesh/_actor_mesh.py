@@ -20,7 +20,6 @@ from monarch_kernel.errors import (
     SerializationError,
     UnknownEndpointError,
 )
-from monarch_kernel.mesh import _proc_ref
 from monarch_kernel.mesh._future import Future
 from monarch_kernel.mesh._serial import dumps, loads
 from monarch_kernel.mesh._shape import MeshTrait, Point, Shape
@@ -33,6 +32,7 @@ R = TypeVar("R")
 
 _RESULT = _native.REPLY_RESULT
 _EXCEPTION = _native.REPLY_EXCEPTION
+_FENCED = _native.REPLY_FENCED
 
 
 def decode_reply(reply: Any, proc: ProcRef, base_rank: int, point: Point, what: str) -> Any:
@@ -54,6 +54,8 @@ def decode_reply(reply: Any, proc: ProcRef, base_rank: int, point: Point, what: 
         except Exception:  # the exception's class is not importable here
             exc, formatted = None, "(the remote exception could not be unpickled here)"
         raise ActorError(exc, f"Actor call {what} failed.", formatted, rank=proc.point(base_rank))
+    if kind == _FENCED:
+        raise proc.fenced(bytes(payload).decode("utf-8", "replace"), base_rank, what)
     raise proc.rejected(bytes(payload).decode("utf-8", "replace"), base_rank, what)
 
 
@@ -188,12 +190,15 @@ class ActorMesh(MeshTrait, Generic[R]):
         self._labels = list(shape.labels)
         self._sizes = list(shape.extent.sizes)
         self._conn_cache: list[Any] | None = None
+        self._conn_gen = -1
         self._endpoint_cache: dict[str, Endpoint[Any]] = {}
 
     def _conns(self) -> list[Any]:
         """Connections to this mesh's procs, in local rank order (opened once)."""
-        if self._conn_cache is None or self._proc.name in _proc_ref._stopped:
+        gen = self._proc.state().gen
+        if self._conn_cache is None or self._conn_gen != gen:
             self._conn_cache = self._proc.conns(list(self._shape.ranks))
+            self._conn_gen = gen
         return self._conn_cache
 
     def _new_with_shape(self, shape: Shape) -> ActorMesh[R]:
@@ -222,6 +227,11 @@ class ActorMesh(MeshTrait, Generic[R]):
     def stop(self) -> Future[None]:
         """Stops these actors (their ``__cleanup__`` runs); the procs stay."""
         calls = [c.stop_actor(self._name) for c in self._proc.conns(list(self._shape.ranks))]
+        from monarch_kernel.mesh._proc_mesh import session_for
+
+        session = session_for(self._proc)
+        if session is not None:
+            session.forget_actor(self._name)
         what, proc, ranks = f"stop of {self._name}", self._proc, self._shape.ranks
 
         def finish(replies: list[Any]) -> None:

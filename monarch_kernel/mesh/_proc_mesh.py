@@ -3,80 +3,95 @@
 from __future__ import annotations
 
 import atexit
-import json
-import os
+import pickle
 import secrets
 import sys
 import threading
-import uuid
-from collections.abc import Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from monarch_kernel import _native
 from monarch_kernel.actor import is_async_actor
-from monarch_kernel.control import AgentClient
-from monarch_kernel.errors import ActorError, MeshSpecError, MeshStoppedError
-from monarch_kernel.hosts import AgentProcess, start_local_agent
-from monarch_kernel.mesh import _proc_ref
+from monarch_kernel.errors import ActorError, MeshSpecError, MeshStoppedError, SerializationError
 from monarch_kernel.mesh._actor_mesh import ActorMesh, check_endpoint_names
 from monarch_kernel.mesh._future import Future
 from monarch_kernel.mesh._proc_ref import ProcRef
 from monarch_kernel.mesh._serial import dumps, loads
 from monarch_kernel.mesh._shape import Extent, MeshTrait, Point, Shape
 
+if TYPE_CHECKING:
+    from monarch_kernel.mesh._session import MeshFailure, Session
+
 T = TypeVar("T")
+
+
+def session_for(ref: ProcRef) -> Session | None:
+    """This process's session of the mesh ``ref`` names, if it controls it. (Workers
+    never import the session machinery unless they control a mesh themselves.)"""
+    mod = sys.modules.get("monarch_kernel.mesh._session")
+    return mod.session_for(ref) if mod is not None else None
+
 
 #: Seconds to wait for every worker to construct an actor.
 SPAWN_TIMEOUT = 300.0
 
 
-class _Owner:
-    """What the controller that created a mesh holds: the agent process, the lease
-    (an open Watch stream) and the worker exits it reported."""
-
-    def __init__(self, agent: AgentProcess, client: AgentClient) -> None:
-        self.agent = agent
-        self.client = client
-        self.exits: dict[int, Any] = {}
-        self.lock = threading.Lock()
-        self.stopped = False
-
-    def on_event(self, ev: Any) -> None:
-        if ev.HasField("worker_exited"):
-            with self.lock:
-                self.exits[ev.worker_exited.rank] = ev.worker_exited
-
-    def on_end(self, err: BaseException | None) -> None:
-        pass  # the agent went away: calls fail with SupervisionError through their connections
-
-    def stop(self, timeout: float) -> None:
-        """Asks the agent to stop the workers and itself, then reaps it. Idempotent."""
-        if self.stopped:
-            return
-        self.stopped = True
-        _owners.discard(self)
-        try:
-            self.client.shutdown(timeout=timeout)
-        except Exception:  # the agent may already be gone; reaping below still runs
-            pass
-        self.client.close()
-        self.agent.wait(timeout)
-
-
 class ProcMesh(MeshTrait):
     """Processes, laid out over named dims, that actors are spawned on."""
 
-    def __init__(self, proc: ProcRef, shape: Shape, owner: _Owner | None = None) -> None:
+    def __init__(self, proc: ProcRef, shape: Shape) -> None:
         self._proc = proc
         self._shape = shape
-        self._owner = owner
 
     def _new_with_shape(self, shape: Shape) -> ProcMesh:
-        return ProcMesh(self._proc, shape, self._owner)
+        return ProcMesh(self._proc, shape)
 
     @property
     def name(self) -> str:
         return self._proc.name
+
+    def _session(self, what: str) -> Session:
+        s = session_for(self._proc)
+        if s is None:
+            raise MeshSpecError(
+                f"{what} needs this process to control mesh {self.name!r}: call attach({self.name!r}) first"
+            )
+        return s
+
+    @property
+    def actors(self) -> Mapping[str, ActorMesh[Any]]:
+        """The actor meshes on these procs, by name: those spawned here and, after
+        ``attach``, those a previous controller spawned."""
+        return _Actors(self)
+
+    def on_failure(self, callback: Callable[[MeshFailure], Any]) -> Callable[[MeshFailure], Any]:
+        """Calls ``callback(failure)`` (on a background thread) whenever a worker dies,
+        stops answering, answers again, or the whole mesh is lost; also works as a
+        decorator. Registered callbacks replace the default line on stderr."""
+        self._session("on_failure").callbacks.append(callback)
+        return callback
+
+    def status(self) -> list[str]:
+        """Each proc's state, by proc rank: "alive", "unresponsive", "dead"; all
+        "stopped" or "lost" when the whole mesh is."""
+        st = self._proc.state()
+        n = len(st.ref.addrs)
+        if st.stopped or st.lost is not None:
+            return ["stopped" if st.stopped else "lost"] * n
+        return [
+            "dead" if r in st.dead else "unresponsive" if r in st.unresponsive else "alive" for r in range(n)
+        ]
+
+    @property
+    def degraded(self) -> bool:
+        """True while some procs are dead and others alive."""
+        return any(s != "alive" for s in self.status())
+
+    def respawn(self, timeout: float = SPAWN_TIMEOUT) -> list[int]:
+        """Restarts dead procs (same ranks) and re-creates their actors with their
+        original constructor arguments; returns the restarted ranks. Module state and
+        actor state of those procs start afresh; other procs are untouched."""
+        return self._session("respawn()").respawn(timeout)
 
     def spawn(self, name: str, cls: type[T], *args: Any, **kwargs: Any) -> Any:
         """Creates actor ``cls(*args, **kwargs)`` on every proc, under ``name``.
@@ -96,6 +111,8 @@ class ProcMesh(MeshTrait):
             if isinstance(r, BaseException):
                 raise self._proc.explain(r, base, f"spawn of {name}")
             kind, data, bufs = r
+            if kind == _native.REPLY_FENCED:
+                raise self._proc.fenced(bytes(data).decode(), base, f"spawn of {name}")
             if kind == _native.REPLY_EXCEPTION:
                 exc, formatted = loads(data, bufs)
                 raise ActorError(
@@ -106,13 +123,28 @@ class ProcMesh(MeshTrait):
                 )
             if kind != _native.REPLY_RESULT:
                 raise self._proc.rejected(bytes(data).decode(), base, f"spawn of {name}")
+        session = session_for(self._proc)
+        if session is not None:  # so that attach() and respawn() find it
+            session.record_actor(name, payload, buffers, pickle.dumps(self._shape))
         return ActorMesh(name, cls, self._proc, self._shape)
 
     def stop(self) -> Future[None]:
-        """Stops every worker and the host agent. Later calls raise MeshStoppedError."""
-        _proc_ref._stopped.add(self._proc.name)
-        if self._owner is not None:
-            self._owner.stop(timeout=10)
+        """Stops every worker and the host agent, and forgets the mesh's name. Later
+        calls raise MeshStoppedError."""
+        st = self._proc.state()
+        session = session_for(self._proc)
+        if session is not None:
+            session.stop(timeout=10)
+        elif not st.stopped and self._proc.agent_addr is not None:
+            from monarch_kernel.mesh import _registry
+
+            rec = _registry.read(self.name)
+            if rec is not None and rec.token == self._proc.token:
+                from monarch_kernel.mesh._session import stop_record
+
+                stop_record(rec)
+        st.stopped = True
+        st.changed()
         return Future._resolved(None)
 
     @property
@@ -120,10 +152,13 @@ class ProcMesh(MeshTrait):
         return Future._resolved(True)
 
     def logs(self, rank: int | None = None, tail: int = 100) -> list[str]:
-        """The last ``tail`` lines the workers printed (one rank, or all)."""
-        if self._owner is None:
-            raise MeshSpecError("logs() is only available on the controller that owns the mesh")
-        return self._owner.client.logs(rank=rank, tail=tail)
+        """The last ``tail`` lines the workers printed (one rank, or all), oldest first."""
+        return self._session("logs()").logs(rank, tail)
+
+    def stream_logs(self, rank: int | None = None) -> Iterator[str]:
+        """Output lines as the workers print them, ``[mesh rank] text``; runs until
+        the iterator is closed (``break`` out of the loop)."""
+        return self._session("stream_logs()").stream_logs(rank)
 
     def __enter__(self) -> ProcMesh:
         return self
@@ -144,15 +179,46 @@ class ProcMesh(MeshTrait):
         return (ProcMesh, (self._proc, self._shape))
 
 
-# Meshes this process created and must not leave behind (ephemeral).
-_owners: set[_Owner] = set()
+class _Actors(Mapping[str, "ActorMesh[Any]"]):
+    """``ProcMesh.actors``: actor meshes by name, unpickled on access."""
+
+    def __init__(self, procs: ProcMesh) -> None:
+        self._procs = procs
+        s = session_for(procs._proc)
+        self._records = dict(s.records) if s is not None else {}
+
+    def __getitem__(self, name: str) -> ActorMesh[Any]:
+        rec = self._records.get(name)
+        if rec is None:
+            known = ", ".join(map(repr, self._records)) or "none"
+            raise KeyError(f"no actor mesh named {name!r} on mesh {self._procs.name!r} (known: {known})")
+        payload, buffers, shape_blob = rec
+        try:
+            cls = loads(payload, buffers)[0]
+        except Exception as e:
+            raise SerializationError(
+                f"actor mesh {name!r}: its class cannot be unpickled here ({type(e).__name__}: {e}); "
+                "import or define the class in this process first"
+            ) from e
+        return ActorMesh(name, cls, self._procs._proc, loads(shape_blob))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._records)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __repr__(self) -> str:
+        return f"<actors of mesh {self._procs.name!r}: {', '.join(self._records) or 'none'}>"
 
 
 @atexit.register
-def _stop_owned() -> None:
-    # Best effort at exit: the agent also stops when our lease drops.
-    for owner in list(_owners):
-        owner.stop(timeout=5)
+def _at_exit() -> None:
+    # Ephemeral meshes stop with their controller; persistent ones are let go (their
+    # agents start their idle clocks when the lease drops).
+    mod = sys.modules.get("monarch_kernel.mesh._session")
+    if mod is not None:
+        mod.stop_all_ephemeral()
     _native.shutdown_runtime()
 
 
@@ -185,37 +251,43 @@ class HostMesh(MeshTrait):
         name: str | None = None,
         *,
         env: Mapping[str, str] | None = None,
+        replace: bool = False,
+        ephemeral: bool | None = None,
+        idle_timeout: float | None = None,
     ) -> ProcMesh:
-        """Starts worker processes laid out as ``per_host`` (e.g. ``{"procs": 4}``).
+        """Starts worker processes laid out as ``per_host`` (e.g. ``{"procs": 4}``),
+        or returns the running mesh ``name``.
 
-        The processes belong to a host agent, never to this process; they stop when
-        ``stop()`` is called or this controller exits.
+        The processes belong to a host agent, never to this process. A named mesh is
+        persistent: it outlives this process, and ``spawn_procs`` with the same name and
+        spec (or ``attach(name)``) picks it up again, from here or another process. It
+        stops on ``stop()``, ``monarch-kernel down NAME``, or after ``idle_timeout``
+        seconds (default 24 h) with no controller attached. A different spec under a
+        running name is an error unless ``replace=True``. Unnamed meshes, and those
+        with ``ephemeral=True``, stop when this process exits.
         """
         if bootstrap is not None:
             raise NotImplementedError(
                 "spawn_procs(bootstrap=...) is not supported yet; run setup in an actor's __init__"
             )
+        from monarch_kernel.mesh._session import get_or_create
+
         sizes = _check_per_host(per_host)
-        shape = Shape.of(sizes)
-        mesh_name = name or f"anon-{uuid.uuid4().hex[:8]}"
-        token = secrets.token_urlsafe(32)
-        agent = start_local_agent(mesh_name, token, idle_timeout=0.0)
-        client = AgentClient(agent.addr, token)
-        owner = _Owner(agent, client)
-        _owners.add(owner)
-        client.watch_in_thread(owner.on_event, owner.on_end)
-        worker_env = {
-            "MONARCH_SHAPE": json.dumps([list(sizes), list(sizes.values())]),
-            "MONARCH_SYS_PATH": json.dumps([p for p in sys.path if p and os.path.isdir(p)]),
-            "PYTHONUNBUFFERED": "1",
-            **(env or {}),
-        }
-        workers = client.spawn_workers(
-            len(shape), sys.executable, ["-m", "monarch_kernel.worker"], worker_env, os.getcwd()
+        session = get_or_create(
+            name, sizes, env, replace=replace, ephemeral=ephemeral, idle_timeout=idle_timeout
         )
-        proc = ProcRef(mesh_name, token, tuple(w["addr"] for w in workers), agent.addr, shape.extent)
-        _proc_ref._stopped.discard(mesh_name)
-        return ProcMesh(proc, shape, owner)
+        return ProcMesh(session.ref, Shape.of(sizes))
+
+
+def attach(name: str) -> ProcMesh:
+    """Becomes the controller of the running mesh ``name`` (created by this or any
+    other process): procs, actor meshes (``procs.actors``), module and actor state are
+    as they were. The controller that held it before is fenced: its next command
+    raises MeshOwnershipError."""
+    from monarch_kernel.mesh._session import attach as _attach
+
+    session = _attach(name)
+    return ProcMesh(session.ref, Shape.of(session.sizes))
 
 
 def this_host() -> HostMesh:
@@ -247,4 +319,22 @@ def this_proc() -> ProcMesh:
         return _this_proc[0]
 
 
-__all__ = ["HostMesh", "MeshStoppedError", "ProcMesh", "set_this_proc", "this_host", "this_proc"]
+def list_meshes() -> list[Any]:
+    """The running meshes this user can attach to, as ``MeshInfo`` records (name,
+    procs, alive, owner_epoch, attached, ...). State files of meshes that are gone are
+    removed, with a warning."""
+    from monarch_kernel.mesh._session import list_meshes as _list
+
+    return _list()
+
+
+__all__ = [
+    "HostMesh",
+    "MeshStoppedError",
+    "ProcMesh",
+    "attach",
+    "list_meshes",
+    "set_this_proc",
+    "this_host",
+    "this_proc",
+]

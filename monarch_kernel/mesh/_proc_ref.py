@@ -11,6 +11,7 @@ from typing import Any
 from monarch_kernel import _native
 from monarch_kernel.errors import (
     MeshAuthError,
+    MeshOwnershipError,
     MeshStoppedError,
     MessageTooLargeError,
     MonarchKernelError,
@@ -18,8 +19,26 @@ from monarch_kernel.errors import (
 )
 from monarch_kernel.mesh._shape import Extent, Point
 
-# Proc meshes this process stopped, by name: their calls fail as MeshStoppedError.
-_stopped: set[str] = set()
+
+@dataclass(eq=False)
+class MeshState:
+    """This process's view of one mesh: where its procs are now (they move when
+    respawned), which ranks are dead, and whether the whole mesh is stopped or lost.
+    ``gen`` changes with any of these, so cached connections know to look again."""
+
+    ref: ProcRef
+    gen: int = 0
+    dead: dict[int, SupervisionError] = field(default_factory=dict)
+    unresponsive: set[int] = field(default_factory=set)
+    stopped: bool = False
+    lost: SupervisionError | None = None
+
+    def changed(self) -> None:
+        self.gen += 1
+
+
+# By (name, token): a mesh created again under the same name is another mesh.
+_states: dict[tuple[str, str], MeshState] = {}
 
 
 @dataclass(frozen=True)
@@ -39,13 +58,39 @@ class ProcRef:
             Point(rank, self.extent) if self.extent.nelements == len(self.addrs) else Point(0, Extent([], []))
         )
 
+    def state(self) -> MeshState:
+        st = _states.get((self.name, self.token))
+        if st is None:
+            st = _states.setdefault((self.name, self.token), MeshState(self))
+        return st
+
     def conns(self, ranks: Sequence[int]) -> list[Any]:
-        if self.name in _stopped:
+        """Connections to procs ``ranks`` where they are now; fails fast (without
+        sending anything) when the mesh is stopped or lost or one of them is dead."""
+        st = self.state()
+        if st.stopped:
             raise MeshStoppedError(
                 f"proc mesh {self.name!r} has been stopped; spawn a new one with this_host().spawn_procs(...)",
                 mesh=self.name,
             )
-        return [_native.WorkerConn(self.addrs[r], self.token) for r in ranks]
+        if st.lost is not None:
+            raise st.lost
+        for r in ranks:
+            err = st.dead.get(r)
+            if err is not None:
+                raise type(err)(
+                    f"{err}\nCalls that need rank {r} fail until procs.respawn() restarts it; "
+                    "calls to other ranks go on.",
+                    mesh=err.mesh,
+                    rank=err.rank,
+                    host=err.host,
+                    pid=err.pid,
+                    exit_code=err.exit_code,
+                    signal=err.signal,
+                    log_tail=err.log_tail,
+                )
+        addrs = st.ref.addrs
+        return [_native.WorkerConn(addrs[r], self.token) for r in ranks]
 
     def _worker(self, rank: int, wait_exit: float) -> dict[str, Any] | None:
         """What the agent knows of worker ``rank``, waiting up to ``wait_exit`` s for its exit to be recorded."""
@@ -55,15 +100,7 @@ class ProcRef:
 
         try:
             client = agent_client(self.agent_addr, self.token)
-            deadline = time.monotonic() + wait_exit
-            while True:
-                info = client.worker(rank)
-                if info is None or info["state"] == "exited" or time.monotonic() >= deadline:
-                    break
-                time.sleep(0.02)
-            if info is not None:
-                info["log_tail"] = [ln for ln in client.logs(rank=rank, tail=10)]
-            return info
+            return worker_report(client, rank, wait_exit)
         except MonarchKernelError:
             return None
 
@@ -73,10 +110,13 @@ class ProcRef:
             return MessageTooLargeError(f"{what}: {exc}")
         if isinstance(exc, _native.AuthError):
             return MeshAuthError(f"{what}: mesh {self.name!r} rejected the token: {exc}")
-        if self.name in _stopped:
+        st = self.state()
+        if st.stopped:
             return MeshStoppedError(
                 f"{what} failed: proc mesh {self.name!r} has been stopped", mesh=self.name
             )
+        if st.lost is not None:
+            return st.lost
         if isinstance(exc, _native.ConnectionLost):
             return self.lost(rank, what, str(exc))
         return SupervisionError(
@@ -84,38 +124,71 @@ class ProcRef:
         )
 
     def lost(self, rank: int, what: str, cause: str) -> SupervisionError:
-        info = self._worker(rank, wait_exit=1.0)
-        if info is None:
-            return SupervisionError(
-                f"{what} failed: the worker of rank {rank} of mesh {self.name!r} is gone ({cause})",
-                mesh=self.name,
-                rank=rank,
-                endpoint=what,
-            )
-        if info["state"] == "exited":
-            how = (
-                f"was killed by signal {info['signal']} ({info['signal_name']})"
-                if info["signal"]
-                else f"exited with code {info['exit_code']}"
-            )
-        else:
-            how = f"stopped answering ({cause})"
-        tail = info.get("log_tail") or []
-        last = ("; its last output:\n    " + "\n    ".join(tail)) if tail else "; it wrote no output"
-        return SupervisionError(
-            f"{what} failed: the worker of rank {rank} of mesh {self.name!r} (pid {info['pid']} on "
-            f"{info['host']}) {how}{last}\nThe other ranks keep running.",
+        return death_error(self.name, rank, self._worker(rank, wait_exit=1.0), what, cause)
+
+    def fenced(self, message: str, rank: int, what: str) -> MeshOwnershipError:
+        return MeshOwnershipError(
+            f"{what} on rank {rank} of mesh {self.name!r} was refused: {message}. This controller "
+            f"no longer owns the mesh; attach({self.name!r}) takes it back.",
             mesh=self.name,
             rank=rank,
-            host=info["host"],
-            pid=info["pid"],
-            exit_code=info["exit_code"] if info["state"] == "exited" and not info["signal"] else None,
-            signal=info["signal"] or None,
-            log_tail=tail,
-            endpoint=what,
         )
 
     def rejected(self, message: str, rank: int, what: str) -> SupervisionError:
         return MeshStoppedError(
             f"{what} on rank {rank} of mesh {self.name!r}: {message}", mesh=self.name, rank=rank
         )
+
+
+def worker_report(client: Any, rank: int, wait_exit: float) -> dict[str, Any] | None:
+    """What ``client``'s agent knows of worker ``rank`` (with its last log lines),
+    waiting up to ``wait_exit`` s for an exit to be recorded."""
+    deadline = time.monotonic() + wait_exit
+    while True:
+        info = client.worker(rank)
+        if info is None or info["state"] == "exited" or time.monotonic() >= deadline:
+            break
+        time.sleep(0.02)
+    if info is not None:
+        info["log_tail"] = list(client.logs(rank=rank, tail=10))
+    return info
+
+
+def describe(info: dict[str, Any], cause: str = "") -> str:
+    """How a worker ended (or why it does not answer), in words."""
+    if info["state"] == "exited":
+        if info["signal"]:
+            return f"was killed by signal {info['signal']} ({info['signal_name']})"
+        return f"exited with code {info['exit_code']}"
+    if info.get("proc_state") == "T":
+        return "is stopped (SIGSTOP or a debugger); SIGCONT resumes it"
+    return f"stopped answering{f' ({cause})' if cause else ''}"
+
+
+def death_error(
+    mesh: str, rank: int, info: dict[str, Any] | None, what: str | None, cause: str = ""
+) -> SupervisionError:
+    """The SupervisionError for worker ``rank`` of ``mesh`` given what its agent said."""
+    prefix = f"{what} failed: the" if what else "The"
+    if info is None:
+        return SupervisionError(
+            f"{prefix} worker of rank {rank} of mesh {mesh!r} is gone ({cause})",
+            mesh=mesh,
+            rank=rank,
+            endpoint=what,
+        )
+    tail = info.get("log_tail") or []
+    last = ("; its last output:\n    " + "\n    ".join(tail)) if tail else "; it wrote no output"
+    exited = info["state"] == "exited"
+    return SupervisionError(
+        f"{prefix} worker of rank {rank} of mesh {mesh!r} (pid {info['pid']} on "
+        f"{info['host']}) {describe(info, cause)}{last}\nThe other ranks keep running.",
+        mesh=mesh,
+        rank=rank,
+        host=info["host"],
+        pid=info["pid"],
+        exit_code=info["exit_code"] if exited and not info["signal"] else None,
+        signal=(info["signal"] or None) if exited else None,
+        log_tail=tail,
+        endpoint=what,
+    )

@@ -17,7 +17,7 @@ WORKER_STATE_RUNNING: WorkerState
 WORKER_STATE_EXITED: WorkerState
 
 class SpawnWorkersRequest(_message.Message):
-    __slots__ = ("count", "executable", "args", "env", "cwd")
+    __slots__ = ("count", "executable", "args", "env", "cwd", "epoch")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -30,15 +30,17 @@ class SpawnWorkersRequest(_message.Message):
     ARGS_FIELD_NUMBER: _ClassVar[int]
     ENV_FIELD_NUMBER: _ClassVar[int]
     CWD_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     count: int
     executable: str
     args: _containers.RepeatedScalarFieldContainer[str]
     env: _containers.ScalarMap[str, str]
     cwd: str
-    def __init__(self, count: _Optional[int] = ..., executable: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ...) -> None: ...
+    epoch: int
+    def __init__(self, count: _Optional[int] = ..., executable: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("rank", "pid", "addr", "state", "exit_code", "signal", "host")
+    __slots__ = ("rank", "pid", "addr", "state", "exit_code", "signal", "host", "proc_state", "restarts")
     RANK_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     ADDR_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +48,8 @@ class WorkerInfo(_message.Message):
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     SIGNAL_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
+    PROC_STATE_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
     rank: int
     pid: int
     addr: str
@@ -53,7 +57,9 @@ class WorkerInfo(_message.Message):
     exit_code: int
     signal: int
     host: str
-    def __init__(self, rank: _Optional[int] = ..., pid: _Optional[int] = ..., addr: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., host: _Optional[str] = ...) -> None: ...
+    proc_state: str
+    restarts: int
+    def __init__(self, rank: _Optional[int] = ..., pid: _Optional[int] = ..., addr: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., host: _Optional[str] = ..., proc_state: _Optional[str] = ..., restarts: _Optional[int] = ...) -> None: ...
 
 class SpawnWorkersReply(_message.Message):
     __slots__ = ("workers",)
@@ -108,8 +114,10 @@ class AgentEvent(_message.Message):
     def __init__(self, worker_exited: _Optional[_Union[WorkerInfo, _Mapping]] = ..., log: _Optional[_Union[LogLine, _Mapping]] = ...) -> None: ...
 
 class ShutdownRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("epoch",)
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    def __init__(self, epoch: _Optional[int] = ...) -> None: ...
 
 class ShutdownReply(_message.Message):
     __slots__ = ()
@@ -120,9 +128,65 @@ class AgentPingRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class AgentPingReply(_message.Message):
-    __slots__ = ("pid", "name")
+    __slots__ = ("pid", "name", "epoch", "watchers")
     PID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    WATCHERS_FIELD_NUMBER: _ClassVar[int]
     pid: int
     name: str
-    def __init__(self, pid: _Optional[int] = ..., name: _Optional[str] = ...) -> None: ...
+    epoch: int
+    watchers: int
+    def __init__(self, pid: _Optional[int] = ..., name: _Optional[str] = ..., epoch: _Optional[int] = ..., watchers: _Optional[int] = ...) -> None: ...
+
+class AttachRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class AttachReply(_message.Message):
+    __slots__ = ("epoch", "name", "meta", "workers", "actors")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    META_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    ACTORS_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    name: str
+    meta: str
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerInfo]
+    actors: _containers.RepeatedCompositeFieldContainer[ActorRecord]
+    def __init__(self, epoch: _Optional[int] = ..., name: _Optional[str] = ..., meta: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ..., actors: _Optional[_Iterable[_Union[ActorRecord, _Mapping]]] = ...) -> None: ...
+
+class ActorRecord(_message.Message):
+    __slots__ = ("name", "payload", "buffers", "shape", "epoch")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    BUFFERS_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    payload: bytes
+    buffers: _containers.RepeatedScalarFieldContainer[bytes]
+    shape: bytes
+    epoch: int
+    def __init__(self, name: _Optional[str] = ..., payload: _Optional[bytes] = ..., buffers: _Optional[_Iterable[bytes]] = ..., shape: _Optional[bytes] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class RecordActorReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ForgetActorRequest(_message.Message):
+    __slots__ = ("name", "epoch")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    epoch: int
+    def __init__(self, name: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class RespawnWorkersRequest(_message.Message):
+    __slots__ = ("ranks", "epoch")
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    epoch: int
+    def __init__(self, ranks: _Optional[_Iterable[int]] = ..., epoch: _Optional[int] = ...) -> None: ...

@@ -64,6 +64,26 @@ class HostAgentStub:
                 request_serializer=monarch__kernel_dot_v1_dot_agent__pb2.AgentPingRequest.SerializeToString,
                 response_deserializer=monarch__kernel_dot_v1_dot_agent__pb2.AgentPingReply.FromString,
                 _registered_method=True)
+        self.Attach = channel.unary_unary(
+                '/monarch_kernel.v1.HostAgent/Attach',
+                request_serializer=monarch__kernel_dot_v1_dot_agent__pb2.AttachRequest.SerializeToString,
+                response_deserializer=monarch__kernel_dot_v1_dot_agent__pb2.AttachReply.FromString,
+                _registered_method=True)
+        self.RecordActor = channel.unary_unary(
+                '/monarch_kernel.v1.HostAgent/RecordActor',
+                request_serializer=monarch__kernel_dot_v1_dot_agent__pb2.ActorRecord.SerializeToString,
+                response_deserializer=monarch__kernel_dot_v1_dot_agent__pb2.RecordActorReply.FromString,
+                _registered_method=True)
+        self.ForgetActor = channel.unary_unary(
+                '/monarch_kernel.v1.HostAgent/ForgetActor',
+                request_serializer=monarch__kernel_dot_v1_dot_agent__pb2.ForgetActorRequest.SerializeToString,
+                response_deserializer=monarch__kernel_dot_v1_dot_agent__pb2.RecordActorReply.FromString,
+                _registered_method=True)
+        self.RespawnWorkers = channel.unary_unary(
+                '/monarch_kernel.v1.HostAgent/RespawnWorkers',
+                request_serializer=monarch__kernel_dot_v1_dot_agent__pb2.RespawnWorkersRequest.SerializeToString,
+                response_deserializer=monarch__kernel_dot_v1_dot_agent__pb2.SpawnWorkersReply.FromString,
+                _registered_method=True)
 
 
 class HostAgentServicer:
@@ -111,6 +131,35 @@ class HostAgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Attach(self, request, context):
+        """Become the mesh's controller: bumps the epoch (fencing the previous controller)
+        and returns what a new controller needs to pick the mesh up.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RecordActor(self, request, context):
+        """Remember (or forget) how an actor mesh was spawned, so that a controller that
+        attaches later finds it by name and respawn() can re-create it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ForgetActor(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RespawnWorkers(self, request, context):
+        """Restart exited workers with the command that first started them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_HostAgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -143,6 +192,26 @@ def add_HostAgentServicer_to_server(servicer, server):
                     servicer.Ping,
                     request_deserializer=monarch__kernel_dot_v1_dot_agent__pb2.AgentPingRequest.FromString,
                     response_serializer=monarch__kernel_dot_v1_dot_agent__pb2.AgentPingReply.SerializeToString,
+            ),
+            'Attach': grpc.unary_unary_rpc_method_handler(
+                    servicer.Attach,
+                    request_deserializer=monarch__kernel_dot_v1_dot_agent__pb2.AttachRequest.FromString,
+                    response_serializer=monarch__kernel_dot_v1_dot_agent__pb2.AttachReply.SerializeToString,
+            ),
+            'RecordActor': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordActor,
+                    request_deserializer=monarch__kernel_dot_v1_dot_agent__pb2.ActorRecord.FromString,
+                    response_serializer=monarch__kernel_dot_v1_dot_agent__pb2.RecordActorReply.SerializeToString,
+            ),
+            'ForgetActor': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForgetActor,
+                    request_deserializer=monarch__kernel_dot_v1_dot_agent__pb2.ForgetActorRequest.FromString,
+                    response_serializer=monarch__kernel_dot_v1_dot_agent__pb2.RecordActorReply.SerializeToString,
+            ),
+            'RespawnWorkers': grpc.unary_unary_rpc_method_handler(
+                    servicer.RespawnWorkers,
+                    request_deserializer=monarch__kernel_dot_v1_dot_agent__pb2.RespawnWorkersRequest.FromString,
+                    response_serializer=monarch__kernel_dot_v1_dot_agent__pb2.SpawnWorkersReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -307,6 +376,114 @@ class HostAgent:
             '/monarch_kernel.v1.HostAgent/Ping',
             monarch__kernel_dot_v1_dot_agent__pb2.AgentPingRequest.SerializeToString,
             monarch__kernel_dot_v1_dot_agent__pb2.AgentPingReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Attach(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/monarch_kernel.v1.HostAgent/Attach',
+            monarch__kernel_dot_v1_dot_agent__pb2.AttachRequest.SerializeToString,
+            monarch__kernel_dot_v1_dot_agent__pb2.AttachReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecordActor(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/monarch_kernel.v1.HostAgent/RecordActor',
+            monarch__kernel_dot_v1_dot_agent__pb2.ActorRecord.SerializeToString,
+            monarch__kernel_dot_v1_dot_agent__pb2.RecordActorReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForgetActor(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/monarch_kernel.v1.HostAgent/ForgetActor',
+            monarch__kernel_dot_v1_dot_agent__pb2.ForgetActorRequest.SerializeToString,
+            monarch__kernel_dot_v1_dot_agent__pb2.RecordActorReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RespawnWorkers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/monarch_kernel.v1.HostAgent/RespawnWorkers',
+            monarch__kernel_dot_v1_dot_agent__pb2.RespawnWorkersRequest.SerializeToString,
+            monarch__kernel_dot_v1_dot_agent__pb2.SpawnWorkersReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -46,7 +46,7 @@ def _still_alive(pids: Iterable[int], within: float = GONE_WITHIN) -> list[int]:
 
 
 def _worker_pids(procs) -> list[int]:
-    return [w["pid"] for w in procs._owner.client.list_workers()]
+    return [w["pid"] for w in procs._session("test").client.list_workers()]
 
 
 @pytest.fixture
@@ -58,7 +58,7 @@ def own_procs2(state_home):
 
 
 def test_workers_run_in_their_own_session_as_children_of_the_agent(procs2):
-    agent_pid = procs2._owner.agent.popen.pid
+    agent_pid = procs2._session("test").agent.popen.pid
     workers = _worker_pids(procs2)
     assert len(workers) == 2
     assert os.getsid(agent_pid) != os.getsid(0)
@@ -70,14 +70,14 @@ def test_workers_run_in_their_own_session_as_children_of_the_agent(procs2):
 
 
 def test_the_agent_lists_every_worker_as_running(procs2):
-    workers = procs2._owner.client.list_workers()
+    workers = procs2._session("test").client.list_workers()
     assert [w["rank"] for w in workers] == [0, 1]
     assert all(w["state"] == "running" for w in workers)
     assert [w["addr"] for w in workers] == list(procs2._proc.addrs)
 
 
 def test_stop_leaves_no_worker_or_agent_behind(own_procs2):
-    pids = _worker_pids(own_procs2) + [own_procs2._owner.agent.popen.pid]
+    pids = _worker_pids(own_procs2) + [own_procs2._session("test").agent.popen.pid]
     own_procs2.stop()
     assert _still_alive(pids) == []
 
@@ -94,8 +94,8 @@ def test_a_killed_controller_leaves_no_worker_or_agent_behind(state_home):
         from monarch_kernel import this_host
 
         procs = this_host().spawn_procs(per_host={"procs": 2})
-        pids = [w["pid"] for w in procs._owner.client.list_workers()]
-        pids.append(procs._owner.agent.popen.pid)
+        pids = [w["pid"] for w in procs._session("test").client.list_workers()]
+        pids.append(procs._session("test").agent.popen.pid)
         print(" ".join(map(str, pids)), flush=True)
         time.sleep(300)
         """
@@ -126,7 +126,7 @@ def test_a_killed_controller_leaves_no_worker_or_agent_behind(state_home):
 
 def test_killing_the_agent_makes_its_workers_exit(own_procs2):
     workers = _worker_pids(own_procs2)
-    agent = own_procs2._owner.agent.popen
+    agent = own_procs2._session("test").agent.popen
     os.kill(agent.pid, signal.SIGKILL)
     agent.wait(30)
     assert _still_alive(workers) == []

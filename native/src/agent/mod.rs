@@ -13,15 +13,16 @@ pub mod process;
 
 use crate::proto::v1::host_agent_server::{HostAgent, HostAgentServer};
 use crate::proto::v1::{
-    AgentEvent, AgentPingReply, AgentPingRequest, ListWorkersReply, ListWorkersRequest, LogsReply,
-    LogsRequest, ShutdownReply, ShutdownRequest, SpawnWorkersReply, SpawnWorkersRequest,
-    WatchRequest,
+    ActorRecord, AgentEvent, AgentPingReply, AgentPingRequest, AttachReply, AttachRequest,
+    ForgetActorRequest, ListWorkersReply, ListWorkersRequest, LogsReply, LogsRequest,
+    RecordActorReply, RespawnWorkersRequest, ShutdownReply, ShutdownRequest, SpawnWorkersReply,
+    SpawnWorkersRequest, WatchRequest,
 };
 use crate::rpc::auth::TokenCheck;
 use process::Workers;
 use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{broadcast, watch, Notify};
@@ -52,6 +53,9 @@ pub struct AgentConfig {
     pub idle_timeout: Duration,
     /// How long to wait for the first controller to attach.
     pub first_attach_timeout: Duration,
+    /// Opaque to the agent: the creating controller's description of the mesh (JSON),
+    /// handed to every controller that attaches.
+    pub meta: String,
 }
 
 /// State shared by the service and its background tasks.
@@ -69,6 +73,10 @@ pub struct Agent {
     ever_attached: Mutex<bool>,
     /// Flips to true once when the agent must stop; ends `Watch` streams and the server.
     stopping: watch::Sender<bool>,
+    /// The mesh's epoch (fencing, see agent.proto).
+    epoch: AtomicU64,
+    /// How the live actor meshes were spawned, oldest first.
+    actors: Mutex<Vec<ActorRecord>>,
 }
 
 /// Decrements the watcher count when a `Watch` stream is dropped (AGENT-2).
@@ -97,6 +105,23 @@ impl Agent {
     pub async fn stopped(&self) {
         let mut rx = self.stopping.subscribe();
         let _ = rx.wait_for(|s| *s).await;
+    }
+
+    /// FENCE-2: admits a command that changes the mesh from a controller at `epoch`.
+    fn admit(&self, epoch: u64) -> Result<(), Status> {
+        let current = self.epoch.load(Ordering::SeqCst);
+        if epoch != 0 && epoch < current {
+            return Err(Status::failed_precondition(format!(
+                "mesh {:?}: this controller attached at epoch {epoch}, but another controller \
+                 has attached since (epoch {current}) and owns the mesh now",
+                self.cfg.name
+            )));
+        }
+        Ok(())
+    }
+
+    fn actors(&self) -> std::sync::MutexGuard<'_, Vec<ActorRecord>> {
+        self.actors.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn idle_expired(&self) -> bool {
@@ -128,6 +153,7 @@ impl HostAgent for Service {
         req: Request<SpawnWorkersRequest>,
     ) -> Result<Response<SpawnWorkersReply>, Status> {
         let r = req.into_inner();
+        self.0.admit(r.epoch)?;
         let workers = self
             .0
             .workers
@@ -188,8 +214,9 @@ impl HostAgent for Service {
 
     async fn shutdown(
         &self,
-        _req: Request<ShutdownRequest>,
+        req: Request<ShutdownRequest>,
     ) -> Result<Response<ShutdownReply>, Status> {
+        self.0.admit(req.into_inner().epoch)?;
         self.0.stop_all().await;
         Ok(Response::new(ShutdownReply {}))
     }
@@ -201,7 +228,58 @@ impl HostAgent for Service {
         Ok(Response::new(AgentPingReply {
             pid: std::process::id(),
             name: self.0.cfg.name.clone(),
+            epoch: self.0.epoch.load(Ordering::SeqCst),
+            watchers: self.0.watchers.load(Ordering::SeqCst) as u32,
         }))
+    }
+
+    async fn attach(&self, _req: Request<AttachRequest>) -> Result<Response<AttachReply>, Status> {
+        let a = &self.0;
+        let epoch = a.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+        Ok(Response::new(AttachReply {
+            epoch,
+            name: a.cfg.name.clone(),
+            meta: a.cfg.meta.clone(),
+            workers: a.workers.list(),
+            actors: a.actors().clone(),
+        }))
+    }
+
+    async fn record_actor(
+        &self,
+        req: Request<ActorRecord>,
+    ) -> Result<Response<RecordActorReply>, Status> {
+        let r = req.into_inner();
+        self.0.admit(r.epoch)?;
+        let mut actors = self.0.actors();
+        actors.retain(|a| a.name != r.name);
+        actors.push(r);
+        Ok(Response::new(RecordActorReply {}))
+    }
+
+    async fn forget_actor(
+        &self,
+        req: Request<ForgetActorRequest>,
+    ) -> Result<Response<RecordActorReply>, Status> {
+        let r = req.into_inner();
+        self.0.admit(r.epoch)?;
+        self.0.actors().retain(|a| a.name != r.name);
+        Ok(Response::new(RecordActorReply {}))
+    }
+
+    async fn respawn_workers(
+        &self,
+        req: Request<RespawnWorkersRequest>,
+    ) -> Result<Response<SpawnWorkersReply>, Status> {
+        let r = req.into_inner();
+        self.0.admit(r.epoch)?;
+        let workers = self
+            .0
+            .workers
+            .respawn(&r.ranks, self.0.events.clone())
+            .await
+            .map_err(|e| Status::failed_precondition(format!("cannot restart workers: {e}")))?;
+        Ok(Response::new(SpawnWorkersReply { workers }))
     }
 }
 
@@ -241,6 +319,8 @@ pub fn start(
         detached_since: Mutex::new(Some(Instant::now())),
         ever_attached: Mutex::new(false),
         stopping: watch::channel(false).0,
+        epoch: AtomicU64::new(0),
+        actors: Mutex::new(Vec::new()),
     });
     let svc = tonic::service::interceptor::InterceptedService::new(
         HostAgentServer::new(Service(agent.clone())),

@@ -41,6 +41,8 @@ pub struct Workers {
     host: String,
     /// Shared with the per-worker output and exit tasks.
     records: Arc<Mutex<Vec<Record>>>,
+    /// The command the workers were started with (for respawn).
+    spec: Mutex<Option<SpawnWorkersRequest>>,
 }
 
 fn hostname() -> String {
@@ -54,6 +56,19 @@ fn hostname() -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
+/// The state letter of `/proc/PID/stat` ("R", "S", "T", ...), or "" if unreadable.
+fn proc_state(pid: u32) -> String {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return String::new();
+    };
+    // The command name is in parentheses and may contain spaces: the state follows
+    // the last ')'.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .unwrap_or("")
+        .to_string()
+}
+
 impl Workers {
     /// No workers yet.
     pub fn new(mesh: String, token: String, log_dir: PathBuf) -> Self {
@@ -63,6 +78,7 @@ impl Workers {
             log_dir,
             host: hostname(),
             records: Arc::new(Mutex::new(Vec::new())),
+            spec: Mutex::new(None),
         }
     }
 
@@ -78,9 +94,41 @@ impl Workers {
         events: broadcast::Sender<AgentEvent>,
     ) -> std::io::Result<Vec<WorkerInfo>> {
         let first = self.lock().len() as u32;
+        *self.spec.lock().unwrap_or_else(|e| e.into_inner()) = Some(req.clone());
         let mut out = Vec::new();
         for rank in first..first + req.count {
             out.push(self.spawn_one(rank, req, events.clone()).await?);
+        }
+        Ok(out)
+    }
+
+    /// Restarts the exited workers `ranks` with the command that started them; a rank
+    /// still running, or unknown, is an error and nothing is restarted.
+    pub async fn respawn(
+        &self,
+        ranks: &[u32],
+        events: broadcast::Sender<AgentEvent>,
+    ) -> Result<Vec<WorkerInfo>, String> {
+        let spec = self.spec.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let Some(spec) = spec else {
+            return Err("no workers were ever started".into());
+        };
+        for &rank in ranks {
+            match self.lock().iter().find(|r| r.info.rank == rank) {
+                None => return Err(format!("there is no rank {rank}")),
+                Some(r) if r.info.state != WorkerState::Exited as i32 => {
+                    return Err(format!("rank {rank} is still running (pid {})", r.info.pid))
+                }
+                Some(_) => {}
+            }
+        }
+        let mut out = Vec::new();
+        for &rank in ranks {
+            let info = self
+                .spawn_one(rank, &spec, events.clone())
+                .await
+                .map_err(|e| e.to_string())?;
+            out.push(info);
         }
         Ok(out)
     }
@@ -122,7 +170,7 @@ impl Workers {
         drop(listener);
         let pid = child.id().unwrap_or(0);
         let mut stdin = child.stdin.take();
-        let info = WorkerInfo {
+        let mut info = WorkerInfo {
             rank,
             pid,
             addr,
@@ -130,16 +178,28 @@ impl Workers {
             exit_code: 0,
             signal: 0,
             host: self.host.clone(),
+            ..Default::default()
         };
         if let Some(s) = stdin.as_mut() {
             // The pipe is empty and far larger than a token line: this never waits.
             let _ = s.write_all(format!("{}\n", self.token).as_bytes()).await;
         }
-        self.lock().push(Record {
-            info: info.clone(),
-            stdin,
-            ring: VecDeque::new(),
-        });
+        {
+            let mut recs = self.lock();
+            match recs.iter_mut().find(|r| r.info.rank == rank) {
+                Some(old) => {
+                    // A restart: the output so far stays in the ring.
+                    info.restarts = old.info.restarts + 1;
+                    old.info = info.clone();
+                    old.stdin = stdin;
+                }
+                None => recs.push(Record {
+                    info: info.clone(),
+                    stdin,
+                    ring: VecDeque::new(),
+                }),
+            }
+        }
         let log_path = self.log_dir.join(format!("rank-{rank}.log"));
         if let Some(out) = child.stdout.take() {
             self.capture(rank, "stdout", out, log_path.clone(), events.clone());
@@ -152,7 +212,10 @@ impl Workers {
             let status = child.wait().await;
             let info = {
                 let mut recs = records.lock().unwrap_or_else(|e| e.into_inner());
-                let Some(rec) = recs.iter_mut().find(|r| r.info.rank == rank) else {
+                let Some(rec) = recs
+                    .iter_mut()
+                    .find(|r| r.info.rank == rank && r.info.pid == pid)
+                else {
                     return;
                 };
                 rec.info.state = WorkerState::Exited as i32;
@@ -220,9 +283,15 @@ impl Workers {
         });
     }
 
-    /// Every worker, alive or not.
+    /// Every worker, alive or not, with the kernel's view of each running one.
     pub fn list(&self) -> Vec<WorkerInfo> {
-        self.lock().iter().map(|r| r.info.clone()).collect()
+        let mut out: Vec<WorkerInfo> = self.lock().iter().map(|r| r.info.clone()).collect();
+        for w in &mut out {
+            if w.state == WorkerState::Running as i32 {
+                w.proc_state = proc_state(w.pid);
+            }
+        }
+        out
     }
 
     /// The last `tail` lines of `rank` (every rank if `None`), oldest first.

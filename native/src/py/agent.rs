@@ -27,7 +27,7 @@ impl PyAgent {
 
 /// Starts a host agent on 127.0.0.1 (a free port).
 #[pyfunction]
-#[pyo3(signature = (name, token, log_dir, idle_timeout_s, first_attach_timeout_s=30.0))]
+#[pyo3(signature = (name, token, log_dir, idle_timeout_s, first_attach_timeout_s=30.0, meta=String::new()))]
 fn start_agent(
     py: Python<'_>,
     name: String,
@@ -35,6 +35,7 @@ fn start_agent(
     log_dir: String,
     idle_timeout_s: f64,
     first_attach_timeout_s: f64,
+    meta: String,
 ) -> PyResult<PyAgent> {
     let cfg = AgentConfig {
         name,
@@ -42,6 +43,7 @@ fn start_agent(
         log_dir: log_dir.into(),
         idle_timeout: Duration::from_secs_f64(idle_timeout_s.max(0.0)),
         first_attach_timeout: Duration::from_secs_f64(first_attach_timeout_s.max(0.0)),
+        meta,
     };
     let handle = py
         .detach(|| {

@@ -170,9 +170,9 @@ impl PyWorkerConn {
         PendingCall::new(slot, 0, self.inner.clone())
     }
 
-    /// Round trip through the worker's native runtime; returns its pid.
+    /// Round trip through the worker's native runtime; returns (pid, the worker's epoch).
     #[pyo3(signature = (timeout=5.0))]
-    fn ping(&self, py: Python<'_>, timeout: f64) -> PyResult<u32> {
+    fn ping(&self, py: Python<'_>, timeout: f64) -> PyResult<(u32, u64)> {
         let inner = self.inner.clone();
         let r = py.detach(|| {
             node::handle().block_on(async move {
@@ -276,7 +276,47 @@ fn wait_all(
     Ok(out)
 }
 
+/// Sets the epoch that this process's commands to the mesh with `token` carry
+/// (fencing: the controller that attached last owns the mesh).
+#[pyfunction]
+fn set_epoch(token: &str, epoch: u64) {
+    crate::rpc::client::epoch_cell(token).store(epoch, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Pings every connection at once (heartbeats): for each, `(pid, epoch)`, `None` if
+/// it did not answer within `timeout` seconds, or the exception that says why it failed.
+#[pyfunction]
+fn ping_all(py: Python<'_>, conns: Vec<PyRef<'_, PyWorkerConn>>, timeout: f64) -> PyResult<Vec<Py<PyAny>>> {
+    let inners: Vec<Arc<WorkerConn>> = conns.iter().map(|c| c.inner.clone()).collect();
+    let limit = Duration::from_secs_f64(timeout.max(0.0));
+    let results = py.detach(|| {
+        node::handle().block_on(async move {
+            let tasks: Vec<_> = inners
+                .into_iter()
+                .map(|c| tokio::spawn(async move { tokio::time::timeout(limit, c.ping()).await }))
+                .collect();
+            let mut out = Vec::with_capacity(tasks.len());
+            for t in tasks {
+                out.push(t.await.unwrap_or_else(|_| Ok(Err(crate::rpc::RpcError::Io("ping task failed".into())))));
+            }
+            out
+        })
+    });
+    results
+        .into_iter()
+        .map(|r| {
+            Ok(match r {
+                Err(_) => py.None(),
+                Ok(Ok(v)) => v.into_pyobject(py)?.into_any().unbind(),
+                Ok(Err(e)) => to_py(e).into_value(py).into_any(),
+            })
+        })
+        .collect()
+}
+
 pub fn register_python_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(ping_all, m)?)?;
+    m.add_function(wrap_pyfunction!(set_epoch, m)?)?;
     m.add_class::<PyWorkerConn>()?;
     m.add_class::<PendingCall>()?;
     m.add_function(wrap_pyfunction!(call, m)?)?;

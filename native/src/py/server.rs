@@ -160,5 +160,6 @@ pub fn register_python_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("REPLY_RESULT", ReplyKind::Result as i32)?;
     m.add("REPLY_EXCEPTION", ReplyKind::Exception as i32)?;
     m.add("REPLY_REJECTED", ReplyKind::Rejected as i32)?;
+    m.add("REPLY_FENCED", ReplyKind::Fenced as i32)?;
     Ok(())
 }

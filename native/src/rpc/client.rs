@@ -43,6 +43,21 @@ pub struct WorkerConn {
     tx: mpsc::UnboundedSender<Call>,
     /// Shared with the task that reads replies.
     pending: Arc<Mutex<Pending>>,
+    /// The epoch this process's commands carry (fencing, see worker.proto); 0 until
+    /// this process attaches as the mesh's controller. Shared by every connection
+    /// with the same token, reopened ones included ([`epoch_cell`]).
+    epoch: Arc<AtomicU64>,
+}
+
+/// The epoch cell of the mesh with `token` in this process (FENCE-3: one per mesh, so
+/// a connection reopened after a loss, or to a restarted worker, carries it too).
+pub fn epoch_cell(token: &str) -> Arc<AtomicU64> {
+    static CELLS: OnceLock<Mutex<HashMap<String, Arc<AtomicU64>>>> = OnceLock::new();
+    let cells = CELLS.get_or_init(Default::default);
+    let mut map = cells.lock().unwrap_or_else(|e| e.into_inner());
+    map.entry(token.to_string())
+        .or_insert_with(|| Arc::new(AtomicU64::new(0)))
+        .clone()
 }
 
 /// Call ids: unique within this process; the random start keeps two controllers'
@@ -148,7 +163,13 @@ impl WorkerConn {
             client,
             tx,
             pending,
+            epoch: epoch_cell(token),
         })
+    }
+
+    /// The epoch commands carry.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::SeqCst)
     }
 
     /// The worker's address.
@@ -204,6 +225,7 @@ impl WorkerConn {
             rank,
             dims: dims.to_vec(),
             sizes: sizes.to_vec(),
+            epoch: self.epoch(),
         };
         if self.tx.send(msg).is_err() {
             let err = RpcError::ConnectionLost {
@@ -245,6 +267,7 @@ impl WorkerConn {
             name: name.to_string(),
             payload,
             buffers,
+            epoch: self.epoch(),
         };
         self.unary(rt, move |mut c| async move { c.spawn_actor(req).await })
     }
@@ -253,24 +276,31 @@ impl WorkerConn {
     pub fn stop_actor(&self, rt: &Handle, name: &str) -> Arc<Slot> {
         let req = StopActorRequest {
             name: name.to_string(),
+            epoch: self.epoch(),
         };
         self.unary(rt, move |mut c| async move { c.stop_actor(req).await })
     }
 
     /// Asks the worker to cancel `call_id` (fire and forget).
     pub fn cancel(&self, rt: &Handle, call_id: u64) {
-        let mut c = self.client.clone();
+        let (mut c, epoch) = (self.client.clone(), self.epoch());
         rt.spawn(async move {
-            let _ = c.cancel(CancelRequest { call_id }).await;
+            let _ = c.cancel(CancelRequest { call_id, epoch }).await;
         });
     }
 
-    /// Round trip through the worker's runtime (not its Python); returns its pid.
-    pub async fn ping(&self) -> Result<u32, RpcError> {
+    /// Round trip through the worker's runtime (not its Python); carries this
+    /// process's epoch, so a controller that has just attached fences older ones.
+    /// Returns the worker's pid and the highest epoch it has seen.
+    pub async fn ping(&self) -> Result<(u32, u64), RpcError> {
         let mut c = self.client.clone();
-        c.ping(PingRequest { nonce: 1 })
+        let epoch = self.epoch();
+        c.ping(PingRequest { nonce: 1, epoch })
             .await
-            .map(|r| r.into_inner().pid)
+            .map(|r| {
+                let r = r.into_inner();
+                (r.pid, r.epoch)
+            })
             .map_err(|s| RpcError::from_status(&self.addr, &s))
     }
 

@@ -166,6 +166,8 @@ pub struct Inbox {
     next_token: AtomicU64,
     /// Calls received, for `Stats`.
     received: AtomicU64,
+    /// The highest controller epoch seen (fencing, see worker.proto).
+    epoch: AtomicU64,
     /// Flips to true once, on shutdown: ends every `Messages` stream, so callers see
     /// the connection end instead of waiting for replies that will not come.
     stopping: watch::Sender<bool>,
@@ -191,6 +193,7 @@ impl Inbox {
             sinks: Mutex::new(HashMap::new()),
             next_token: AtomicU64::new(1),
             received: AtomicU64::new(0),
+            epoch: AtomicU64::new(0),
         }))
     }
 
@@ -288,6 +291,28 @@ impl Inbox {
         }
     }
 
+    /// Admits a command from a controller at `epoch` (FENCE-1): a newer epoch becomes
+    /// the worker's; an older one is refused with the message to send back. Epoch 0
+    /// (peers inside the mesh) is always admitted.
+    pub fn admit(&self, epoch: u64) -> Result<(), String> {
+        if epoch == 0 {
+            return Ok(());
+        }
+        let current = self.epoch.fetch_max(epoch, Ordering::SeqCst).max(epoch);
+        if epoch < current {
+            return Err(format!(
+                "this controller attached at epoch {epoch}, but another controller has attached \
+                 since (epoch {current}) and owns the mesh now"
+            ));
+        }
+        Ok(())
+    }
+
+    /// The highest controller epoch seen.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+
     /// Items answered by nobody yet (in flight).
     pub fn in_flight(&self) -> usize {
         self.sinks.lock().unwrap_or_else(|e| e.into_inner()).len()
@@ -299,8 +324,20 @@ struct Service {
     auth: TokenCheck,
 }
 
+fn fenced(call_id: u64, message: String) -> Reply {
+    Reply {
+        call_id,
+        kind: ReplyKind::Fenced as i32,
+        payload: Bytes::from(message),
+        buffers: Vec::new(),
+    }
+}
+
 impl Service {
-    async fn unary(&self, item: Incoming) -> Result<Response<Reply>, Status> {
+    async fn unary(&self, epoch: u64, item: Incoming) -> Result<Response<Reply>, Status> {
+        if let Err(m) = self.inbox.admit(epoch) {
+            return Ok(Response::new(fenced(0, m)));
+        }
         let (tx, rx) = oneshot::channel();
         self.inbox.push(item, Some(Sink::Unary(tx)));
         rx.await
@@ -336,11 +373,12 @@ impl Worker for Service {
         let mut it = item(Kind::Spawn, 0, r.name);
         it.payload = r.payload;
         it.buffers = r.buffers;
-        self.unary(it).await
+        self.unary(r.epoch, it).await
     }
 
     async fn stop_actor(&self, req: Request<StopActorRequest>) -> Result<Response<Reply>, Status> {
-        self.unary(item(Kind::Stop, 0, req.into_inner().name)).await
+        let r = req.into_inner();
+        self.unary(r.epoch, item(Kind::Stop, 0, r.name)).await
     }
 
     type MessagesStream = ReplyStream;
@@ -363,6 +401,12 @@ impl Worker for Service {
                 };
                 for c in batch.calls {
                     inbox.received.fetch_add(1, Ordering::Relaxed);
+                    if let Err(m) = inbox.admit(c.epoch) {
+                        if !c.oneway {
+                            let _ = tx.send(fenced(c.call_id, m));
+                        }
+                        continue;
+                    }
                     let sink = (!c.oneway).then(|| Sink::Stream(tx.clone(), c.call_id));
                     let it = Incoming {
                         token: 0,
@@ -385,17 +429,22 @@ impl Worker for Service {
     }
 
     async fn cancel(&self, req: Request<CancelRequest>) -> Result<Response<CancelReply>, Status> {
-        self.inbox.push(
-            item(Kind::Cancel, req.into_inner().call_id, String::new()),
-            None,
-        );
+        let r = req.into_inner();
+        if self.inbox.admit(r.epoch).is_err() {
+            return Ok(Response::new(CancelReply { found: false }));
+        }
+        self.inbox
+            .push(item(Kind::Cancel, r.call_id, String::new()), None);
         Ok(Response::new(CancelReply { found: true }))
     }
 
     async fn ping(&self, req: Request<PingRequest>) -> Result<Response<PingReply>, Status> {
+        let r = req.into_inner();
+        let _ = self.inbox.admit(r.epoch);
         Ok(Response::new(PingReply {
-            nonce: req.into_inner().nonce,
+            nonce: r.nonce,
             pid: std::process::id(),
+            epoch: self.inbox.epoch(),
         }))
     }
 

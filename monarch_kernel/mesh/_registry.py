@@ -1,0 +1,159 @@
+"""State files of named meshes: ``$XDG_STATE_HOME/monarch-kernel/meshes/NAME.json``.
+
+A state file says how to reach a running mesh's host agent (address, pid, token) and
+what the mesh was created with (spec, options, epoch). It holds the mesh's secret
+token, so it is written with mode 0600 in a folder of mode 0700, atomically (written
+aside, then renamed). REGISTRY-1: a corrupt file, or one whose agent is gone, is
+reported with a warning and removed; reading the registry never raises because of
+what is on disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from monarch_kernel.errors import MeshSpecError
+from monarch_kernel.hosts import state_dir
+
+VERSION = 1
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class MeshStateWarning(UserWarning):
+    """A mesh's state file was corrupt or stale and has been removed."""
+
+
+@dataclass
+class MeshRecord:
+    """What a state file holds."""
+
+    name: str
+    token: str = field(repr=False)
+    agent_addr: str
+    agent_pid: int
+    host: str
+    #: ``{"per_host": {"procs": 4}, "env": {...}}``: what get-or-create compares.
+    spec: dict[str, Any]
+    idle_timeout: float
+    ephemeral: bool
+    created: float = field(default_factory=time.time)
+    epoch: int = 0
+    version: int = VERSION
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> MeshRecord:
+        if data.get("version") != VERSION:
+            raise ValueError(f"unknown state file version {data.get('version')!r}")
+        rec = cls(**data)
+        if not isinstance(rec.token, str) or not rec.token or not isinstance(rec.agent_addr, str):
+            raise ValueError("missing token or agent address")
+        if not isinstance(rec.spec, dict) or not isinstance(rec.spec.get("per_host"), dict):
+            raise ValueError("missing spec")
+        return rec
+
+
+def check_name(name: object) -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise MeshSpecError(
+            f"mesh name {name!r} is not valid: use 1 to 64 letters, digits, '_', '-' or '.', "
+            "starting with a letter or digit (e.g. 'train')"
+        )
+    return name
+
+
+def meshes_dir() -> Path:
+    d = state_dir() / "meshes"
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return d
+
+
+def path_of(name: str) -> Path:
+    return meshes_dir() / f"{name}.json"
+
+
+def write(rec: MeshRecord) -> None:
+    """Writes ``rec`` atomically, readable by its owner only."""
+    final = path_of(rec.name)
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(asdict(rec), f, indent=1)
+    os.replace(tmp, final)
+
+
+def discard(name: str, reason: str | None = None) -> None:
+    """Removes the state file of ``name``; with ``reason``, says so in a warning."""
+    try:
+        path_of(name).unlink()
+    except FileNotFoundError:
+        return
+    if reason:
+        warnings.warn(f"mesh {name!r}: {reason}; its state file was removed", MeshStateWarning, stacklevel=3)
+
+
+def remove_if_ours(name: str, token: str) -> None:
+    """Removes the state file of ``name`` if it still describes the mesh with ``token``
+    (a mesh created again under the same name keeps its new file)."""
+    try:
+        data = json.loads(path_of(name).read_text())
+    except (OSError, ValueError):
+        return
+    if isinstance(data, dict) and data.get("token") == token:
+        discard(name)
+
+
+def read(name: str) -> MeshRecord | None:
+    """The record of ``name``, or None; a corrupt file is reported and removed."""
+    path = path_of(name)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        warnings.warn(f"mesh {name!r}: cannot read {path}: {e}", MeshStateWarning, stacklevel=2)
+        return None
+    try:
+        return MeshRecord.from_json(json.loads(text))
+    except (ValueError, TypeError) as e:
+        discard(name, f"state file {path} is corrupt ({e})")
+        return None
+
+
+def names() -> list[str]:
+    return sorted(p.stem for p in meshes_dir().glob("*.json") if not p.name.startswith("."))
+
+
+@contextlib.contextmanager
+def locked(name: str) -> Iterator[None]:
+    """Holds the lock of mesh ``name``: one process at a time creates or replaces it."""
+    fd = os.open(meshes_dir() / f".{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+__all__ = [
+    "MeshRecord",
+    "MeshStateWarning",
+    "check_name",
+    "discard",
+    "locked",
+    "meshes_dir",
+    "names",
+    "path_of",
+    "read",
+    "remove_if_ours",
+    "write",
+]

@@ -1,0 +1,636 @@
+"""``Session``: this controller's hold on one mesh.
+
+A session is made by creating a mesh or attaching to one. It holds the mesh's agent
+client and epoch (fencing: the controller that attached last owns the mesh), the
+lease (an open ``Watch`` stream, which also brings worker exits and output), the
+heartbeats that tell a hung worker from a dead one, and the failure hooks.
+
+SUPERVISE-1: a worker's exit is known here as soon as the agent reports it, whether a
+call is pending or not: its rank is marked dead (later calls needing it fail fast,
+other ranks go on), ``on_failure`` callbacks and actors' ``__supervise__`` hooks run,
+and with neither a line goes to stderr.
+SUPERVISE-2: a worker that misses ``MISSES`` heartbeats in a row is *unresponsive*
+(alive but not answering: SIGSTOP, a hung native call), reported once, distinct from
+dead; it is alive again when it answers.
+SUPERVISE-3: when the agent itself goes, its workers exit (AGENT-1) and the mesh is
+*lost*: every later call fails with a SupervisionError that says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from monarch_kernel import _native
+from monarch_kernel.control import AgentClient
+from monarch_kernel.errors import MeshNotFoundError, MeshSpecError, MonarchKernelError, SupervisionError
+from monarch_kernel.hosts import AgentProcess, start_local_agent
+from monarch_kernel.mesh import _registry
+from monarch_kernel.mesh._proc_ref import MeshState, ProcRef, death_error, describe
+from monarch_kernel.mesh._registry import MeshRecord
+from monarch_kernel.mesh._shape import Extent
+
+#: Default idle timeout of a named mesh: how long it waits for a controller.
+DEFAULT_IDLE_TIMEOUT = 24 * 3600.0
+#: Heartbeat period and the misses that make a worker unresponsive (SUPERVISE-2).
+HEARTBEAT_S = 1.0
+MISSES = 3
+
+
+@dataclass
+class MeshFailure:
+    """What went wrong with a mesh, as given to ``on_failure`` callbacks and actors'
+    ``__supervise__``. ``kind`` is "dead" (a worker exited), "unresponsive" (alive but
+    not answering heartbeats), "recovered" (answering again) or "lost" (the host agent
+    is gone, so is every worker)."""
+
+    mesh: str
+    kind: str
+    message: str
+    rank: int | None = None
+    pid: int | None = None
+    host: str | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    log_tail: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return self.message
+
+    @classmethod
+    def of(cls, err: SupervisionError, kind: str) -> MeshFailure:
+        return cls(
+            mesh=err.mesh or "",
+            kind=kind,
+            message=str(err),
+            rank=err.rank,
+            pid=err.pid,
+            host=err.host,
+            exit_code=err.exit_code,
+            signal=err.signal,
+            log_tail=list(err.log_tail),
+        )
+
+
+def _forward_output() -> bool:
+    return os.environ.get("MONARCH_FORWARD_OUTPUT", "1") != "0"
+
+
+class Session:
+    """This process's hold on mesh ``rec.name`` (see the module docstring)."""
+
+    def __init__(self, rec: MeshRecord, client: AgentClient, reply: Any, agent: AgentProcess | None) -> None:
+        self.rec = rec
+        self.name = rec.name
+        self.token = rec.token
+        self.client = client
+        self.agent = agent
+        self.epoch: int = reply.epoch
+        self.sizes: dict[str, int] = dict(rec.spec["per_host"])
+        workers = sorted(reply.workers, key=lambda w: w.rank)
+        self.ref = ProcRef(
+            rec.name,
+            rec.token,
+            tuple(w.addr for w in workers),
+            rec.agent_addr,
+            Extent(list(self.sizes), list(self.sizes.values())),
+        )
+        self.state: MeshState = self.ref.state()
+        self.state.ref = self.ref
+        self.state.stopped = False
+        self.state.lost = None
+        self.state.dead.clear()
+        self.state.changed()
+        #: Actor meshes by name: (payload, buffers, pickled shape) as recorded by the agent.
+        self.records: dict[str, tuple[bytes, list[bytes], bytes]] = {
+            a.name: (a.payload, list(a.buffers), a.shape) for a in reply.actors
+        }
+        self.callbacks: list[Callable[[MeshFailure], Any]] = []
+        self.closed = False
+        self.lock = threading.Lock()
+        _native.set_epoch(rec.token, self.epoch)
+        for w in workers:
+            if w.state == 2:  # exited before we attached
+                self._worker_died(w, notify=False)
+        # Raise every worker's epoch now, so an older controller is fenced at once.
+        live = [r for r in range(len(self.ref.addrs)) if r not in self.state.dead]
+        _native.ping_all([_native.WorkerConn(self.ref.addrs[r], self.token) for r in live], 2.0)
+        self._cancel_watch = client.watch_in_thread(self._on_event, self._on_end)
+        self._heartbeat = threading.Thread(
+            target=self._beat, name=f"monarch-heartbeat-{self.name}", daemon=True
+        )
+        self._heartbeat.start()
+
+    # -- events (watch thread) -----------------------------------------------------------
+
+    def _on_event(self, ev: Any) -> None:
+        if ev.HasField("worker_exited"):
+            self._worker_died(ev.worker_exited, notify=True)
+        elif ev.HasField("log") and _forward_output() and not self.closed:
+            line = ev.log
+            out = sys.stderr if line.stream == "stderr" else sys.stdout
+            print(f"[{self.name} {line.rank}] {line.text}", file=out, flush=True)
+
+    def _on_end(self, err: BaseException | None) -> None:
+        if self.closed or err is None:
+            return
+        lost = SupervisionError(
+            f"mesh {self.name!r} is lost: its host agent ({self.rec.agent_addr}, pid {self.rec.agent_pid}) "
+            f"went away ({err}), and its workers exit with it. Start it again with "
+            f"this_host().spawn_procs(..., name={self.name!r}).",
+            mesh=self.name,
+        )
+        self.state.lost = lost
+        self.state.changed()
+        _registry.remove_if_ours(self.name, self.token)
+        self._notify(MeshFailure.of(lost, "lost"))
+
+    def _worker_died(self, w: Any, notify: bool) -> None:
+        from monarch_kernel.control._agent_client import worker_dict
+
+        info = worker_dict(w)
+        try:
+            info["log_tail"] = list(self.client.logs(rank=info["rank"], tail=10))
+        except MonarchKernelError:
+            info["log_tail"] = []
+        err = death_error(self.name, info["rank"], info, None)
+        self.state.dead[info["rank"]] = err
+        self.state.unresponsive.discard(info["rank"])
+        self.state.changed()
+        if notify and not self.closed:
+            self._notify(MeshFailure.of(err, "dead"))
+
+    def _notify(self, failure: MeshFailure) -> None:
+        handled = False
+        for cb in list(self.callbacks):
+            handled = True
+            try:
+                cb(failure)
+            except Exception as e:
+                print(f"monarch: on_failure callback {cb!r} raised {type(e).__name__}: {e}", file=sys.stderr)
+        if failure.kind in ("dead", "unresponsive"):
+            handled = self._supervise(failure) or handled
+        if not handled:
+            hint = {
+                "dead": "calls that need it fail; procs.respawn() restarts it",
+                "unresponsive": "calls to it wait; it is alive but does not answer",
+                "recovered": "it answers again",
+                "lost": "",
+            }[failure.kind]
+            first = failure.message.splitlines()[0]
+            print(f"monarch: {first}{f' ({hint})' if hint else ''}", file=sys.stderr, flush=True)
+
+    def _supervise(self, failure: MeshFailure) -> bool:
+        """Sends ``__supervise__(failure)`` to the live actors of every actor mesh
+        that spans the failed rank and whose class defines it; True if any did."""
+        from monarch_kernel.mesh._serial import dumps, loads
+
+        any_hook = False
+        for name, (payload, buffers, shape_blob) in list(self.records.items()):
+            try:
+                cls = loads(payload, buffers)[0]
+                shape = loads(shape_blob)
+            except Exception:
+                continue
+            if not hasattr(cls, "__supervise__") or failure.rank not in shape.ranks:
+                continue
+            local = [i for i, r in enumerate(shape.ranks) if r not in self.state.dead and r != failure.rank]
+            if not local:
+                continue
+            conns = [_native.WorkerConn(self.state.ref.addrs[shape.ranks[i]], self.token) for i in local]
+            data, raws = dumps(((failure,), {}), "supervision event")
+            _native.call(
+                conns,
+                local,
+                list(shape.labels),
+                list(shape.extent.sizes),
+                name,
+                "__supervise__",
+                data,
+                raws,
+                True,
+            )
+            any_hook = True
+        return any_hook
+
+    # -- heartbeats (SUPERVISE-2) --------------------------------------------------------
+
+    def _beat(self) -> None:
+        misses: dict[int, int] = {}
+        while not self.closed and self.state.lost is None:
+            started = time.monotonic()
+            ranks = [r for r in range(len(self.state.ref.addrs)) if r not in self.state.dead]
+            try:
+                conns = [_native.WorkerConn(self.state.ref.addrs[r], self.token) for r in ranks]
+                results = _native.ping_all(conns, HEARTBEAT_S)
+            except Exception:
+                results = [None] * len(ranks)
+            for r, res in zip(ranks, results):
+                if self.closed or r in self.state.dead:
+                    continue
+                if isinstance(res, tuple):
+                    misses[r] = 0
+                    if r in self.state.unresponsive:
+                        self.state.unresponsive.discard(r)
+                        self._notify(
+                            MeshFailure(
+                                self.name, "recovered", f"rank {r} of mesh {self.name!r} answers again", r
+                            )
+                        )
+                    continue
+                misses[r] = misses.get(r, 0) + 1
+                if misses[r] == MISSES and r not in self.state.unresponsive:
+                    self.state.unresponsive.add(r)
+                    self._notify(MeshFailure.of(self._unresponsive_error(r), "unresponsive"))
+            time.sleep(max(0.0, HEARTBEAT_S - (time.monotonic() - started)))
+
+    def _unresponsive_error(self, rank: int) -> SupervisionError:
+        info: dict[str, Any] | None
+        try:
+            info = self.client.worker(rank)
+        except MonarchKernelError:
+            info = None
+        how = describe(info, f"no heartbeat for {MISSES} s") if info else f"missed {MISSES} heartbeats"
+        where = f" (pid {info['pid']} on {info['host']})" if info else ""
+        return SupervisionError(
+            f"The worker of rank {rank} of mesh {self.name!r}{where} is unresponsive: it {how}",
+            mesh=self.name,
+            rank=rank,
+            pid=info["pid"] if info else None,
+            host=info["host"] if info else None,
+        )
+
+    # -- commands ------------------------------------------------------------------------
+
+    def record_actor(self, name: str, payload: bytes, buffers: list[Any], shape_blob: bytes) -> None:
+        bufs = [bytes(b) for b in buffers]
+        self.records.pop(name, None)
+        self.records[name] = (payload, bufs, shape_blob)
+        self.client.record_actor(name, payload, bufs, shape_blob, self.epoch)
+
+    def forget_actor(self, name: str) -> None:
+        self.records.pop(name, None)
+        self.client.forget_actor(name, self.epoch)
+
+    def respawn(self, timeout: float) -> list[int]:
+        """Restarts dead ranks and re-creates their actors; returns the ranks."""
+        from monarch_kernel.mesh._serial import loads
+
+        with self.lock:
+            ranks = sorted(self.state.dead)
+            if not ranks:
+                return []
+            workers = self.client.respawn_workers(ranks, self.epoch)
+            addrs = list(self.state.ref.addrs)
+            for w in workers:
+                addrs[w["rank"]] = w["addr"]
+            ref = ProcRef(self.name, self.token, tuple(addrs), self.rec.agent_addr, self.ref.extent)
+            self.state.ref = ref
+            for r in ranks:
+                self.state.dead.pop(r, None)
+            self.state.changed()
+            for name, (payload, buffers, shape_blob) in list(self.records.items()):
+                shape = loads(shape_blob)
+                targets = [r for r in shape.ranks if r in ranks]
+                if not targets:
+                    continue
+                conns = [_native.WorkerConn(addrs[r], self.token) for r in targets]
+                calls = [c.spawn_actor(name, payload, buffers) for c in conns]
+                for r, reply in zip(targets, _native.wait_all(calls, timeout)):
+                    if isinstance(reply, BaseException) or reply[0] != _native.REPLY_RESULT:
+                        raise SupervisionError(
+                            f"respawn of mesh {self.name!r}: actor {name!r} could not be re-created on "
+                            f"rank {r}: {reply if isinstance(reply, BaseException) else bytes(reply[1])[:500]!r}",
+                            mesh=self.name,
+                            rank=r,
+                        )
+            return ranks
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Stops the workers and the agent, and forgets the mesh. Idempotent."""
+        if self.closed and self.state.stopped:
+            return
+        self.state.stopped = True
+        self.state.changed()
+        self.closed = True
+        _sessions.pop(self.name, None)
+        try:
+            self.client.shutdown(self.epoch, timeout=timeout)
+        except MonarchKernelError:
+            pass  # gone already, or fenced: the registry entry goes either way
+        self._cancel_watch()
+        _registry.remove_if_ours(self.name, self.token)
+        if self.agent is not None:
+            self.agent.wait(timeout)
+
+    def detach(self) -> None:
+        """Lets go of the mesh without stopping it (the lease ends)."""
+        if self.closed:
+            return
+        self.closed = True
+        _sessions.pop(self.name, None)
+        self._cancel_watch()
+
+    def logs(self, rank: int | None, tail: int) -> list[str]:
+        return self.client.logs(rank=rank, tail=tail)
+
+    def stream_logs(self, rank: int | None = None) -> Iterator[str]:
+        """New output lines as they come, ``[mesh rank] text``, until the iterator is closed."""
+        stream = self.client.watch()
+        try:
+            for ev in stream:
+                if ev.HasField("log") and (rank is None or ev.log.rank == rank):
+                    yield f"[{self.name} {ev.log.rank}] {ev.log.text}"
+        finally:
+            stream.cancel()
+
+
+# Sessions of this process, by mesh name.
+_sessions: dict[str, Session] = {}
+_sessions_lock = threading.RLock()
+
+
+def session_for(ref: ProcRef) -> Session | None:
+    s = _sessions.get(ref.name)
+    return s if s is not None and s.token == ref.token and not s.closed else None
+
+
+def _worker_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    return {
+        "MONARCH_SYS_PATH": json.dumps([p for p in sys.path if p and os.path.isdir(p)]),
+        "PYTHONUNBUFFERED": "1",
+        **(env or {}),
+    }
+
+
+def _connect(rec: MeshRecord) -> AgentClient | None:
+    """A client of ``rec``'s agent if it answers as that mesh, else None."""
+    client = AgentClient(rec.agent_addr, rec.token)
+    try:
+        if client.ping(timeout=3.0)["name"] == rec.name:
+            return client
+    except MonarchKernelError:
+        pass
+    client.close()
+    return None
+
+
+def attach_record(rec: MeshRecord) -> Session:
+    """Attaches to the mesh ``rec`` describes (bumping its epoch); a stale record is
+    removed and raises MeshNotFoundError."""
+    with _sessions_lock:
+        old = _sessions.get(rec.name)
+        if old is not None and old.token == rec.token and not old.closed:
+            old.detach()
+        client = _connect(rec)
+        if client is None:
+            _registry.discard(rec.name)
+            raise MeshNotFoundError(
+                f"mesh {rec.name!r} is not running: its host agent (pid {rec.agent_pid}, {rec.agent_addr}) is "
+                "gone, and its state file was removed. Start it again with "
+                f"this_host().spawn_procs(..., name={rec.name!r})."
+            )
+        reply = client.attach()
+        session = Session(rec, client, reply, agent=None)
+        rec.epoch = session.epoch
+        _registry.write(rec)
+        _sessions[rec.name] = session
+        return session
+
+
+def create(
+    name: str | None,
+    sizes: dict[str, int],
+    env: Mapping[str, str] | None,
+    ephemeral: bool,
+    idle_timeout: float,
+) -> Session:
+    """Starts a new mesh: a host agent, its workers, and (if named) a state file."""
+    mesh_name = name or f"anon-{uuid.uuid4().hex[:8]}"
+    token = _new_token()
+    spec = {"per_host": sizes, "env": dict(env or {})}
+    meta = json.dumps({"spec": spec, "ephemeral": ephemeral, "idle_timeout": idle_timeout})
+    agent = start_local_agent(
+        mesh_name,
+        token,
+        idle_timeout=idle_timeout,
+        meta=meta,
+        state_file=str(_registry.path_of(mesh_name)),
+    )
+    client = AgentClient(agent.addr, token)
+    try:
+        reply = client.attach()
+        nprocs = 1
+        for v in sizes.values():
+            nprocs *= v
+        worker_env = {"MONARCH_SHAPE": json.dumps([list(sizes), list(sizes.values())]), **_worker_env(env)}
+        client.spawn_workers(
+            nprocs,
+            sys.executable,
+            ["-m", "monarch_kernel.worker"],
+            worker_env,
+            os.getcwd(),
+            epoch=reply.epoch,
+        )
+        reply = client.attach()  # now with the workers
+    except BaseException:
+        try:
+            client.shutdown()
+        finally:
+            agent.wait(10)
+        raise
+    rec = MeshRecord(
+        name=mesh_name,
+        token=token,
+        agent_addr=agent.addr,
+        agent_pid=agent.popen.pid,
+        host=os.uname().nodename,
+        spec=spec,
+        idle_timeout=idle_timeout,
+        ephemeral=ephemeral,
+        epoch=reply.epoch,
+    )
+    session = Session(rec, client, reply, agent)
+    _registry.write(rec)
+    with _sessions_lock:
+        _sessions[mesh_name] = session
+    return session
+
+
+def _new_token() -> str:
+    import secrets
+
+    return secrets.token_urlsafe(32)
+
+
+def get_or_create(
+    name: str | None,
+    sizes: dict[str, int],
+    env: Mapping[str, str] | None,
+    *,
+    replace: bool,
+    ephemeral: bool | None,
+    idle_timeout: float | None,
+) -> Session:
+    """``spawn_procs``: the running mesh ``name`` if its spec matches, else a new one."""
+    if ephemeral is None:
+        ephemeral = name is None
+    if idle_timeout is None:
+        idle_timeout = 0.0 if ephemeral else DEFAULT_IDLE_TIMEOUT
+    elif not isinstance(idle_timeout, (int, float)) or idle_timeout < 0:
+        raise MeshSpecError(f"idle_timeout must be a number of seconds >= 0, not {idle_timeout!r}")
+    if name is None:
+        return create(None, sizes, env, ephemeral, float(idle_timeout))
+    _registry.check_name(name)
+    spec = {"per_host": sizes, "env": dict(env or {})}
+    with _registry.locked(name):
+        rec = _registry.read(name)
+        if rec is not None:
+            mine = _sessions.get(name)
+            if rec.spec == spec:
+                if (
+                    mine is not None
+                    and mine.token == rec.token
+                    and not mine.closed
+                    and mine.state.lost is None
+                ):
+                    return mine
+                try:
+                    return attach_record(rec)
+                except MeshNotFoundError:
+                    pass  # stale: create it anew below
+            elif not replace:
+                if _connect(rec) is None:
+                    _registry.discard(rec.name, "its host agent is gone")
+                else:
+                    raise MeshSpecError(
+                        f"mesh {name!r} is running with {_spec_text(rec.spec)}, not {_spec_text(spec)}. Pass "
+                        f"replace=True to stop it and start a new one, or attach({name!r}) to use it as it is."
+                    )
+            else:
+                stop_record(rec)
+        return create(name, sizes, env, ephemeral, float(idle_timeout))
+
+
+def _spec_text(spec: dict[str, Any]) -> str:
+    env = f", env={spec['env']}" if spec.get("env") else ""
+    return f"per_host={spec['per_host']}{env}"
+
+
+def stop_record(rec: MeshRecord) -> bool:
+    """Stops the mesh ``rec`` describes as an administrator (never fenced); True if
+    it was running."""
+    s = _sessions.get(rec.name)
+    if s is not None and s.token == rec.token:
+        s.stop()
+        return True
+    client = _connect(rec)
+    _registry.remove_if_ours(rec.name, rec.token)
+    if client is None:
+        return False
+    try:
+        client.shutdown(epoch=0)
+    except MonarchKernelError:
+        pass
+    finally:
+        client.close()
+    return True
+
+
+@dataclass
+class MeshInfo:
+    """One running mesh, as ``list_meshes()`` gives it."""
+
+    name: str
+    procs: int
+    alive: int
+    owner_epoch: int
+    attached: bool
+    agent_pid: int
+    host: str
+    spec: dict[str, Any]
+    ephemeral: bool
+    idle_timeout: float
+    created: float
+
+
+def list_meshes() -> list[MeshInfo]:
+    """The running meshes this user can attach to; stale state files are removed."""
+    out = []
+    for name in _registry.names():
+        rec = _registry.read(name)
+        if rec is None:
+            continue
+        client = _connect(rec)
+        if client is None:
+            _registry.discard(name, f"its host agent (pid {rec.agent_pid}) is gone")
+            continue
+        try:
+            ping = client.ping()
+            workers = client.list_workers()
+        except MonarchKernelError:
+            continue
+        finally:
+            client.close()
+        out.append(
+            MeshInfo(
+                name=name,
+                procs=len(workers),
+                alive=sum(w["state"] == "running" for w in workers),
+                owner_epoch=ping["epoch"],
+                attached=ping["watchers"] > 0,
+                agent_pid=rec.agent_pid,
+                host=rec.host,
+                spec=rec.spec,
+                ephemeral=rec.ephemeral,
+                idle_timeout=rec.idle_timeout,
+                created=rec.created,
+            )
+        )
+    return out
+
+
+def attach(name: str) -> Session:
+    _registry.check_name(name)
+    with _registry.locked(name):
+        rec = _registry.read(name)
+        if rec is None:
+            running = ", ".join(repr(n) for n in _registry.names()) or "none"
+            raise MeshNotFoundError(
+                f"no mesh named {name!r} is running (running: {running}). Create it with "
+                f"this_host().spawn_procs(per_host={{'procs': N}}, name={name!r})."
+            )
+        return attach_record(rec)
+
+
+def stop_all_ephemeral() -> None:
+    """At exit: ephemeral meshes of this process stop; persistent ones are let go."""
+    for s in list(_sessions.values()):
+        try:
+            if s.rec.ephemeral:
+                s.stop(timeout=5)
+            else:
+                s.detach()
+        except Exception:
+            pass
+
+
+__all__ = [
+    "DEFAULT_IDLE_TIMEOUT",
+    "MeshFailure",
+    "MeshInfo",
+    "Session",
+    "attach",
+    "get_or_create",
+    "list_meshes",
+    "session_for",
+    "stop_all_ephemeral",
+    "stop_record",
+]
