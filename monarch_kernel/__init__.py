@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     )
     from monarch_kernel.errors import (
         ActorError,
+        MeshNotFoundError,
+        MeshOwnershipError,
         MeshStoppedError,
         MonarchKernelError,
         SupervisionError,
@@ -49,9 +51,12 @@ if TYPE_CHECKING:
         ProcMesh,
         Shape,
         ValueMesh,
+        attach,
+        list_meshes,
         this_host,
         this_proc,
     )
+    from monarch_kernel.mesh._session import MeshFailure, MeshInfo
 
 # Names are imported on first use (PEP 562), so processes that need only a part (the
 # host agent needs only _native) start fast.
@@ -67,6 +72,10 @@ _LAZY: dict[str, str] = {
     "Future": "monarch_kernel.mesh",
     "HostMesh": "monarch_kernel.mesh",
     "Instance": "monarch_kernel.actor",
+    "MeshFailure": "monarch_kernel.mesh._session",
+    "MeshInfo": "monarch_kernel.mesh._session",
+    "MeshNotFoundError": "monarch_kernel.errors",
+    "MeshOwnershipError": "monarch_kernel.errors",
     "MeshStoppedError": "monarch_kernel.errors",
     "MonarchKernelError": "monarch_kernel.errors",
     "Point": "monarch_kernel.mesh",
@@ -77,6 +86,8 @@ _LAZY: dict[str, str] = {
     "SupervisionError": "monarch_kernel.errors",
     "ValueMesh": "monarch_kernel.mesh",
     "as_endpoint": "monarch_kernel._compat",
+    "attach": "monarch_kernel.mesh",
+    "list_meshes": "monarch_kernel.mesh",
     "concurrent_endpoint": "monarch_kernel._compat",
     "context": "monarch_kernel.actor",
     "current_actor_name": "monarch_kernel.actor",
@@ -103,6 +114,10 @@ __all__ = [
     "Future",
     "HostMesh",
     "Instance",
+    "MeshFailure",
+    "MeshInfo",
+    "MeshNotFoundError",
+    "MeshOwnershipError",
     "MeshStoppedError",
     "MonarchKernelError",
     "Point",
@@ -113,6 +128,7 @@ __all__ = [
     "SupervisionError",
     "ValueMesh",
     "as_endpoint",
+    "attach",
     "concurrent_endpoint",
     "context",
     "current_actor_name",
@@ -120,6 +136,7 @@ __all__ = [
     "current_size",
     "endpoint",
     "get_or_spawn_controller",
+    "list_meshes",
     "returns_future",
     "send",
     "this_host",

@@ -115,10 +115,25 @@ class AgentClient:
         epoch: int = 0,
         timeout: float = 60.0,
     ) -> list[dict[str, Any]]:
+        return [
+            worker_dict(w) for w in self.spawn_workers_raw(count, executable, args, env, cwd, epoch, timeout)
+        ]
+
+    def spawn_workers_raw(
+        self,
+        count: int,
+        executable: str,
+        args: list[str],
+        env: dict[str, str],
+        cwd: str,
+        epoch: int = 0,
+        timeout: float = 60.0,
+    ) -> list[Any]:
+        """:meth:`spawn_workers`, as the agent's WorkerInfo messages."""
         req = self._pb.SpawnWorkersRequest(
             count=count, executable=executable, args=args, env=env, cwd=cwd, epoch=epoch
         )
-        return [worker_dict(w) for w in self._call("SpawnWorkers", req, timeout).workers]
+        return list(self._call("SpawnWorkers", req, timeout).workers)
 
     def list_workers(self, timeout: float = 5.0) -> list[dict[str, Any]]:
         return [

@@ -14,7 +14,7 @@ from monarch_kernel._lazy import lazy_getattr
 if TYPE_CHECKING:
     from monarch_kernel.mesh._actor_mesh import ActorMesh, Endpoint
     from monarch_kernel.mesh._future import Future
-    from monarch_kernel.mesh._proc_mesh import HostMesh, ProcMesh, this_host, this_proc
+    from monarch_kernel.mesh._proc_mesh import HostMesh, ProcMesh, attach, list_meshes, this_host, this_proc
     from monarch_kernel.mesh._shape import Extent, Point, Shape
     from monarch_kernel.mesh._value_mesh import ValueMesh
 
@@ -28,6 +28,8 @@ _LAZY: dict[str, str] = {
     "ProcMesh": "monarch_kernel.mesh._proc_mesh",
     "Shape": "monarch_kernel.mesh._shape",
     "ValueMesh": "monarch_kernel.mesh._value_mesh",
+    "attach": "monarch_kernel.mesh._proc_mesh",
+    "list_meshes": "monarch_kernel.mesh._proc_mesh",
     "this_host": "monarch_kernel.mesh._proc_mesh",
     "this_proc": "monarch_kernel.mesh._proc_mesh",
 }

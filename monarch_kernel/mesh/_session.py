@@ -86,15 +86,23 @@ def _forward_output() -> bool:
 class Session:
     """This process's hold on mesh ``rec.name`` (see the module docstring)."""
 
-    def __init__(self, rec: MeshRecord, client: AgentClient, reply: Any, agent: AgentProcess | None) -> None:
+    def __init__(
+        self,
+        rec: MeshRecord,
+        client: AgentClient,
+        epoch: int,
+        workers: list[Any],
+        actors: list[Any],
+        agent: AgentProcess | None,
+    ) -> None:
         self.rec = rec
         self.name = rec.name
         self.token = rec.token
         self.client = client
         self.agent = agent
-        self.epoch: int = reply.epoch
+        self.epoch = epoch
         self.sizes: dict[str, int] = dict(rec.spec["per_host"])
-        workers = sorted(reply.workers, key=lambda w: w.rank)
+        workers = sorted(workers, key=lambda w: w.rank)
         self.ref = ProcRef(
             rec.name,
             rec.token,
@@ -110,7 +118,7 @@ class Session:
         self.state.changed()
         #: Actor meshes by name: (payload, buffers, pickled shape) as recorded by the agent.
         self.records: dict[str, tuple[bytes, list[bytes], bytes]] = {
-            a.name: (a.payload, list(a.buffers), a.shape) for a in reply.actors
+            a.name: (a.payload, list(a.buffers), a.shape) for a in actors
         }
         self.callbacks: list[Callable[[MeshFailure], Any]] = []
         self.closed = False
@@ -398,7 +406,7 @@ def attach_record(rec: MeshRecord) -> Session:
                 f"this_host().spawn_procs(..., name={rec.name!r})."
             )
         reply = client.attach()
-        session = Session(rec, client, reply, agent=None)
+        session = Session(rec, client, reply.epoch, list(reply.workers), list(reply.actors), agent=None)
         rec.epoch = session.epoch
         _registry.write(rec)
         _sessions[rec.name] = session
@@ -426,20 +434,14 @@ def create(
     )
     client = AgentClient(agent.addr, token)
     try:
-        reply = client.attach()
+        epoch = client.attach().epoch
         nprocs = 1
         for v in sizes.values():
             nprocs *= v
         worker_env = {"MONARCH_SHAPE": json.dumps([list(sizes), list(sizes.values())]), **_worker_env(env)}
-        client.spawn_workers(
-            nprocs,
-            sys.executable,
-            ["-m", "monarch_kernel.worker"],
-            worker_env,
-            os.getcwd(),
-            epoch=reply.epoch,
+        workers = client.spawn_workers_raw(
+            nprocs, sys.executable, ["-m", "monarch_kernel.worker"], worker_env, os.getcwd(), epoch=epoch
         )
-        reply = client.attach()  # now with the workers
     except BaseException:
         try:
             client.shutdown()
@@ -455,9 +457,9 @@ def create(
         spec=spec,
         idle_timeout=idle_timeout,
         ephemeral=ephemeral,
-        epoch=reply.epoch,
+        epoch=epoch,
     )
-    session = Session(rec, client, reply, agent)
+    session = Session(rec, client, epoch, workers, [], agent)
     _registry.write(rec)
     with _sessions_lock:
         _sessions[mesh_name] = session
