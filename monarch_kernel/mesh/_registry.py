@@ -51,7 +51,9 @@ class MeshRecord:
     version: int = VERSION
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> MeshRecord:
+    def from_json(cls, data: Any) -> MeshRecord:
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a JSON object, found {type(data).__name__}")
         if data.get("version") != VERSION:
             raise ValueError(f"unknown state file version {data.get('version')!r}")
         rec = cls(**data)
