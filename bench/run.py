@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import socket
 import statistics
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
 
-from monarch_kernel import Actor, endpoint, this_host
+from monarch_kernel import Actor, SupervisionError, attach, endpoint, this_host
 
 N_CALLS = int(os.environ.get("BENCH_CALLS", "2000"))
 
@@ -128,12 +130,90 @@ def calls() -> tuple[float, float, float]:
         procs.stop()
 
 
+class Sleeper(Actor):
+    @endpoint
+    def sleep(self, s: float) -> None:
+        time.sleep(s)
+
+
+def python_startup() -> float:
+    """Seconds for a bare ``python -c pass``: the floor of any new process."""
+    samples = []
+    for _ in range(5):
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+        samples.append(time.perf_counter() - t)
+    return statistics.median(samples)
+
+
+_ATTACH = """
+import sys, time
+from monarch_kernel import attach
+procs = attach(sys.argv[1])
+procs.actors["echo"].ping.call(0).get(timeout=60)
+print(time.time() - float(sys.argv[2]))
+procs._session("bench").detach()
+"""
+
+
+def attach_seconds() -> float:
+    """A new process attaches to a running 4-proc mesh and calls it: seconds from
+    starting that process until the first call returns (median of 5)."""
+    name = f"bench-attach-{os.getpid()}"
+    procs = this_host().spawn_procs(per_host={"procs": 4}, name=name, ephemeral=False)
+    try:
+        procs.spawn("echo", Echo).ping.call(0).get(timeout=60)
+        samples = []
+        for _ in range(5):
+            out = subprocess.run(
+                [sys.executable, "-c", _ATTACH, name, repr(time.time())],
+                capture_output=True,
+                text=True,
+                check=True,
+                env={**os.environ, "MONARCH_FORWARD_OUTPUT": "0"},
+            )
+            samples.append(float(out.stdout.strip().splitlines()[-1]))
+        return statistics.median(samples)
+    finally:
+        attach(name).stop()
+
+
+def kill_to_error(n: int = 20) -> float:
+    """Median seconds from kill -9 of a worker serving a call to SupervisionError in
+    the caller (the rank is respawned between kills)."""
+    procs = this_host().spawn_procs(per_host={"procs": 2})
+    procs.on_failure(lambda failure: None)  # expected: no line on stderr per kill
+    session = procs._session("bench")
+    try:
+        s = procs.spawn("sleeper", Sleeper).slice(procs=1)
+        samples = []
+        for _ in range(n):
+            pid = session.client.worker(1)["pid"]
+            fut = s.sleep.call_one(60)
+            time.sleep(0.1)
+            t = time.perf_counter()
+            os.kill(pid, signal.SIGKILL)
+            try:
+                fut.get(timeout=30)
+            except SupervisionError:
+                samples.append(time.perf_counter() - t)
+            while procs.status()[1] != "dead":
+                time.sleep(0.01)
+            procs.respawn()
+        return statistics.median(samples)
+    finally:
+        procs.stop()
+
+
 def main() -> None:
     pipe = pipe_round_trip()
     tcp = tcp_round_trip()
     mcp = memcpy_seconds()
     rt, both, thru = calls()
     cold, warm = cold_spawn()
+    startup = python_startup()
+    att = attach_seconds()
+    kill = kill_to_error()
     us, ms = 1e6, 1e3
     rows = [
         # metric, value, unit, baseline name, baseline value, target
@@ -157,6 +237,15 @@ def main() -> None:
         ("call_one round trip (vs loopback TCP)", rt * us, "us", "loopback TCP round trip", tcp * us, ""),
         ("cold spawn_procs(4) to first reply", cold * ms, "ms", "", float("nan"), "<= 400 ms"),
         ("second actor mesh on warm procs (4)", warm * ms, "ms", "", float("nan"), "<= 5 ms"),
+        (
+            "attach from a new process to first reply (4)",
+            att * ms,
+            "ms",
+            "python -c pass",
+            startup * ms,
+            "<= 1000 ms",
+        ),
+        ("kill -9 of a worker to SupervisionError", kill * ms, "ms", "", float("nan"), "<= 1000 ms"),
         ("memcpy 64 MiB (for later transfers)", mcp * ms, "ms", "memcpy 64 MiB", mcp * ms, ""),
     ]
     w = max(len(r[0]) for r in rows)
