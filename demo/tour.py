@@ -1,9 +1,20 @@
 """A short tour of the monarch-kernel API on a local mesh (what `make demo` runs)."""
 
 import os
+import subprocess
+import sys
 import time
 
-from monarch_kernel import Actor, ActorError, current_rank, endpoint, this_host
+from monarch_kernel import (
+    Actor,
+    ActorError,
+    MeshOwnershipError,
+    attach,
+    current_rank,
+    endpoint,
+    list_meshes,
+    this_host,
+)
 
 
 class Counter(Actor):
@@ -73,6 +84,33 @@ def main() -> None:
     step("stop the mesh")
     procs.stop()
     print("stopped; worker processes are gone")
+
+    step("a named mesh outlives its controller: another process attaches to it")
+    named = this_host().spawn_procs(per_host={"procs": 2}, name="tour")
+    named.spawn("counter", Counter, 100).incr.call().get()
+    other = subprocess.run(
+        [sys.executable, "-c", _ATTACH],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "MONARCH_FORWARD_OUTPUT": "0"},
+    )
+    print(other.stdout.rstrip())
+    try:
+        named.spawn("again", Counter, 0)
+    except MeshOwnershipError as e:
+        print("this process was fenced:", str(e).splitlines()[0][:100], "...")
+    attach("tour").stop()
+    print("monarch-kernel ls ->", [m.name for m in list_meshes()] or "no running meshes")
+
+
+_ATTACH = """
+from monarch_kernel import attach, list_meshes
+print("other process: list_meshes() ->", [(m.name, m.procs, m.alive) for m in list_meshes()])
+procs = attach("tour")
+print("other process: counter state continued ->", list(procs.actors["counter"].incr.call().get().values()))
+procs._session("demo").detach()
+"""
 
 
 if __name__ == "__main__":
