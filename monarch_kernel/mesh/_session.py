@@ -30,7 +30,13 @@ from typing import Any
 
 from monarch_kernel import _native
 from monarch_kernel.control import AgentClient
-from monarch_kernel.errors import MeshNotFoundError, MeshSpecError, MonarchKernelError, SupervisionError
+from monarch_kernel.errors import (
+    MeshNotFoundError,
+    MeshOwnershipError,
+    MeshSpecError,
+    MonarchKernelError,
+    SupervisionError,
+)
 from monarch_kernel.hosts import AgentProcess, start_local_agent
 from monarch_kernel.mesh import _registry
 from monarch_kernel.mesh._proc_ref import MeshState, ProcRef, death_error, describe
@@ -325,18 +331,30 @@ class Session:
         """Stops the workers and the agent, and forgets the mesh. Idempotent."""
         if self.closed and self.state.stopped:
             return
+        try:
+            self.client.shutdown(self.epoch, timeout=timeout)
+        except MeshOwnershipError:
+            raise  # another controller owns it now: not ours to stop
+        except MonarchKernelError:
+            pass  # the agent is gone already
         self.state.stopped = True
         self.state.changed()
         self.closed = True
         _sessions.pop(self.name, None)
-        try:
-            self.client.shutdown(self.epoch, timeout=timeout)
-        except MonarchKernelError:
-            pass  # gone already, or fenced: the registry entry goes either way
         self._cancel_watch()
         _registry.remove_if_ours(self.name, self.token)
         if self.agent is not None:
             self.agent.wait(timeout)
+
+    def owns(self) -> bool:
+        """True while this session still controls a running mesh (not closed, lost,
+        nor fenced by a later controller)."""
+        if self.closed or self.state.lost is not None:
+            return False
+        try:
+            return int(self.client.ping(timeout=3.0)["epoch"]) == self.epoch
+        except MonarchKernelError:
+            return False
 
     def detach(self) -> None:
         """Lets go of the mesh without stopping it (the lease ends)."""
@@ -497,12 +515,7 @@ def get_or_create(
         if rec is not None:
             mine = _sessions.get(name)
             if rec.spec == spec:
-                if (
-                    mine is not None
-                    and mine.token == rec.token
-                    and not mine.closed
-                    and mine.state.lost is None
-                ):
+                if mine is not None and mine.token == rec.token and mine.owns():
                     return mine
                 try:
                     return attach_record(rec)
@@ -531,8 +544,11 @@ def stop_record(rec: MeshRecord) -> bool:
     it was running."""
     s = _sessions.get(rec.name)
     if s is not None and s.token == rec.token:
-        s.stop()
-        return True
+        try:
+            s.stop()
+            return True
+        except MeshOwnershipError:
+            s.detach()  # fenced: stop it as an administrator below
     client = _connect(rec)
     _registry.remove_if_ours(rec.name, rec.token)
     if client is None:

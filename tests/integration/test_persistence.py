@@ -418,3 +418,30 @@ def _client(rec):
     from monarch_kernel.control import agent_client
 
     return agent_client(rec.agent_addr, rec.token)
+
+
+def test_a_fenced_controller_cannot_stop_the_mesh_but_takes_it_back_by_spawn_procs():
+    name = _name()
+    ctl = Controller(name)
+    try:
+        procs = attach(name)
+        reply = ctl.send("call")
+        assert reply.startswith("ERR MeshOwnershipError"), reply
+        # The other controller takes it back (rerunning its spawn_procs cell would
+        # do the same); now this process is the fenced one.
+        ctl.close()
+        again = Controller(name)
+        try:
+            assert again.ready == "READY [11, 11]"  # its spawn() replaced the actor mesh
+            with pytest.raises(MeshOwnershipError):
+                procs.stop()
+            assert _registry.read(name) is not None  # not removed by the refused stop
+            mine = this_host().spawn_procs(per_host={"procs": 2}, name=name)
+            assert list(mine.actors["counter"].incr.call().get(timeout=TIMEOUT).values()) == [12, 12]
+            assert again.send("call").startswith("ERR MeshOwnershipError")
+            mine.stop()
+        finally:
+            again.close()
+    finally:
+        ctl.close()
+        _stop(name)
