@@ -100,3 +100,36 @@ fn an_empty_token_is_refused() {
     assert!(WorkerHost::bind(rt.handle(), "127.0.0.1:0", "").is_err());
     assert!(WorkerConn::open(rt.handle(), "127.0.0.1:1", "").is_err());
 }
+
+#[test]
+fn an_older_epoch_is_fenced_and_epoch_zero_never_is() {
+    use monarch_kernel_native::rpc::client::epoch_cell;
+    use std::sync::atomic::Ordering;
+    let rt = runtime();
+    let host = WorkerHost::bind(rt.handle(), "127.0.0.1:0", "fence-tok").unwrap();
+    // One new-controller call, one peer call (epoch 0), then the old controller's.
+    let t = echo_dispatcher(&host, 2);
+    let conn = WorkerConn::open(rt.handle(), &host.addr, "fence-tok").unwrap();
+    let p = Bytes::from_static(b"x");
+    let cell = epoch_cell("fence-tok");
+    let call = |epoch: u64| {
+        cell.store(epoch, Ordering::SeqCst);
+        let slot = conn.call(&target(&p), 0).1.unwrap();
+        slot.wait(Some(Duration::from_secs(10))).unwrap().unwrap()
+    };
+    assert_eq!(reply_kind(&call(2)), ReplyKind::Result);
+    assert_eq!(reply_kind(&call(0)), ReplyKind::Result);
+    let fenced = call(1);
+    assert_eq!(reply_kind(&fenced), ReplyKind::Fenced);
+    let text = String::from_utf8_lossy(&fenced.payload).to_string();
+    assert!(
+        text.contains("epoch 1") && text.contains("epoch 2"),
+        "{text}"
+    );
+    assert_eq!(host.inbox.epoch(), 2);
+    t.join().unwrap();
+    // A ping at a newer epoch raises the worker's.
+    cell.store(5, Ordering::SeqCst);
+    let (_, seen) = rt.block_on(conn.ping()).unwrap();
+    assert_eq!(seen, 5);
+}

@@ -286,7 +286,11 @@ fn set_epoch(token: &str, epoch: u64) {
 /// Pings every connection at once (heartbeats): for each, `(pid, epoch)`, `None` if
 /// it did not answer within `timeout` seconds, or the exception that says why it failed.
 #[pyfunction]
-fn ping_all(py: Python<'_>, conns: Vec<PyRef<'_, PyWorkerConn>>, timeout: f64) -> PyResult<Vec<Py<PyAny>>> {
+fn ping_all(
+    py: Python<'_>,
+    conns: Vec<PyRef<'_, PyWorkerConn>>,
+    timeout: f64,
+) -> PyResult<Vec<Py<PyAny>>> {
     let inners: Vec<Arc<WorkerConn>> = conns.iter().map(|c| c.inner.clone()).collect();
     let limit = Duration::from_secs_f64(timeout.max(0.0));
     let results = py.detach(|| {
@@ -297,7 +301,9 @@ fn ping_all(py: Python<'_>, conns: Vec<PyRef<'_, PyWorkerConn>>, timeout: f64) -
                 .collect();
             let mut out = Vec::with_capacity(tasks.len());
             for t in tasks {
-                out.push(t.await.unwrap_or_else(|_| Ok(Err(crate::rpc::RpcError::Io("ping task failed".into())))));
+                out.push(t.await.unwrap_or_else(|_| {
+                    Ok(Err(crate::rpc::RpcError::Io("ping task failed".into())))
+                }));
             }
             out
         })
