@@ -128,6 +128,7 @@ class Session:
         }
         self.callbacks: list[Callable[[MeshFailure], Any]] = []
         self.closed = False
+        self.stopping = False
         self.lock = threading.Lock()
         _native.set_epoch(rec.token, self.epoch)
         for w in workers:
@@ -150,10 +151,11 @@ class Session:
         elif ev.HasField("log") and _forward_output() and not self.closed:
             line = ev.log
             out = sys.stderr if line.stream == "stderr" else sys.stdout
-            print(f"[{self.name} {line.rank}] {line.text}", file=out, flush=True)
+            out.write(f"[{self.name} {line.rank}] {line.text}\n")  # one write: lines stay whole
+            out.flush()
 
     def _on_end(self, err: BaseException | None) -> None:
-        if self.closed or err is None:
+        if self.closed or self.stopping or err is None:
             return
         lost = SupervisionError(
             f"mesh {self.name!r} is lost: its host agent ({self.rec.agent_addr}, pid {self.rec.agent_pid}) "
@@ -178,7 +180,7 @@ class Session:
         self.state.dead[info["rank"]] = err
         self.state.unresponsive.discard(info["rank"])
         self.state.changed()
-        if notify and not self.closed:
+        if notify and not (self.closed or self.stopping):
             self._notify(MeshFailure.of(err, "dead"))
 
     def _notify(self, failure: MeshFailure) -> None:
@@ -331,9 +333,11 @@ class Session:
         """Stops the workers and the agent, and forgets the mesh. Idempotent."""
         if self.closed and self.state.stopped:
             return
+        self.stopping = True  # the exits that shutdown causes are not failures
         try:
             self.client.shutdown(self.epoch, timeout=timeout)
         except MeshOwnershipError:
+            self.stopping = False
             raise  # another controller owns it now: not ours to stop
         except MonarchKernelError:
             pass  # the agent is gone already

@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 
 _SPAWN, _STOP, _CALL, _CANCEL = _native.KIND_SPAWN, _native.KIND_STOP, _native.KIND_CALL, _native.KIND_CANCEL
 _LANE_LOOP = _native.LANE_LOOP
+# Methods the controller may call on an actor that defines them, endpoints or not.
+_HOOKS = frozenset({"__supervise__"})
 # How often an idle lane thread comes back to Python (to see it was stopped).
 _IDLE_WAKE_S = 0.5
 
@@ -198,7 +200,7 @@ class Dispatcher:
         if a is None or (runner is not None and a.runner is not runner):
             self._reject(token, f"no actor named {actor!r} on {self.point} (stopped, or never spawned)")
             return None
-        if method not in a.endpoints:
+        if method not in a.endpoints and not (method in _HOOKS and hasattr(a.instance, method)):
             self._reject(token, f"actor {actor!r} has no endpoint {method!r}")
             return None
         return a

@@ -8,12 +8,11 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 import uuid
 import warnings
-from pathlib import Path
 
 import pytest
+from proc_helpers import still_alive
 
 from monarch_kernel import (
     Actor,
@@ -29,26 +28,10 @@ from monarch_kernel.mesh import _registry
 from monarch_kernel.mesh._registry import MeshStateWarning
 
 TIMEOUT = 30
-GONE_WITHIN = 8.0
 
 
 def _name() -> str:
     return f"t-{uuid.uuid4().hex[:8]}"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-
-
-def _gone(pids: list[int], within: float = GONE_WITHIN) -> bool:
-    deadline = time.monotonic() + within
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not any(_alive(p) for p in pids)
 
 
 def _pids(procs) -> list[int]:
@@ -193,7 +176,7 @@ def test_a_named_mesh_is_get_or_create_and_a_different_spec_is_an_error():
         replaced = this_host().spawn_procs(per_host={"procs": 3}, name=name, replace=True)
         try:
             assert len(_pids(replaced)) == 3
-            assert _gone(pids)
+            assert not still_alive(pids)
             with pytest.raises(MeshStoppedError):
                 procs.spawn("c", Counter, 0)
         finally:
@@ -251,7 +234,7 @@ def test_a_new_process_reattaches_after_the_controller_is_killed_with_state_inta
                 procs.actors["nope"]
         finally:
             procs.stop()
-        assert _gone(worker_pids)
+        assert not still_alive(worker_pids)
     finally:
         ctl.close()
         _stop(name)
@@ -301,7 +284,7 @@ def test_an_idle_mesh_stops_after_its_idle_timeout():
     pids = [w["pid"] for w in _client(rec).list_workers()] + [rec.agent_pid]
     ctl.close()  # a clean exit: a persistent mesh is not stopped, only let go
     try:
-        assert _gone(pids, within=10.0)
+        assert not still_alive(pids, within=10.0)
         assert _registry.read(name) is None
     finally:
         _stop(name)
@@ -326,7 +309,7 @@ def test_an_ephemeral_mesh_stops_when_its_controller_is_killed():
     pids = [w["pid"] for w in _client(rec).list_workers()] + [rec.agent_pid]
     ctl.kill()
     try:
-        assert _gone(pids)
+        assert not still_alive(pids)
         assert _registry.read(name) is None
     finally:
         _stop(name)
@@ -401,7 +384,7 @@ def test_the_cli_lists_and_stops_meshes():
         pids = _pids(meshes[0])
         out = _cli("down", names[0])
         assert out.returncode == 0 and f"stopped {names[0]}" in out.stdout
-        assert _gone(pids)
+        assert not still_alive(pids)
         assert names[0] not in _cli("ls").stdout
         out = _cli("down", "no-such-mesh")
         assert out.returncode == 1 and "no mesh named" in out.stderr

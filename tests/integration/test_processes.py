@@ -8,41 +8,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
-from collections.abc import Iterable
-from pathlib import Path
 
 import pytest
+from proc_helpers import alive, parent, still_alive
 
 from monarch_kernel import this_host
-
-# How long processes get to go away; generous for a busy 2-core machine.
-GONE_WITHIN = 5.0
-
-
-def _alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie, dead but not yet reaped, does not count)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    state = stat.rsplit(")", 1)[1].split()[0]
-    return state not in ("Z", "X")
-
-
-def _parent(pid: int) -> int:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return int(stat.rsplit(")", 1)[1].split()[1])
-
-
-def _still_alive(pids: Iterable[int], within: float = GONE_WITHIN) -> list[int]:
-    """The pids that are still alive after waiting up to ``within`` seconds."""
-    deadline = time.monotonic() + within
-    left = [p for p in pids if _alive(p)]
-    while left and time.monotonic() < deadline:
-        time.sleep(0.05)
-        left = [p for p in left if _alive(p)]
-    return left
 
 
 def _worker_pids(procs) -> list[int]:
@@ -63,10 +33,10 @@ def test_workers_run_in_their_own_session_as_children_of_the_agent(procs2):
     assert len(workers) == 2
     assert os.getsid(agent_pid) != os.getsid(0)
     for pid in workers:
-        assert _alive(pid)
+        assert alive(pid)
         assert os.getsid(pid) != os.getsid(0)
-        assert _parent(pid) == agent_pid
-        assert _parent(pid) != os.getpid()
+        assert parent(pid) == agent_pid
+        assert parent(pid) != os.getpid()
 
 
 def test_the_agent_lists_every_worker_as_running(procs2):
@@ -79,7 +49,7 @@ def test_the_agent_lists_every_worker_as_running(procs2):
 def test_stop_leaves_no_worker_or_agent_behind(own_procs2):
     pids = _worker_pids(own_procs2) + [own_procs2._session("test").agent.popen.pid]
     own_procs2.stop()
-    assert _still_alive(pids) == []
+    assert still_alive(pids) == []
 
 
 def test_stopping_twice_is_harmless(own_procs2):
@@ -111,16 +81,16 @@ def test_a_killed_controller_leaves_no_worker_or_agent_behind(state_home):
             f"the controller printed nothing; stderr:\n{controller.stderr.read() if controller.stderr else ''}"
         )
         pids = [int(p) for p in line.split()]
-        assert len(pids) == 3 and all(_alive(p) for p in pids)
+        assert len(pids) == 3 and all(alive(p) for p in pids)
         controller.send_signal(signal.SIGKILL)
         controller.wait(30)
-        assert _still_alive(pids) == []
+        assert still_alive(pids) == []
     finally:
         if controller.poll() is None:
             controller.kill()
             controller.wait(30)
         for pid in pids:  # leave nothing behind even when the test failed
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
@@ -129,4 +99,4 @@ def test_killing_the_agent_makes_its_workers_exit(own_procs2):
     agent = own_procs2._session("test").agent.popen
     os.kill(agent.pid, signal.SIGKILL)
     agent.wait(30)
-    assert _still_alive(workers) == []
+    assert still_alive(workers) == []

@@ -1,0 +1,489 @@
+"""Supervision (issue 3), with real workers: how each kind of worker death reaches a
+pending call, failure callbacks while idle, ``__supervise__``, respawn, hung
+(SIGSTOP) workers, a lost agent, and worker output (logs, streams, forwarding)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from proc_helpers import still_alive
+
+from monarch_kernel import (
+    Actor,
+    MeshFailure,
+    MeshStoppedError,
+    SupervisionError,
+    endpoint,
+    this_host,
+)
+
+TIMEOUT = 30
+# How long to wait for something that should happen within about a second or
+# three; generous for a busy 2-core machine (never asserted as a duration).
+WITHIN = 10.0
+MIB = 1024 * 1024
+
+
+def _rank() -> int:
+    """This worker's proc rank (``current_rank()`` is the rank within the called slice)."""
+    return int(os.environ["MONARCH_RANK"])
+
+
+class Mortal(Actor):
+    """An actor whose worker can be made to die in several ways."""
+
+    @endpoint
+    def ping(self) -> int:
+        return _rank()
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    def sleep(self, seconds: float) -> str:
+        print(f"rank {_rank()} goes to sleep", flush=True)
+        time.sleep(seconds)
+        return "woke"
+
+    @endpoint
+    def exit_with(self, code: int) -> None:
+        print(f"rank {_rank()} exits with code {code}", flush=True)
+        os._exit(code)
+
+    @endpoint
+    def segfault(self) -> None:
+        print(f"rank {_rank()} reads address 0", flush=True)
+        ctypes.string_at(0)
+
+    @endpoint
+    def limit_memory(self, headroom: int) -> int:
+        """Caps the address space at the current size plus ``headroom`` bytes."""
+        status = Path("/proc/self/status").read_text()
+        vm_size = next(
+            int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmSize:")
+        )
+        limit = vm_size + headroom
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        print(f"rank {_rank()} limits its memory to {limit} bytes", flush=True)
+        return limit
+
+    @endpoint
+    def size_of(self, data: bytes) -> int:
+        return len(data)
+
+
+class Counter(Actor):
+    def __init__(self, start: int) -> None:
+        self.value = start
+
+    @endpoint
+    def incr(self) -> int:
+        self.value += 1
+        return self.value
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class Watcher(Actor):
+    """Records the supervision events it is given."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int | None]] = []
+
+    def __supervise__(self, failure: MeshFailure) -> None:
+        self.seen.append((failure.kind, failure.rank))
+
+    @endpoint
+    def events(self) -> list[tuple[str, int | None]]:
+        return list(self.seen)
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class Speaker(Actor):
+    @endpoint
+    def say(self, text: str) -> None:
+        print(f"{text} from rank {_rank()}", flush=True)
+
+
+# -- helpers -------------------------------------------------------------------------
+
+
+def _wait_for(predicate: Callable[[], Any], within: float = WITHIN, every: float = 0.05) -> Any:
+    """Polls ``predicate`` until it returns something true (returned) or ``within``
+    seconds pass (its last value is returned)."""
+    deadline = time.monotonic() + within
+    while True:
+        value = predicate()
+        if value or time.monotonic() >= deadline:
+            return value
+        time.sleep(every)
+
+
+def _workers(procs) -> list[dict]:
+    return procs._session("test").client.list_workers()
+
+
+def _worker(procs, rank: int) -> dict:
+    return next(w for w in _workers(procs) if w["rank"] == rank)
+
+
+class _Failures:
+    """An ``on_failure`` callback that keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.got: list[MeshFailure] = []
+        self.changed = threading.Condition()
+
+    def __call__(self, failure: MeshFailure) -> None:
+        with self.changed:
+            self.got.append(failure)
+            self.changed.notify_all()
+
+    def wait_for(self, kind: str, within: float = WITHIN) -> MeshFailure | None:
+        """The first failure of ``kind``, waiting up to ``within`` seconds for it."""
+        with self.changed:
+            self.changed.wait_for(lambda: any(f.kind == kind for f in self.got), timeout=within)
+            return next((f for f in self.got if f.kind == kind), None)
+
+    def kinds(self) -> list[str]:
+        with self.changed:
+            return [f.kind for f in self.got]
+
+
+@pytest.fixture
+def own_procs2(state_home):
+    """Two procs that a test may break."""
+    procs = this_host().spawn_procs(per_host={"procs": 2})
+    yield procs
+    procs.stop()
+
+
+@pytest.fixture
+def quiet_procs2(state_home):
+    """Two procs that a test may break, whose native aborts print no backtrace (so a
+    worker's last lines are its message, whatever RUST_BACKTRACE is here)."""
+    procs = this_host().spawn_procs(per_host={"procs": 2}, env={"RUST_BACKTRACE": "0"})
+    yield procs
+    procs.stop()
+
+
+# -- each kind of worker death fails a pending call ----------------------------------
+
+
+def _die_by_kill(procs, mesh, pid: int):
+    pending = mesh.slice(procs=1).sleep.call_one(60)
+    seen = _wait_for(lambda: any("goes to sleep" in ln for ln in procs.logs(rank=1, tail=5)))
+    assert seen, f"rank 1 never started its call; its log: {procs.logs(rank=1, tail=5)}"
+    os.kill(pid, signal.SIGKILL)
+    return pending, ["rank 1 goes to sleep"]
+
+
+def _die_by_exit(procs, mesh, pid: int):
+    return mesh.slice(procs=1).exit_with.call_one(3), ["rank 1 exits with code 3"]
+
+
+def _die_by_segfault(procs, mesh, pid: int):
+    return mesh.slice(procs=1).segfault.call_one(), ["rank 1 reads address 0"]
+
+
+def _die_by_memory_limit(procs, mesh, pid: int):
+    one = mesh.slice(procs=1)
+    one.limit_memory.call_one(32 * MIB).get(timeout=TIMEOUT)
+    # The native runtime cannot allocate the message and aborts, saying so.
+    return one.size_of.call_one(bytes(100 * MIB)), ["rank 1 limits its memory to", "memory allocation of"]
+
+
+@pytest.mark.parametrize(
+    ("die", "exit_code", "signum"),
+    [
+        pytest.param(_die_by_kill, None, signal.SIGKILL, id="sigkill"),
+        pytest.param(_die_by_exit, 3, None, id="exit-3"),
+        pytest.param(_die_by_segfault, None, signal.SIGSEGV, id="segfault"),
+        pytest.param(_die_by_memory_limit, None, signal.SIGABRT, id="memory-limit"),
+    ],
+)
+def test_a_worker_death_fails_the_pending_call_with_rank_pid_cause_and_last_output(
+    quiet_procs2, die, exit_code, signum
+):
+    procs = quiet_procs2
+    mesh = procs.spawn("mortal", Mortal)
+    pid = _worker(procs, 1)["pid"]
+    assert mesh.slice(procs=1).pid.call_one().get(timeout=TIMEOUT) == pid
+    pending, last_lines = die(procs, mesh, pid)
+    with pytest.raises(SupervisionError) as info:
+        pending.get(timeout=TIMEOUT)
+    err = info.value
+    assert not isinstance(err, MeshStoppedError)
+    assert err.rank == 1
+    assert err.pid == pid
+    assert err.exit_code == exit_code
+    assert err.signal == signum
+    assert "rank 1" in str(err)
+    if signum is not None:
+        assert signal.Signals(signum).name in str(err)
+    else:
+        assert f"code {exit_code}" in str(err)
+    for line in last_lines:
+        assert any(line in ln for ln in err.log_tail), err.log_tail
+        assert line in str(err)
+    assert still_alive([pid]) == []
+    # The other rank goes on.
+    assert mesh.slice(procs=0).ping.call_one().get(timeout=TIMEOUT) == 0
+
+
+# -- failures while the controller is idle --------------------------------------------
+
+
+def test_on_failure_runs_for_a_worker_killed_while_no_call_is_pending(own_procs2):
+    mesh = own_procs2.spawn("mortal", Mortal)
+    assert mesh.ping.call().get(timeout=TIMEOUT).values() == [0, 1]
+    got: list[MeshFailure] = []
+    called = threading.Event()
+
+    @own_procs2.on_failure
+    def record(failure: MeshFailure) -> None:
+        got.append(failure)
+        called.set()
+
+    pid = _worker(own_procs2, 1)["pid"]
+    os.kill(pid, signal.SIGKILL)
+    assert called.wait(WITHIN), "on_failure was not called"
+    failure = got[0]
+    assert failure.kind == "dead"
+    assert failure.rank == 1
+    assert failure.pid == pid
+    assert failure.signal == signal.SIGKILL
+    assert failure.exit_code is None
+    assert failure.mesh == own_procs2.name
+    assert "rank 1" in str(failure)
+    assert own_procs2.status() == ["alive", "dead"]
+    assert own_procs2.degraded
+    # A call that needs the dead rank fails before sending anything, saying how to
+    # recover; the live rank answers.
+    with pytest.raises(SupervisionError, match=r"respawn\(\)") as info:
+        mesh.ping.call().get(timeout=TIMEOUT)
+    assert info.value.rank == 1
+    assert mesh.slice(procs=0).ping.call_one().get(timeout=TIMEOUT) == 0
+    assert [f.kind for f in got] == ["dead"]  # reported once
+
+
+def test_stopping_the_mesh_is_not_reported_to_on_failure(state_home):
+    procs = this_host().spawn_procs(per_host={"procs": 2})
+    failures = _Failures()
+    try:
+        procs.on_failure(failures)
+        assert procs.spawn("mortal", Mortal).ping.call().get(timeout=TIMEOUT).values() == [0, 1]
+    finally:
+        procs.stop()
+    assert failures.wait_for("dead", within=1.0) is None, [str(f) for f in failures.got]
+    assert failures.kinds() == []
+
+
+def test_stopping_the_mesh_prints_no_failure_line(state_home, capfd):
+    procs = this_host().spawn_procs(per_host={"procs": 2})
+    try:
+        assert procs.spawn("mortal", Mortal).ping.call().get(timeout=TIMEOUT).values() == [0, 1]
+    finally:
+        procs.stop()
+    time.sleep(0.5)  # room for a late report (none should come)
+    err = capfd.readouterr().err
+    assert "monarch:" not in err, err
+
+
+def test_supervise_hook_of_surviving_actors_hears_of_a_dead_rank(own_procs2):
+    mesh = own_procs2.spawn("watcher", Watcher)
+    rank0 = mesh.slice(procs=0)
+    assert rank0.events.call_one().get(timeout=TIMEOUT) == []
+    pid = _worker(own_procs2, 1)["pid"]
+    os.kill(pid, signal.SIGKILL)
+    seen = _wait_for(lambda: rank0.events.call_one().get(timeout=TIMEOUT), every=0.1)
+    assert seen == [("dead", 1)]
+
+
+# -- respawn -------------------------------------------------------------------------
+
+
+def test_respawn_restarts_a_dead_rank_with_its_actors_from_their_constructor(own_procs2):
+    counter = own_procs2.spawn("counter", Counter, 10)
+    for _ in range(3):
+        counter.incr.call().get(timeout=TIMEOUT)
+    assert counter.incr.call().get(timeout=TIMEOUT).values() == [14, 14]
+    old_pid = counter.slice(procs=1).pid.call_one().get(timeout=TIMEOUT)
+    os.kill(old_pid, signal.SIGKILL)
+    assert _wait_for(lambda: own_procs2.status() == ["alive", "dead"]), own_procs2.status()
+
+    assert own_procs2.respawn() == [1]
+
+    assert own_procs2.status() == ["alive", "alive"]
+    assert not own_procs2.degraded
+    assert counter.slice(procs=1).incr.call_one().get(timeout=TIMEOUT) == 11  # afresh
+    assert counter.slice(procs=0).incr.call_one().get(timeout=TIMEOUT) == 15  # untouched
+    assert counter.incr.call().get(timeout=TIMEOUT).values() == [16, 12]
+    new_pid = counter.slice(procs=1).pid.call_one().get(timeout=TIMEOUT)
+    assert new_pid != old_pid
+    assert _worker(own_procs2, 1)["pid"] == new_pid
+    assert _worker(own_procs2, 1)["state"] == "running"
+    assert still_alive([old_pid]) == []
+    assert own_procs2.respawn() == []  # nothing left to restart
+
+
+# -- unresponsive workers ------------------------------------------------------------
+
+
+def test_a_stopped_worker_is_unresponsive_then_recovers_on_sigcont(own_procs2):
+    mesh = own_procs2.spawn("mortal", Mortal)
+    failures = _Failures()
+    own_procs2.on_failure(failures)
+    pid = _worker(own_procs2, 1)["pid"]
+    assert mesh.slice(procs=1).pid.call_one().get(timeout=TIMEOUT) == pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        assert _wait_for(lambda: own_procs2.status()[1] == "unresponsive"), own_procs2.status()
+        assert own_procs2.status() == ["alive", "unresponsive"]
+        assert own_procs2.degraded
+        hung = failures.wait_for("unresponsive")
+        assert hung is not None, failures.kinds()
+        assert hung.rank == 1
+        assert hung.pid == pid
+        assert "SIGSTOP" in str(hung)
+        assert _worker(own_procs2, 1)["proc_state"] == "T"
+        assert _worker(own_procs2, 1)["state"] == "running"
+        assert "dead" not in failures.kinds()
+        assert mesh.slice(procs=0).ping.call_one().get(timeout=TIMEOUT) == 0
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert _wait_for(lambda: own_procs2.status() == ["alive", "alive"]), own_procs2.status()
+    back = failures.wait_for("recovered")
+    assert back is not None, failures.kinds()
+    assert back.rank == 1
+    assert mesh.slice(procs=1).pid.call_one().get(timeout=TIMEOUT) == pid
+    assert failures.kinds() == ["unresponsive", "recovered"]
+
+
+# -- a lost agent --------------------------------------------------------------------
+
+
+def test_a_killed_agent_loses_the_mesh_its_workers_and_later_calls(own_procs2):
+    mesh = own_procs2.spawn("mortal", Mortal)
+    failures = _Failures()
+    own_procs2.on_failure(failures)
+    workers = [w["pid"] for w in _workers(own_procs2)]
+    agent = own_procs2._session("test").agent.popen
+    os.kill(agent.pid, signal.SIGKILL)
+    agent.wait(TIMEOUT)
+    assert still_alive(workers) == []
+    lost = failures.wait_for("lost")
+    assert lost is not None, failures.kinds()
+    assert lost.mesh == own_procs2.name
+    assert "lost" in str(lost)
+    assert own_procs2.status() == ["lost", "lost"]
+    with pytest.raises(SupervisionError, match="is lost") as info:
+        mesh.ping.call().get(timeout=TIMEOUT)
+    assert own_procs2.name in str(info.value)
+    with pytest.raises(SupervisionError, match="is lost"):
+        mesh.slice(procs=0).ping.call_one().get(timeout=TIMEOUT)
+    own_procs2.stop()  # must not raise
+    assert own_procs2.status() == ["stopped", "stopped"]
+
+
+# -- output --------------------------------------------------------------------------
+
+
+def test_logs_gives_the_last_lines_of_one_rank(own_procs2):
+    mesh = own_procs2.spawn("speaker", Speaker)
+    mesh.say.call("hello").get(timeout=TIMEOUT)
+    lines = _wait_for(lambda: [ln for ln in own_procs2.logs(rank=1, tail=5) if "hello from" in ln], every=0.1)
+    assert lines == ["hello from rank 1"]
+    both = _wait_for(lambda: sorted(ln for ln in own_procs2.logs(tail=100) if "hello from" in ln), every=0.1)
+    assert both == ["hello from rank 0", "hello from rank 1"]
+
+
+def test_stream_logs_gives_new_lines_of_one_rank_as_they_come(own_procs2):
+    mesh = own_procs2.spawn("speaker", Speaker)
+    stream = own_procs2.stream_logs(rank=0)
+    lines: list[str] = []
+    arrived = threading.Event()
+
+    def follow() -> None:
+        try:
+            for line in stream:
+                lines.append(line)
+                if "ping" in line:
+                    arrived.set()
+                    break
+        finally:
+            stream.close()
+
+    follower = threading.Thread(target=follow, daemon=True)
+    follower.start()
+    # The stream may start after the first lines: speak until one arrives.
+    deadline = time.monotonic() + WITHIN
+    i = 0
+    while not arrived.is_set() and time.monotonic() < deadline:
+        mesh.say.call(f"ping {i}").get(timeout=TIMEOUT)
+        i += 1
+        arrived.wait(0.2)
+    assert arrived.is_set(), f"no line came; got {lines}"
+    follower.join(TIMEOUT)
+    assert not follower.is_alive()
+    ours = [ln for ln in lines if "ping" in ln]
+    assert len(ours) == 1
+    assert ours[0].startswith(f"[{own_procs2.name} 0] ping ")
+    assert ours[0].endswith(" from rank 0")
+    assert not any("from rank 1" in ln for ln in lines)
+
+
+def test_a_plain_script_prints_worker_output_with_mesh_and_rank(state_home):
+    script = textwrap.dedent(
+        """
+        import sys
+        import time
+        from monarch_kernel import Actor, current_rank, endpoint, this_host
+
+        class Greeter(Actor):
+            @endpoint
+            def greet(self):
+                if current_rank()["procs"] == 1:
+                    print("worker says hi", flush=True)
+                return current_rank()["procs"]
+
+        procs = this_host().spawn_procs(per_host={"procs": 2})
+        try:
+            print("mesh", procs.name, flush=True)
+            ranks = procs.spawn("greeter", Greeter).greet.call().get(timeout=30).values()
+            print("ranks", ranks, file=sys.stderr, flush=True)  # not interleaved with forwarded lines
+            time.sleep(1.0)
+        finally:
+            procs.stop()
+        """
+    )
+    env = dict(os.environ)
+    env.pop("MONARCH_FORWARD_OUTPUT", None)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.splitlines()
+    name = next(ln.split()[1] for ln in out if ln.startswith("mesh "))
+    assert name.startswith("anon-")
+    assert "ranks [0, 1]" in done.stderr
+    assert f"[{name} 1] worker says hi" in out, done.stdout
+    assert not any(ln.startswith(f"[{name} 0]") and "worker says hi" in ln for ln in out)

@@ -1,0 +1,35 @@
+"""Helpers for tests that watch processes come and go (importable from every test
+module: pytest puts this folder on sys.path for the root conftest)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+# How long processes get to go away; generous for a busy 2-core machine.
+GONE_WITHIN = 8.0
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie, dead but not yet reaped, does not count)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def parent(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def still_alive(pids: Iterable[int], within: float = GONE_WITHIN) -> list[int]:
+    """The pids that are still alive after waiting up to ``within`` seconds."""
+    deadline = time.monotonic() + within
+    left = [p for p in pids if alive(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [p for p in left if alive(p)]
+    return left
