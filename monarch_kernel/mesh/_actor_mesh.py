@@ -12,7 +12,7 @@ import random
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from monarch_kernel import _native
+from monarch_kernel import _native, _origin
 from monarch_kernel.actor import EndpointProperty, endpoints_of
 from monarch_kernel.errors import (
     ActorError,
@@ -92,8 +92,11 @@ class Endpoint(Generic[R]):
         conns = mesh._conns()
         if len(local) != len(conns):
             conns = [conns[i] for i in local]
+        origin = _origin.current()
+        if origin:
+            _origin.touched.add(mesh._proc.name)
         return _native.call(
-            conns, local, mesh._labels, mesh._sizes, mesh._name, self._name, payload, buffers, oneway
+            conns, local, mesh._labels, mesh._sizes, mesh._name, self._name, payload, buffers, oneway, origin
         )
 
     def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[R]]:

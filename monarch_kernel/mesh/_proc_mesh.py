@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from monarch_kernel import _native
+from monarch_kernel import _native, _origin
 from monarch_kernel.actor import is_async_actor
 from monarch_kernel.errors import ActorError, MeshSpecError, MeshStoppedError, SerializationError
 from monarch_kernel.mesh._actor_mesh import ActorMesh, check_endpoint_names
@@ -105,7 +105,10 @@ class ProcMesh(MeshTrait):
         check_endpoint_names(cls)
         payload, buffers = dumps((cls, args, kwargs), f"class and constructor arguments of actor {name!r}")
         ranks = list(self._shape.ranks)
-        calls = [c.spawn_actor(name, payload, buffers) for c in self._proc.conns(ranks)]
+        origin = _origin.current()
+        if origin:
+            _origin.touched.add(self._proc.name)
+        calls = [c.spawn_actor(name, payload, buffers, origin) for c in self._proc.conns(ranks)]
         replies = _native.wait_all(calls, SPAWN_TIMEOUT)
         for r, base in zip(replies, ranks):
             if isinstance(r, BaseException):

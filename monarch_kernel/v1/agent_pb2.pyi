@@ -86,14 +86,16 @@ class LogsRequest(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., tail: _Optional[int] = ...) -> None: ...
 
 class LogLine(_message.Message):
-    __slots__ = ("rank", "stream", "text")
+    __slots__ = ("rank", "stream", "text", "origin")
     RANK_FIELD_NUMBER: _ClassVar[int]
     STREAM_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
     rank: int
     stream: str
     text: str
-    def __init__(self, rank: _Optional[int] = ..., stream: _Optional[str] = ..., text: _Optional[str] = ...) -> None: ...
+    origin: str
+    def __init__(self, rank: _Optional[int] = ..., stream: _Optional[str] = ..., text: _Optional[str] = ..., origin: _Optional[str] = ...) -> None: ...
 
 class LogsReply(_message.Message):
     __slots__ = ("lines",)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import threading
 
 
 def main() -> None:
@@ -19,6 +18,9 @@ def main() -> None:
     from monarch_kernel import _native
 
     _native.exit_when_stdin_closes()
+    from monarch_kernel.worker import _output
+
+    _output.install()
     for p in reversed(json.loads(os.environ.get("MONARCH_SYS_PATH", "[]"))):
         if p not in sys.path:
             sys.path.insert(0, p)
@@ -34,9 +36,11 @@ def main() -> None:
     mesh = os.environ.get("MONARCH_MESH", "mesh")
     set_this_proc(ProcMesh(ProcRef(f"{mesh}[{rank}]", token, (server.addr,)), Shape(Extent([], []))))
     Dispatcher(server, point).start()
-    # The main thread stays free (for SPMD cells, later); the process lives until the
-    # agent stops it or goes away (AGENT-1).
-    threading.Event().wait()
+    # The main thread runs SPMD code (MAIN-1); the process lives until the agent stops
+    # it or goes away (AGENT-1).
+    from monarch_kernel.worker import _main_thread
+
+    _main_thread.serve_forever()
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from monarch_kernel import _native
+from monarch_kernel import _native, _origin
 from monarch_kernel.actor import Context, Instance, _current, _process_default, endpoints_of, is_async_actor
 from monarch_kernel.mesh._serial import dumps, loads
 from monarch_kernel.mesh._shape import Extent, Point
@@ -42,6 +42,10 @@ if TYPE_CHECKING:
 
 _SPAWN, _STOP, _CALL, _CANCEL = _native.KIND_SPAWN, _native.KIND_STOP, _native.KIND_CALL, _native.KIND_CANCEL
 _LANE_LOOP = _native.LANE_LOOP
+# The actor every worker has, without spawning: see Dispatcher._builtin.
+BUILTIN = "__monarch__"
+# What a flush writes (with the call's origin tag) on stdout and stderr.
+FLUSH_MARK = "\x1d monarch flush"
 # Methods the controller may call on an actor that defines them, endpoints or not.
 _HOOKS = frozenset({"__supervise__"})
 # How often an idle lane thread comes back to Python (to see it was stopped).
@@ -167,7 +171,9 @@ class Dispatcher:
 
     def _route(self, item: tuple[Any, ...]) -> None:
         token, kind, call_id, actor, method, payload, buffers, where = item
-        if kind == _CALL:
+        if kind == _CALL and actor == BUILTIN:
+            self._builtin(token, method, where)
+        elif kind == _CALL:
             a = self._callee(token, actor, method)
             if a is None:
                 return
@@ -180,11 +186,14 @@ class Dispatcher:
                 runner.submit(functools.partial(self._run_sync_item, runner, item))
         elif kind == _SPAWN:
             cls, args, kwargs = loads(payload, buffers)
+            origin = where[3]
             if is_async_actor(cls):
-                self._async().call_soon_threadsafe(self._construct, token, actor, cls, args, kwargs, None)
+                self._async().call_soon_threadsafe(
+                    self._construct, token, actor, cls, args, kwargs, None, origin
+                )
             else:
                 runner = _LaneThread(self.server, f"monarch-actor-{actor}", self._run_sync_item)
-                runner.submit(lambda: self._construct(token, actor, cls, args, kwargs, runner))
+                runner.submit(lambda: self._construct(token, actor, cls, args, kwargs, runner, origin))
                 runner.thread.start()
         elif kind == _STOP:
             self._stop_actor(token, actor)
@@ -212,7 +221,14 @@ class Dispatcher:
     # -- actors --------------------------------------------------------------------------
 
     def _construct(
-        self, token: int, name: str, cls: type, args: Any, kwargs: Any, runner: _LaneThread | None
+        self,
+        token: int,
+        name: str,
+        cls: type,
+        args: Any,
+        kwargs: Any,
+        runner: _LaneThread | None,
+        origin: str = "",
     ) -> None:
         """Runs the constructor: on the asyncio thread for async actors, else on
         ``runner``; then hands the actor to the routing thread."""
@@ -221,6 +237,7 @@ class Dispatcher:
             message_rank=self.point,
         )
         reset = _current.set(ctx)
+        reset_origin = _origin.set_context(origin)
         try:
             instance = cls(*args, **kwargs)
         except BaseException as e:  # DISPATCH-2
@@ -229,6 +246,7 @@ class Dispatcher:
             self._reply_exception(token, e, None)
             return
         finally:
+            _origin.reset(reset_origin)
             _current.reset(reset)
         a = _Actor(name, instance, runner is None, frozenset(endpoints_of(cls)), ctx, runner=runner)
         if a.is_async:
@@ -296,9 +314,27 @@ class Dispatcher:
             print(f"monarch: {what} raised (above); ignored", file=sys.stderr)
 
     @staticmethod
-    def _message_context(a: _Actor, where: tuple[int, list[str], list[int]]) -> Context:
-        rank, dims, sizes = where
+    def _message_context(a: _Actor, where: tuple[int, list[str], list[int], str]) -> Context:
+        rank, dims, sizes, _ = where
         return Context(a.context.actor_instance, message_rank=Point(rank, Extent(dims, sizes)))
+
+    def _builtin(self, token: int, method: str, where: tuple[Any, ...]) -> None:
+        """Calls to the actor every worker has (``BUILTIN``), on the routing thread.
+
+        ``flush``: writes an end-of-output marker, tagged with the call's origin, to
+        stdout and stderr; once the caller has seen both, it has seen everything this
+        worker printed for that origin before the call (the pipes are in order)."""
+        if method == "flush":
+            reset = _origin.set_context(where[3])
+            try:
+                for stream in (sys.stdout, sys.stderr):
+                    stream.write(f"{FLUSH_MARK}\n")
+                    stream.flush()
+            finally:
+                _origin.reset(reset)
+            self._reply(token, None, f"{BUILTIN}.flush")
+        else:
+            self._reject(token, f"the built-in actor has no method {method!r}")
 
     def _run_sync_item(self, runner: _LaneThread, item: tuple[Any, ...]) -> None:
         token, _kind, call_id, actor, method, payload, buffers, where = item
@@ -306,6 +342,7 @@ class Dispatcher:
         if a is None:
             return
         reset = _current.set(self._message_context(a, where))
+        reset_origin = _origin.set_context(where[3])
         runner.running_call = call_id
         try:
             args, kwargs = loads(payload, buffers)
@@ -316,6 +353,7 @@ class Dispatcher:
             return
         finally:
             runner.running_call = None
+            _origin.reset(reset_origin)
             _current.reset(reset)
         self._reply(token, result, f"{a.name}.{method}")
 
@@ -345,6 +383,7 @@ class Dispatcher:
         self, a: _Actor, token: int, method: str, payload: bytes, buffers: list[Any], where: Any
     ) -> None:
         _current.set(self._message_context(a, where))
+        _origin.set_context(where[3])  # this task's own context
         try:
             args, kwargs = loads(payload, buffers)
             result = await getattr(a.instance, method)(*args, **kwargs)

@@ -39,6 +39,7 @@ fn target<'a>(payload: &'a Bytes) -> Target<'a> {
         oneway: false,
         dims: &[],
         sizes: &[],
+        origin: "",
     }
 }
 

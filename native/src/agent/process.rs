@@ -56,6 +56,28 @@ fn hostname() -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
+/// Longest origin tag the agent accepts (a notebook message id is 32 to 40 bytes).
+const MAX_ORIGIN: usize = 128;
+
+/// Splits a worker's output line into its origin tag (`\x1e ORIGIN \x1f` at the
+/// start, written by the worker while it serves a call) and the text. An untagged or
+/// malformed line is all text.
+pub fn split_origin(line: &[u8]) -> (String, &[u8]) {
+    if line.first() == Some(&0x1e) {
+        let end = line.iter().take(MAX_ORIGIN + 2).position(|&b| b == 0x1f);
+        if let Some(end) = end {
+            let origin = &line[1..end];
+            if origin.iter().all(|b| b.is_ascii_graphic()) {
+                return (
+                    String::from_utf8_lossy(origin).into_owned(),
+                    &line[end + 1..],
+                );
+            }
+        }
+    }
+    (String::new(), line)
+}
+
 /// The state letter of `/proc/PID/stat` ("R", "S", "T", ...), or "" if unreadable.
 fn proc_state(pid: u32) -> String {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
@@ -256,16 +278,18 @@ impl Workers {
                     Ok(0) | Err(_) => return,
                     Ok(_) => {}
                 }
+                let (origin, body) = split_origin(&buf);
                 if let Some(f) = file.as_mut() {
-                    let _ = f.write_all(&buf);
+                    let _ = f.write_all(body);
                 }
-                let text = String::from_utf8_lossy(&buf)
+                let text = String::from_utf8_lossy(body)
                     .trim_end_matches('\n')
                     .to_string();
                 let line = LogLine {
                     rank,
                     stream: stream.to_string(),
                     text,
+                    origin,
                 };
                 {
                     let mut recs = records.lock().unwrap_or_else(|e| e.into_inner());
@@ -336,5 +360,29 @@ impl Workers {
         while !self.running_pids().is_empty() && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_origin;
+
+    #[test]
+    fn an_origin_tag_is_split_off_and_anything_else_is_text() {
+        assert_eq!(
+            split_origin(b"\x1ecell-1\x1fhello\n"),
+            ("cell-1".into(), &b"hello\n"[..])
+        );
+        assert_eq!(split_origin(b"plain\n"), (String::new(), &b"plain\n"[..]));
+        assert_eq!(
+            split_origin(b"\x1eno end\n"),
+            (String::new(), &b"\x1eno end\n"[..])
+        );
+        assert_eq!(
+            split_origin(b"\x1ebad tag\x1fx"),
+            (String::new(), &b"\x1ebad tag\x1fx"[..])
+        );
+        let long = [&[0x1e][..], &[b'a'; 200], &[0x1f], b"x"].concat();
+        assert_eq!(split_origin(&long).0, "");
     }
 }

@@ -150,17 +150,23 @@ impl PyWorkerConn {
     }
 
     /// Creates (or replaces) actor `name` from a pickled (class, args, kwargs).
+    #[pyo3(signature = (name, payload, buffers, origin=""))]
     fn spawn_actor(
         &self,
         py: Python<'_>,
         name: &str,
         payload: &[u8],
         buffers: Vec<PyBuffer<u8>>,
+        origin: &str,
     ) -> PyResult<PendingCall> {
         let bufs = to_bytes_vec(py, &buffers)?;
-        let slot =
-            self.inner
-                .spawn_actor(node::handle(), name, Bytes::copy_from_slice(payload), bufs);
+        let slot = self.inner.spawn_actor(
+            node::handle(),
+            name,
+            Bytes::copy_from_slice(payload),
+            bufs,
+            origin,
+        );
         Ok(PendingCall::new(slot, 0, self.inner.clone()))
     }
 
@@ -207,7 +213,7 @@ impl PyWorkerConn {
 /// `ranks[i]` is the index of `conns[i]` within the called mesh of `dims`/`sizes`.
 /// Returns the pending calls in the same order, or an empty list if `oneway`.
 #[pyfunction]
-#[pyo3(signature = (conns, ranks, dims, sizes, actor, method, payload, buffers, oneway=false))]
+#[pyo3(signature = (conns, ranks, dims, sizes, actor, method, payload, buffers, oneway=false, origin=""))]
 #[allow(clippy::too_many_arguments)]
 fn call(
     py: Python<'_>,
@@ -220,6 +226,7 @@ fn call(
     payload: &[u8],
     buffers: Vec<PyBuffer<u8>>,
     oneway: bool,
+    origin: &str,
 ) -> PyResult<Vec<PendingCall>> {
     if ranks.len() != conns.len() {
         return Err(pyo3::exceptions::PyValueError::new_err(
@@ -237,6 +244,7 @@ fn call(
         oneway,
         dims: &dims,
         sizes: &sizes,
+        origin,
     };
     let sent = py.detach(|| {
         targets

@@ -28,7 +28,7 @@ type PyIncoming = (
     String,
     Py<PyBytes>,
     Vec<Py<PyByteArray>>,
-    (u32, Vec<String>, Vec<u32>),
+    (u32, Vec<String>, Vec<u32>, String),
 );
 
 #[pymethods]
@@ -63,7 +63,7 @@ impl PyWorkerServer {
     }
 
     /// Every item queued in `lane`: `(token, kind, call_id, actor, method, payload,
-    /// buffers, (rank, dims, sizes))`. Does not block.
+    /// buffers, (rank, dims, sizes, origin))`. Does not block.
     #[pyo3(signature = (lane=LANE_LOOP))]
     fn take(&self, py: Python<'_>, lane: usize) -> PyResult<Vec<PyIncoming>> {
         Ok(to_py_items(py, self.lane(lane)?.take()))
@@ -144,7 +144,7 @@ fn to_py_items(py: Python<'_>, items: Vec<Incoming>) -> Vec<PyIncoming> {
                 i.method,
                 PyBytes::new(py, &i.payload).unbind(),
                 buffers_to_py(py, &i.buffers),
-                (i.rank, i.dims, i.sizes),
+                (i.rank, i.dims, i.sizes, i.origin),
             )
         })
         .collect()

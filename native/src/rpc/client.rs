@@ -193,6 +193,7 @@ impl WorkerConn {
             oneway,
             dims,
             sizes,
+            origin,
         } = *target;
         let (payload, buffers) = (payload.clone(), buffers.to_vec());
         let call_id = next_call_id();
@@ -226,6 +227,7 @@ impl WorkerConn {
             dims: dims.to_vec(),
             sizes: sizes.to_vec(),
             epoch: self.epoch(),
+            origin: origin.to_string(),
         };
         if self.tx.send(msg).is_err() {
             let err = RpcError::ConnectionLost {
@@ -262,12 +264,14 @@ impl WorkerConn {
         name: &str,
         payload: Bytes,
         buffers: Vec<Bytes>,
+        origin: &str,
     ) -> Arc<Slot> {
         let req = SpawnActorRequest {
             name: name.to_string(),
             payload,
             buffers,
             epoch: self.epoch(),
+            origin: origin.to_string(),
         };
         self.unary(rt, move |mut c| async move { c.spawn_actor(req).await })
     }
@@ -331,6 +335,8 @@ pub struct Target<'a> {
     pub dims: &'a [String],
     /// Sizes of the called mesh.
     pub sizes: &'a [u32],
+    /// Where the call comes from (output routing; may be empty).
+    pub origin: &'a str,
 }
 
 /// A reply's kind, from its wire value.

@@ -64,6 +64,8 @@ pub struct Incoming {
     pub dims: Vec<String>,
     /// Sizes of the called mesh (calls).
     pub sizes: Vec<u32>,
+    /// Where the call comes from (calls and spawns; may be empty).
+    pub origin: String,
 }
 
 /// Where a reply goes.
@@ -358,6 +360,7 @@ fn item(kind: Kind, call_id: u64, actor: String) -> Incoming {
         rank: 0,
         dims: Vec::new(),
         sizes: Vec::new(),
+        origin: String::new(),
     }
 }
 
@@ -373,6 +376,7 @@ impl Worker for Service {
         let mut it = item(Kind::Spawn, 0, r.name);
         it.payload = r.payload;
         it.buffers = r.buffers;
+        it.origin = r.origin;
         self.unary(r.epoch, it).await
     }
 
@@ -419,6 +423,7 @@ impl Worker for Service {
                         rank: c.rank,
                         dims: c.dims,
                         sizes: c.sizes,
+                        origin: c.origin,
                     };
                     inbox.push(it, sink);
                 }
