@@ -1,4 +1,5 @@
-"""The ``monarch-kernel`` command: ``ls`` and ``down`` for persistent meshes.
+"""The ``monarch-kernel`` command: ``ls`` and ``down`` for persistent meshes, and
+``install`` for the Jupyter kernelspec.
 
 ``monarch-kernel ls`` lists the running meshes of this user (from their state files,
 checked against their host agents); ``monarch-kernel down NAME...`` or ``--all``
@@ -75,6 +76,17 @@ def _down(args: argparse.Namespace) -> int:
     return status
 
 
+def _install(args: argparse.Namespace) -> int:
+    from monarch_kernel.kernel._install import install
+
+    if args.user and (args.sys_prefix or args.prefix):
+        print("monarch-kernel install: give one of --user, --sys-prefix, --prefix", file=sys.stderr)
+        return 2
+    where = install(user=args.user, prefix=args.prefix)
+    print(f"installed kernelspec 'monarch' (Python 3 (monarch mesh)) in {where}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="monarch-kernel", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -83,6 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     down.add_argument("names", nargs="*", metavar="NAME")
     down.add_argument("--all", action="store_true", help="stop every running mesh")
     down.set_defaults(run=_down)
+    inst = sub.add_parser("install", help="install the Jupyter kernelspec 'monarch'")
+    where = inst.add_mutually_exclusive_group()
+    where.add_argument("--user", action="store_true", help="for this user (~/.local/share/jupyter)")
+    where.add_argument("--sys-prefix", action="store_true", help="in this Python environment (the default)")
+    where.add_argument("--prefix", help="under this prefix")
+    inst.set_defaults(run=_install)
     args = parser.parse_args(argv)
     with warnings.catch_warnings():
         warnings.simplefilter("always")

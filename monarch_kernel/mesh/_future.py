@@ -55,12 +55,24 @@ class Future(Generic[R]):
         if timeout is not None and (timeout < 0 or not math.isfinite(timeout)):
             raise ValueError(f"timeout must be a finite number >= 0, not {timeout!r}")
         if self._value is _UNSET:
-            self._settle(_native.wait_all(self._calls, timeout))
+            try:
+                replies = _native.wait_all(self._calls, timeout)
+            except KeyboardInterrupt:  # the remote code gets it too, then we stop waiting
+                self._cancel_remote()
+                raise
+            self._settle(replies)
         if self._error is not None:
             raise self._error
         return self._value
 
     result = get
+
+    def _cancel_remote(self) -> None:
+        """Asks the workers to interrupt the calls that have not replied yet: a sync
+        endpoint gets KeyboardInterrupt, an async one is cancelled."""
+        for c in self._calls:
+            if not c.done():
+                c.cancel()
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         try:

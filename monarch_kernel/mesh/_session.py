@@ -42,6 +42,7 @@ from monarch_kernel.mesh import _registry
 from monarch_kernel.mesh._proc_ref import MeshState, ProcRef, death_error, describe
 from monarch_kernel.mesh._registry import MeshRecord
 from monarch_kernel.mesh._shape import Extent
+from monarch_kernel.worker._dispatcher import BUILTIN, FLUSH_MARK
 
 #: Default idle timeout of a named mesh: how long it waits for a controller.
 DEFAULT_IDLE_TIMEOUT = 24 * 3600.0
@@ -87,6 +88,15 @@ class MeshFailure:
 
 def _forward_output() -> bool:
     return os.environ.get("MONARCH_FORWARD_OUTPUT", "1") != "0"
+
+
+#: Where worker output goes instead of this process's stdout/stderr: the Jupyter
+#: kernel routes it to the cell each line's origin names. Called on a watch thread
+#: with (session, LogLine).
+output_sink: Callable[[Session, Any], None] | None = None
+#: Where failures that no ``on_failure`` callback or ``__supervise__`` hook handled
+#: go instead of a line on stderr (the kernel shows them in the notebook).
+failure_sink: Callable[[MeshFailure], None] | None = None
 
 
 class Session:
@@ -148,8 +158,13 @@ class Session:
     def _on_event(self, ev: Any) -> None:
         if ev.HasField("worker_exited"):
             self._worker_died(ev.worker_exited, notify=True)
-        elif ev.HasField("log") and _forward_output() and not self.closed:
+        elif ev.HasField("log") and not self.closed:
             line = ev.log
+            if output_sink is not None:
+                output_sink(self, line)
+                return
+            if not _forward_output() or line.text == FLUSH_MARK:
+                return
             out = sys.stderr if line.stream == "stderr" else sys.stdout
             out.write(f"[{self.name} {line.rank}] {line.text}\n")  # one write: lines stay whole
             out.flush()
@@ -193,7 +208,9 @@ class Session:
                 print(f"monarch: on_failure callback {cb!r} raised {type(e).__name__}: {e}", file=sys.stderr)
         if failure.kind in ("dead", "unresponsive"):
             handled = self._supervise(failure) or handled
-        if not handled:
+        if not handled and failure_sink is not None:
+            failure_sink(failure)
+        elif not handled:
             hint = {
                 "dead": "calls that need it fail; procs.respawn() restarts it",
                 "unresponsive": "calls to it wait; it is alive but does not answer",
@@ -367,6 +384,17 @@ class Session:
         self.closed = True
         _sessions.pop(self.name, None)
         self._cancel_watch()
+
+    def flush(self, origin: str, timeout: float = 5.0) -> list[int]:
+        """Asks every live worker to write a flush marker tagged ``origin`` on stdout
+        and stderr (see ``Dispatcher._builtin``); returns the ranks asked."""
+        ranks = [r for r in range(len(self.state.ref.addrs)) if r not in self.state.dead]
+        if not ranks or self.closed or self.state.lost is not None:
+            return []
+        conns = [_native.WorkerConn(self.state.ref.addrs[r], self.token) for r in ranks]
+        calls = _native.call(conns, ranks, [], [], BUILTIN, "flush", b"", [], False, origin)
+        _native.wait_all(calls, timeout)
+        return ranks
 
     def logs(self, rank: int | None, tail: int) -> list[str]:
         return self.client.logs(rank=rank, tail=tail)

@@ -422,8 +422,12 @@ class Dispatcher:
     def _reply_exception(self, token: int, exc: BaseException | None, what: str | None) -> None:
         assert exc is not None
         tb = exc.__traceback__
-        # Drop the dispatcher's own frame: the user's code starts at the next one.
-        formatted = "".join(traceback.format_exception(type(exc), exc, tb.tb_next if tb else None))
+        # Drop the dispatcher's own frame: the user's code starts at the next one,
+        # unless the code that raised said where it starts (REMOTE_TB).
+        start = getattr(exc, "__monarch_tb__", None) or (tb.tb_next if tb else None)
+        if hasattr(exc, "__monarch_tb__"):
+            del exc.__monarch_tb__  # a traceback does not pickle
+        formatted = "".join(traceback.format_exception(type(exc), exc, start))
         if not token:
             print(f"monarch: {what or 'a message'} raised:\n{formatted}", file=sys.stderr, flush=True)
             return

@@ -10,6 +10,7 @@ KeyboardInterrupt in it), the main thread gets SIGINT, and ``run`` still waits f
 
 from __future__ import annotations
 
+import contextvars
 import queue
 import signal
 import threading
@@ -39,10 +40,11 @@ def run(fn: Callable[[], Any]) -> Any:
     """Runs ``fn()`` on the main thread; returns its value or raises its exception."""
     done = threading.Event()
     outcome: list[Any] = []
+    ctx = contextvars.copy_context()  # the call's context: its origin tags the output
 
     def job() -> None:
         try:
-            outcome.append((True, fn()))
+            outcome.append((True, ctx.run(fn)))
         except BaseException as e:  # handed to the caller
             outcome.append((False, e))
         finally:

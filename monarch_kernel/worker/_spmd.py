@@ -44,7 +44,16 @@ def run_cell(source: str, filename: str) -> str | None:
         exec(code, NAMESPACE)
         return eval(expr, NAMESPACE) if expr is not None else None
 
-    value = _main_thread.run(go)
+    try:
+        value = _main_thread.run(go)
+    except BaseException as e:
+        # The remote traceback starts at the cell's own first line (REMOTE_TB).
+        tb = e.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename != filename:
+            tb = tb.tb_next
+        if tb is not None:
+            e.__monarch_tb__ = tb  # type: ignore[attr-defined]
+        raise
     if value is None:
         return None
     NAMESPACE["_"] = value

@@ -1,0 +1,107 @@
+"""``MonarchKernel``: the IPython kernel, plus being the controller of meshes.
+
+On top of IPython it:
+- loads the ``%mesh`` / ``%%mesh`` magics;
+- names the running meshes it can attach to, once, in its banner and in the first
+  cell it runs (KERNEL-1);
+- marks each cell as the origin of the calls it makes, so that what workers print
+  shows in that cell (see ``_router``), and before a cell ends, waits (at most a
+  second) for the output of the meshes it called (ROUTE-3);
+- shows mesh failures that happened while no cell ran when the next cell starts.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from ipykernel.ipkernel import IPythonKernel
+
+from monarch_kernel import _origin
+from monarch_kernel.kernel._router import Router, format_failure
+
+#: How long a cell waits, at its end, for output of the calls it made.
+FLUSH_S = 1.0
+
+
+def _meshes_line() -> str:
+    from monarch_kernel.mesh._session import list_meshes
+
+    try:
+        meshes = list_meshes()
+    except Exception as e:  # never fail a kernel start over this
+        return f"monarch: cannot list running meshes ({e})"
+    if not meshes:
+        return "monarch: no running meshes; create one with  procs = %mesh up NAME --procs N"
+    names = ", ".join(f"{m.name} ({m.alive}/{m.procs} procs)" for m in meshes)
+    return f"monarch: running meshes you can attach to: {names}; use  procs = %mesh attach NAME"
+
+
+class MonarchKernel(IPythonKernel):
+    implementation = "monarch-kernel"
+    implementation_version = "0.1.0"
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        from monarch_kernel.kernel._magics import MeshMagics
+        from monarch_kernel.mesh import _session
+
+        self.router = Router(self._send_stream)
+        _session.output_sink = self.router.on_line
+        _session.failure_sink = self.router.on_failure
+        self.shell.register_magics(MeshMagics)  # type: ignore[union-attr]
+        self._start_line: str | None = _meshes_line()
+        self._banner_line = self._start_line
+
+    @property
+    def banner(self) -> str:  # type: ignore[override]
+        return f"{super().banner}\n{self._banner_line}\n"
+
+    def _send_stream(self, parent: dict[str, Any], stream: str, text: str) -> None:
+        """Writes ``text`` as output of the cell whose request is ``parent`` (any thread)."""
+        name = "stderr" if stream == "stderr" else "stdout"
+        assert self.session is not None
+        self.session.send(
+            self.iopub_socket,
+            "stream",
+            {"name": name, "text": text},
+            parent=parent,
+            ident=self._topic("stream"),
+        )
+
+    async def do_execute(self, code: str, silent: bool, *args: Any, **kwargs: Any) -> Any:
+        parent = self.get_parent("shell")
+        origin = str(parent.get("header", {}).get("msg_id", ""))
+        pending, failures = self.router.cell_started(origin, parent)
+        _origin.set_default(origin)
+        if self._start_line is not None:  # KERNEL-1
+            print(self._start_line)
+            self._start_line = None
+        for stream, text in pending:
+            (sys.stderr if stream == "stderr" else sys.stdout).write(text)
+        for f in failures:
+            sys.stderr.write(format_failure(f))
+        try:
+            return await super().do_execute(code, silent, *args, **kwargs)
+        finally:
+            self._flush(origin)
+            self.router.cell_finished()
+            _origin.set_default("")
+
+    def _flush(self, origin: str) -> None:
+        """ROUTE-3: waits until the meshes this cell called have delivered its output."""
+        from monarch_kernel.mesh._session import _sessions
+
+        for name in list(_origin.touched):
+            session = _sessions.get(name)
+            if session is None:
+                continue
+            try:
+                ranks = session.flush(origin, timeout=FLUSH_S)
+                self.router.wait_marks(origin, name, ranks, FLUSH_S)
+            except Exception:  # a dead or lost mesh has nothing more to say
+                pass
+        _origin.touched.clear()
+
+
+__all__ = ["MonarchKernel"]

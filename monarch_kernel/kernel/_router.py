@@ -1,0 +1,119 @@
+"""Routing of worker output and mesh failures into the notebook.
+
+Worker output reaches the kernel on the sessions' watch threads, each line with the
+origin of the call that printed it (the message id of the cell that made the call,
+see ``monarch_kernel._origin``). ROUTE-1: a line goes to the cell its origin names,
+as a stream message with that cell's request as parent, even after the cell has
+moved on; a line without a known origin goes to the cell running now, or, while the
+kernel is idle, waits for the next cell. ROUTE-2: a ``%%mesh`` cell *captures* its
+origin: its lines are queued for the cell's own display (one block per rank) instead.
+ROUTE-3: flush markers are never shown; they let a cell wait until it has seen all
+that its calls printed.
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+import time
+from collections import OrderedDict
+from typing import Any
+
+from monarch_kernel.worker._dispatcher import FLUSH_MARK
+
+# Cells remembered for late output (ROUTE-1).
+_MAX_PARENTS = 1000
+
+
+class Router:
+    """One per kernel; ``send(parent, stream, text)`` writes a stream message."""
+
+    def __init__(self, send: Any) -> None:
+        self._send = send
+        self._lock = threading.Condition()
+        self._parents: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.current: str = ""  # the origin (msg id) of the cell running now, if any
+        self._captures: dict[str, queue.SimpleQueue[tuple[str, int, str, str]]] = {}
+        self._marks: collections.defaultdict[str, set[tuple[str, int, str]]] = collections.defaultdict(set)
+        self._pending: list[tuple[str, str]] = []  # (stream, text) while idle
+        self._failures: list[Any] = []
+
+    # -- cells (main thread) -----------------------------------------------------------
+
+    def cell_started(self, origin: str, parent: dict[str, Any]) -> tuple[list[tuple[str, str]], list[Any]]:
+        """Remembers the cell; returns what waited for it (output, failures)."""
+        with self._lock:
+            self._parents[origin] = parent
+            while len(self._parents) > _MAX_PARENTS:
+                self._parents.popitem(last=False)
+            self.current = origin
+            pending, self._pending = self._pending, []
+            failures, self._failures = self._failures, []
+        return pending, failures
+
+    def cell_finished(self) -> None:
+        with self._lock:
+            self.current = ""
+
+    def capture(self, origin: str) -> queue.SimpleQueue[tuple[str, int, str, str]]:
+        """ROUTE-2: lines of ``origin`` go to the returned queue as (mesh, rank, stream, text)."""
+        q: queue.SimpleQueue[tuple[str, int, str, str]] = queue.SimpleQueue()
+        with self._lock:
+            self._captures[origin] = q
+        return q
+
+    def release(self, origin: str) -> None:
+        with self._lock:
+            self._captures.pop(origin, None)
+
+    def wait_marks(self, origin: str, mesh: str, ranks: list[int], timeout: float) -> bool:
+        """Waits until every rank's flush marker of ``origin`` came on both streams."""
+        want = {(mesh, r, s) for r in ranks for s in ("stdout", "stderr")}
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while not want <= self._marks[origin]:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._lock.wait(left)
+            self._marks[origin] -= want
+            if not self._marks[origin]:
+                del self._marks[origin]
+        return True
+
+    # -- watch threads -----------------------------------------------------------------
+
+    def on_line(self, session: Any, line: Any) -> None:
+        mesh, origin = session.name, line.origin
+        if line.text == FLUSH_MARK:
+            with self._lock:
+                self._marks[origin].add((mesh, line.rank, line.stream))
+                self._lock.notify_all()
+            return
+        with self._lock:
+            q = self._captures.get(origin)
+            if q is not None:
+                q.put((mesh, line.rank, line.stream, line.text))
+                return
+            parent = self._parents.get(origin) or self._parents.get(self.current)
+            text = f"[{mesh} {line.rank}] {line.text}\n"
+            if parent is None:
+                self._pending.append((line.stream, text))
+                return
+        self._send(parent, line.stream, text)
+
+    def on_failure(self, failure: Any) -> None:
+        with self._lock:
+            parent = self._parents.get(self.current)
+            if parent is None:
+                self._failures.append(failure)
+                return
+        self._send(parent, "stderr", format_failure(failure))
+
+
+def format_failure(failure: Any) -> str:
+    return f"monarch: mesh {failure.mesh!r}: {failure.message}\n"
+
+
+__all__ = ["Router", "format_failure"]
