@@ -26,7 +26,11 @@ $(STAMPS)/native: $(NATIVE_SRC) | $(STAMPS)/deps
 	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release -q
 	@touch $@
 
-setup: $(STAMPS)/native ## Create the venv, install dependencies (torch included), build the native core
+$(STAMPS)/kernelspec: monarch_kernel/kernel/_install.py | $(STAMPS)/native
+	$(PY) -m monarch_kernel install --sys-prefix
+	@touch $@
+
+setup: $(STAMPS)/native $(STAMPS)/kernelspec ## Create the venv, install dependencies (torch included), build the native core, install the kernelspec
 
 demo: setup ## Set up, then run a short tour of the API on a local mesh and print what it did
 	$(PY) demo/tour.py

@@ -42,6 +42,7 @@ from IPython.display import display
 from monarch_kernel import _origin
 from monarch_kernel.errors import ActorError, MeshNotFoundError, MonarchKernelError
 
+_HELP = __doc__
 CELLS_ACTOR = "__mesh_cells__"
 #: Remote tracebacks shown in full when many ranks fail.
 SHOW_TRACEBACKS = 3
@@ -171,6 +172,8 @@ class MeshMagics(Magics):
                 f"%mesh {sub}: unknown subcommand; use one of up, attach, ls, down, use, status, logs, push, pull"
             )
         return fn(rest)
+
+    mesh.__doc__ = _HELP
 
     @magic_arguments()
     @argument("name", help="the mesh's name")

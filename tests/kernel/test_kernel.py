@@ -1,0 +1,313 @@
+"""The monarch kernel driven through jupyter_client: magics, outputs in the right
+cell, interrupts that reach the workers, restart and reattach, idle failures."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from jupyter_client.manager import KernelManager, start_new_kernel
+from proc_helpers import still_alive
+
+TIMEOUT = 60
+
+
+@dataclass
+class Outcome:
+    """What one execute_request produced, from iopub messages with its parent."""
+
+    msg_id: str
+    streams: list[tuple[str, str]] = field(default_factory=list)
+    displays: list[tuple[str, str, str | None]] = field(default_factory=list)  # (type, text, display_id)
+    result: str | None = None
+    error: dict[str, Any] | None = None
+    others: list[dict[str, Any]] = field(default_factory=list)  # messages for other cells
+    reply: dict[str, Any] = field(default_factory=dict)  # the execute_reply's content
+
+    @property
+    def stdout(self) -> str:
+        return "".join(t for n, t in self.streams if n == "stdout")
+
+    @property
+    def stderr(self) -> str:
+        return "".join(t for n, t in self.streams if n == "stderr")
+
+    @property
+    def traceback(self) -> str:
+        return "\n".join(self.error["traceback"]) if self.error else ""
+
+
+class Kernel:
+    def __init__(self, km: KernelManager, kc: Any) -> None:
+        self.km, self.kc = km, kc
+
+    def run(self, code: str, timeout: float = TIMEOUT, wait: bool = True) -> Outcome:
+        msg_id = self.kc.execute(code)
+        out = Outcome(msg_id)
+        if wait:
+            self.collect(out, timeout)
+        return out
+
+    def collect(self, out: Outcome, timeout: float = TIMEOUT) -> Outcome:
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = self.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+            t, c = msg["msg_type"], msg["content"]
+            if msg["parent_header"].get("msg_id") != out.msg_id:
+                out.others.append(msg)
+                continue
+            if t == "status" and c["execution_state"] == "idle":
+                break
+            if t == "stream":
+                out.streams.append((c["name"], c["text"]))
+            elif t in ("display_data", "update_display_data"):
+                out.displays.append(
+                    (t, c["data"].get("text/plain", ""), c.get("transient", {}).get("display_id"))
+                )
+            elif t == "execute_result":
+                out.result = c["data"].get("text/plain")
+            elif t == "error":
+                out.error = c
+        while True:  # the matching execute_reply
+            reply = self.kc.get_shell_msg(timeout=TIMEOUT)
+            if reply["parent_header"].get("msg_id") == out.msg_id:
+                out.reply = reply["content"]
+                return out
+
+
+@pytest.fixture(scope="module")
+def jupyter_path(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The kernelspec, installed into a folder of the test's own."""
+    from monarch_kernel.kernel._install import install
+
+    prefix = tmp_path_factory.mktemp("jupyter")
+    install(prefix=str(prefix))
+    old = os.environ.get("JUPYTER_PATH")
+    os.environ["JUPYTER_PATH"] = str(prefix / "share" / "jupyter")
+    yield
+    if old is None:
+        os.environ.pop("JUPYTER_PATH", None)
+    else:
+        os.environ["JUPYTER_PATH"] = old
+
+
+def _start() -> Kernel:
+    km, kc = start_new_kernel(kernel_name="monarch", startup_timeout=TIMEOUT)
+    return Kernel(km, kc)
+
+
+def _stop(k: Kernel) -> None:
+    k.kc.stop_channels()
+    k.km.shutdown_kernel(now=True)
+
+
+@pytest.fixture(scope="module")
+def kernel(jupyter_path: None) -> Iterator[Kernel]:
+    k = _start()
+    k.run("1")  # the start line
+    yield k
+    k.run("%mesh down --all")
+    _stop(k)
+
+
+@pytest.fixture(scope="module")
+def mesh(kernel: Kernel) -> str:
+    name = f"k-{uuid.uuid4().hex[:6]}"
+    out = kernel.run(f"procs = %mesh up {name} --procs 2")
+    assert out.error is None, out.traceback
+    assert f"mesh '{name}' up: 2 procs" in out.stdout
+    return name
+
+
+def test_the_first_cell_names_the_running_meshes_and_the_kernel_says_who_it_is(jupyter_path):
+    k = _start()
+    try:
+        first = k.run("1 + 1")
+        assert (
+            "monarch: no running meshes" in first.stdout or "running meshes you can attach to" in first.stdout
+        )
+        assert first.result == "2"
+        assert "monarch" not in k.run("2 + 2").stdout  # once
+        info = k.kc.kernel_info(reply=True)["content"]
+        assert info["implementation"] == "monarch-kernel"
+        assert info["language_info"]["name"] == "python"
+    finally:
+        _stop(k)
+
+
+def test_mesh_cells_stream_one_block_per_rank_and_show_each_value(kernel, mesh):
+    out = kernel.run(
+        "%%mesh\nimport os\nprint('hello', os.environ['MONARCH_RANK'])\nint(os.environ['MONARCH_RANK']) * 10"
+    )
+    assert out.error is None, out.traceback
+    final: dict[str, str] = {}
+    for _type, text, display_id in out.displays:
+        assert display_id, "per-rank blocks are updated in place"
+        final[display_id] = text
+    blocks = sorted(final.values())
+    assert blocks == ["[rank 0]\nhello 0\nOut: 0", "[rank 1]\nhello 1\nOut: 10"]
+    assert not out.stdout  # nothing leaked out of the blocks
+
+
+def test_group_outputs_order_prefixes_lines_with_their_rank(kernel, mesh):
+    out = kernel.run("%%mesh --group-outputs order --ranks 1\nprint('only me')")
+    assert out.stdout == "[rank 1] only me\n"
+
+
+def test_the_mesh_namespace_persists_and_push_and_pull_reach_it(kernel, mesh):
+    assert kernel.run("%mesh push base=40+2").error is None
+    out = kernel.run("%%mesh\ndoubled = base * 2")
+    assert out.error is None, out.traceback
+    pulled = kernel.run("%mesh pull doubled")
+    assert pulled.result is not None and pulled.result.count("84") == 2
+    missing = kernel.run("%mesh pull nope")
+    assert missing.error is not None and "nope" in missing.traceback
+
+
+def test_a_failing_mesh_cell_shows_each_ranks_remote_traceback_with_the_cells_lines(kernel, mesh):
+    out = kernel.run(
+        "%%mesh\nimport os\nx = 1\nif os.environ['MONARCH_RANK'] == '1':\n    raise ValueError('bad rank')"
+    )
+    assert out.error is not None
+    tb = out.traceback
+    assert "--- rank 1 ---" in tb and "--- rank 0 ---" not in tb
+    assert "raise ValueError('bad rank')" in tb  # the cell's own source line
+    assert "_main_thread.py" not in tb and "_spmd.py" not in tb
+    assert "1 of 2 ranks failed" in tb
+
+
+def test_what_an_endpoint_prints_shows_in_the_cell_that_called_it(kernel, mesh):
+    define = kernel.run(
+        "from monarch_kernel import Actor, endpoint\n"
+        "import time\n"
+        "class Talker(Actor):\n"
+        "    @endpoint\n"
+        "    def say(self, text, delay=0.0):\n"
+        "        time.sleep(delay)\n"
+        "        print(text, flush=True)\n"
+        "        return text\n"
+        "talker = procs.spawn('talker', Talker)"
+    )
+    assert define.error is None, define.traceback
+    now = kernel.run("talker.say.call('right away').get()")
+    assert "[" in now.stdout and "right away" in now.stdout
+    assert now.stdout.count("right away") == 2  # both ranks, before the cell ended
+    # A call whose output comes after its cell ended: it is sent with that cell's
+    # request as parent, while the next cell runs.
+    first = kernel.run("pending = talker.say.call('later', delay=1.5)")
+    second = kernel.run("import time; time.sleep(3); 'second'")
+    late = [m for m in second.others if m["msg_type"] == "stream" and "later" in m["content"]["text"]]
+    assert len(late) == 2
+    assert all(m["parent_header"]["msg_id"] == first.msg_id for m in late)
+    assert "later" not in second.stdout
+
+
+def test_bad_magic_arguments_raise_usage_error_with_the_fix(kernel):
+    # IPython shows a UsageError as one line on stderr, and the reply is an error.
+    def usage(code: str) -> str:
+        out = kernel.run(code)
+        assert out.reply["status"] == "error" and out.reply["ename"] == "UsageError", out
+        return out.stderr
+
+    assert "up, attach, ls" in usage("%mesh frobnicate")
+    assert "arguments are required: name" in usage("%mesh up")
+    assert "--procs N" in usage("%mesh up nosuchmesh")
+    assert "not both" in usage("%mesh up x --procs 1 --gpus 1")
+    assert "KEY=VALUE" in usage("%mesh up x --procs 1 --env NOEQUALS")
+    assert "ranks 0 to 1" in usage("%%mesh --ranks 5\n1")
+    help_text = kernel.kc.inspect("%mesh", reply=True)["content"]
+    assert help_text["found"] and "push NAME=EXPR" in help_text["data"]["text/plain"]
+
+
+def test_the_stop_button_interrupts_a_mesh_cell_on_every_worker(kernel, mesh):
+    out = kernel.run(
+        "%%mesh\nimport time\ninterrupted = False\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n"
+        "    interrupted = True\n    raise",
+        wait=False,
+    )
+    time.sleep(1.5)
+    t = time.monotonic()
+    kernel.km.interrupt_kernel()
+    kernel.collect(out)
+    took = time.monotonic() - t
+    assert out.error is not None and out.error["ename"] == "KeyboardInterrupt"
+    assert took < 30  # sanity only: the figure goes in the closing note, not an assert
+    check = kernel.run("%%mesh\ninterrupted")
+    assert check.error is None, check.traceback
+    assert sorted(text for _t, text, _d in check.displays)[-2:] == [
+        "[rank 0]\nOut: True",
+        "[rank 1]\nOut: True",
+    ]
+
+
+def test_the_stop_button_interrupts_a_blocking_get_on_the_workers(kernel, mesh):
+    define = kernel.run(
+        "class Spinner(Actor):\n"
+        "    def __init__(self):\n"
+        "        self.stopped_by = None\n"
+        "    @endpoint\n"
+        "    def spin(self):\n"
+        "        try:\n"
+        "            while True:\n"
+        "                time.sleep(0.01)\n"
+        "        except KeyboardInterrupt as e:\n"
+        "            self.stopped_by = type(e).__name__\n"
+        "            raise\n"
+        "    @endpoint\n"
+        "    def why(self):\n"
+        "        return self.stopped_by\n"
+        "spinner = procs.spawn('spinner', Spinner)"
+    )
+    assert define.error is None, define.traceback
+    out = kernel.run("spinner.spin.call().get()", wait=False)
+    time.sleep(1.5)
+    kernel.km.interrupt_kernel()
+    kernel.collect(out)
+    assert out.error is not None and out.error["ename"] == "KeyboardInterrupt"
+    why = kernel.run("sorted(spinner.why.call().get().values())")
+    assert why.result == "['KeyboardInterrupt', 'KeyboardInterrupt']"
+
+
+def test_a_worker_that_dies_while_idle_is_reported_in_the_next_cell(kernel, mesh):
+    out = kernel.run("[w['pid'] for w in procs._session('t').client.list_workers() if w['rank'] == 1][0]")
+    victim = int(out.result or "0")
+    os.kill(victim, signal.SIGKILL)
+    assert not still_alive([victim])
+    time.sleep(1.0)  # the kernel is idle meanwhile
+    nxt = kernel.run("'next'")
+    assert "rank 1" in nxt.stderr and "SIGKILL" in nxt.stderr, nxt.stderr
+    assert f"pid {victim}" in nxt.stderr
+    assert kernel.run("procs.respawn()").result == "[1]"
+    assert kernel.run("%mesh status").stdout.count("alive") == 2
+
+
+def test_meshes_survive_a_kernel_restart_with_their_namespaces(jupyter_path):
+    name = f"r-{uuid.uuid4().hex[:6]}"
+    k = _start()
+    try:
+        k.run("1")
+        assert k.run(f"procs = %mesh up {name} --procs 2").error is None
+        assert k.run("%%mesh\nsecret = 'kept'").error is None
+        pids = k.run("sorted(w['pid'] for w in procs._session('t').client.list_workers())").result
+        k.km.restart_kernel(now=True)
+        k.kc.wait_for_ready(timeout=TIMEOUT)
+        first = k.run("1")
+        assert "running meshes you can attach to:" in first.stdout and f"{name} (2/2 procs)" in first.stdout
+        attached = k.run(f"procs = %mesh attach {name}")
+        assert attached.error is None, attached.traceback
+        assert f"attached to mesh '{name}'" in attached.stdout
+        assert k.run("sorted(w['pid'] for w in procs._session('t').client.list_workers())").result == pids
+        out = k.run("%%mesh\nsecret")
+        assert sorted(text for _t, text, _d in out.displays)[-2:] == [
+            "[rank 0]\nOut: 'kept'",
+            "[rank 1]\nOut: 'kept'",
+        ]
+    finally:
+        k.run(f"%mesh down {name}")
+        _stop(k)
