@@ -32,8 +32,8 @@ $(STAMPS)/kernelspec: monarch_kernel/kernel/_install.py | $(STAMPS)/native
 
 setup: $(STAMPS)/native $(STAMPS)/kernelspec ## Create the venv, install dependencies (torch included), build the native core, install the kernelspec
 
-demo: setup ## Set up, then run a short tour of the API on a local mesh and print what it did
-	$(PY) demo/tour.py
+demo: setup ## Set up, then execute notebooks/quickstart.ipynb through the monarch kernel and print it
+	$(PY) demo/run_notebook.py notebooks/quickstart.ipynb
 
 test: setup test-rust test-python ## Set up, then run every test (Rust and Python)
 

@@ -79,6 +79,12 @@ class ActorError(MonarchKernelError):
     def __reduce__(self) -> Any:
         return (ActorError, (self.exception, self.message, self.exception_formatted, self.rank))
 
+    def _render_traceback_(self) -> list[str]:
+        """How IPython shows it: the remote traceback, not the local frames of the
+        call machinery."""
+        where = f" (rank {self.rank})" if self.rank is not None else ""
+        return [*self.exception_formatted.rstrip("\n").splitlines(), f"ActorError: {self.message}{where}"]
+
 
 class SupervisionError(MonarchKernelError, RuntimeError):
     """A worker process or an actor failed: the call cannot complete.

@@ -56,6 +56,10 @@ fn hostname() -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
+/// What a worker writes to mark the end of a call's output (the Python dispatcher's
+/// `FLUSH_MARK`): passed on to watchers, kept out of log files and the ring buffer.
+pub const FLUSH_MARK: &[u8] = b"\x1d monarch flush";
+
 /// Longest origin tag the agent accepts (a notebook message id is 32 to 40 bytes).
 const MAX_ORIGIN: usize = 128;
 
@@ -279,7 +283,8 @@ impl Workers {
                     Ok(_) => {}
                 }
                 let (origin, body) = split_origin(&buf);
-                if let Some(f) = file.as_mut() {
+                let is_mark = body.strip_suffix(b"\n").unwrap_or(body) == FLUSH_MARK;
+                if let (Some(f), false) = (file.as_mut(), is_mark) {
                     let _ = f.write_all(body);
                 }
                 let text = String::from_utf8_lossy(body)
@@ -291,7 +296,7 @@ impl Workers {
                     text,
                     origin,
                 };
-                {
+                if !is_mark {
                     let mut recs = records.lock().unwrap_or_else(|e| e.into_inner());
                     if let Some(rec) = recs.iter_mut().find(|r| r.info.rank == rank) {
                         if rec.ring.len() == RING_LINES {
