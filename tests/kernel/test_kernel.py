@@ -311,3 +311,28 @@ def test_meshes_survive_a_kernel_restart_with_their_namespaces(jupyter_path):
     finally:
         k.run(f"%mesh down {name}")
         _stop(k)
+
+
+def test_use_ls_slice_noblock_and_timeout(kernel, mesh):
+    other = f"u-{uuid.uuid4().hex[:6]}"
+    assert kernel.run(f"%mesh up {other} --procs 1").error is None
+    try:
+        listed = kernel.run("%mesh ls").stdout
+        assert mesh in listed and other in listed and listed.startswith("NAME")
+        # The last mesh brought up is the default; %mesh use switches back.
+        one = kernel.run("%%mesh\nimport os\nint(os.environ['MONARCH_RANK'])")
+        assert [t for _k, t, _d in one.displays] == ["[rank 0]\nOut: 0"]
+        assert "default mesh" in kernel.run(f"%mesh use {mesh}").stdout
+        sliced = kernel.run("%%mesh --slice procs=1\nimport os\nos.environ['MONARCH_RANK']")
+        assert [t for _k, t, _d in sliced.displays] == ["[rank 1]\nOut: '1'"]
+        named = kernel.run(f"%%mesh {other}\n'on the other mesh'")
+        assert [t for _k, t, _d in named.displays] == ["[rank 0]\nOut: 'on the other mesh'"]
+        started = kernel.run("%%mesh --noblock\nimport time\ntime.sleep(0.5)\n'late'")
+        assert "_mesh_run.wait()" in started.stdout
+        waited = kernel.run("sorted(_mesh_run.wait(30).values())")
+        assert waited.result == "[\"'late'\", \"'late'\"]"
+        slow = kernel.run("%%mesh --timeout 1\nimport time\ntime.sleep(30)")
+        assert slow.error is not None and slow.error["ename"] == "TimeoutError"
+        assert kernel.run("%%mesh\n'still usable'").error is None
+    finally:
+        kernel.run(f"%mesh down {other}")
