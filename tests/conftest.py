@@ -86,3 +86,20 @@ def procs4(state_home: Path) -> Iterator[ProcMesh]:
 def procs2(state_home: Path) -> Iterator[ProcMesh]:
     """Two worker processes, ``{"procs": 2}``, shared by a test module."""
     yield from _spawn({"procs": 2})
+
+
+@pytest.fixture(scope="module")
+def jupyter_path(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The kernelspec ``monarch``, installed into a folder of the test's own and put
+    on ``JUPYTER_PATH``, so kernel tests do not depend on what is installed where."""
+    from monarch_kernel.kernel._install import install
+
+    prefix = tmp_path_factory.mktemp("jupyter")
+    install(prefix=str(prefix))
+    old = os.environ.get("JUPYTER_PATH")
+    os.environ["JUPYTER_PATH"] = str(prefix / "share" / "jupyter")
+    yield
+    if old is None:
+        os.environ.pop("JUPYTER_PATH", None)
+    else:
+        os.environ["JUPYTER_PATH"] = old

@@ -81,22 +81,6 @@ class Kernel:
                 return out
 
 
-@pytest.fixture(scope="module")
-def jupyter_path(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """The kernelspec, installed into a folder of the test's own."""
-    from monarch_kernel.kernel._install import install
-
-    prefix = tmp_path_factory.mktemp("jupyter")
-    install(prefix=str(prefix))
-    old = os.environ.get("JUPYTER_PATH")
-    os.environ["JUPYTER_PATH"] = str(prefix / "share" / "jupyter")
-    yield
-    if old is None:
-        os.environ.pop("JUPYTER_PATH", None)
-    else:
-        os.environ["JUPYTER_PATH"] = old
-
-
 def _start() -> Kernel:
     km, kc = start_new_kernel(kernel_name="monarch", startup_timeout=TIMEOUT)
     return Kernel(km, kc)

@@ -3,10 +3,8 @@ and the script tour runs; the quickstart shows what it promises."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import nbformat
@@ -15,21 +13,6 @@ from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-
-
-@pytest.fixture(scope="module")
-def jupyter_path(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    from monarch_kernel.kernel._install import install
-
-    prefix = tmp_path_factory.mktemp("jupyter")
-    install(prefix=str(prefix))
-    old = os.environ.get("JUPYTER_PATH")
-    os.environ["JUPYTER_PATH"] = str(prefix / "share" / "jupyter")
-    yield
-    if old is None:
-        os.environ.pop("JUPYTER_PATH", None)
-    else:
-        os.environ["JUPYTER_PATH"] = old
 
 
 def _execute(path: Path) -> nbformat.NotebookNode:
