@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -136,9 +137,11 @@ class AgentClient:
         return list(self._call("SpawnWorkers", req, timeout).workers)
 
     def list_workers(self, timeout: float = 5.0) -> list[dict[str, Any]]:
-        return [
-            worker_dict(w) for w in self._call("ListWorkers", self._pb.ListWorkersRequest(), timeout).workers
-        ]
+        return [worker_dict(w) for w in self.list_workers_raw(timeout)]
+
+    def list_workers_raw(self, timeout: float = 5.0) -> list[Any]:
+        """:meth:`list_workers`, as the agent's WorkerInfo messages."""
+        return list(self._call("ListWorkers", self._pb.ListWorkersRequest(), timeout).workers)
 
     def worker(self, rank: int) -> dict[str, Any] | None:
         return next((w for w in self.list_workers() if w["rank"] == rank), None)
@@ -167,12 +170,12 @@ class AgentClient:
         def run() -> None:
             try:
                 for ev in stream:
-                    on_event(ev)
+                    try:
+                        on_event(ev)
+                    except Exception:  # a handler's bug must not end the lease
+                        traceback.print_exc()
             except self._grpc.RpcError as e:
                 on_end(None if e.code() == self._grpc.StatusCode.CANCELLED else self._error(e, "Watch"))
-                return
-            except BaseException as e:  # reported to the owner, never raised on a bare thread
-                on_end(e)
                 return
             on_end(None)
 

@@ -70,6 +70,8 @@ class MonarchKernel(IPythonKernel):
         )
 
     async def do_execute(self, code: str, silent: bool, *args: Any, **kwargs: Any) -> Any:
+        if silent:  # front-end machinery (inspectors, completion helpers): not a cell
+            return await super().do_execute(code, silent, *args, **kwargs)
         parent = self.get_parent("shell")
         origin = str(parent.get("header", {}).get("msg_id", ""))
         pending, failures = self.router.cell_started(origin, parent)
@@ -84,9 +86,13 @@ class MonarchKernel(IPythonKernel):
         try:
             return await super().do_execute(code, silent, *args, **kwargs)
         finally:
-            self._flush(origin)
-            self.router.cell_finished()
-            _origin.set_default("")
+            try:
+                self._flush(origin)
+            except BaseException:  # a second stop press: the cell still gets its reply
+                pass
+            finally:
+                self.router.cell_finished()
+                _origin.set_default("")
 
     def _flush(self, origin: str) -> None:
         """ROUTE-3: waits until the meshes this cell called have delivered its output."""

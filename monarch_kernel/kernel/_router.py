@@ -24,6 +24,8 @@ from monarch_kernel.worker._dispatcher import FLUSH_MARK
 
 # Cells remembered for late output (ROUTE-1).
 _MAX_PARENTS = 1000
+# Lines kept for the next cell while the kernel is idle.
+_MAX_PENDING = 1000
 
 
 class Router:
@@ -96,10 +98,17 @@ class Router:
             if q is not None:
                 q.put((mesh, line.rank, line.stream, line.text))
                 return
+            if origin and origin not in self._parents:
+                return  # another controller's call (or a cell long gone): not ours to show
             parent = self._parents.get(origin) or self._parents.get(self.current)
             text = f"[{mesh} {line.rank}] {line.text}\n"
             if parent is None:
-                self._pending.append((line.stream, text))
+                if len(self._pending) < _MAX_PENDING:
+                    self._pending.append((line.stream, text))
+                elif len(self._pending) == _MAX_PENDING:
+                    self._pending.append(
+                        ("stderr", "monarch: more worker output came while idle; see %mesh logs\n")
+                    )
                 return
         self._send(parent, line.stream, text)
 

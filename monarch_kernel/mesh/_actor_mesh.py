@@ -234,13 +234,13 @@ class ActorMesh(MeshTrait, Generic[R]):
 
         session = session_for(self._proc)
         if session is not None:
-            session.forget_actor(self._name)
-        what, proc, ranks = f"stop of {self._name}", self._proc, self._shape.ranks
+            session.forget_actor(self._name, list(self._shape.ranks))
+        what, proc, shape = f"stop of {self._name}", self._proc, self._shape
+        local = Shape(shape.extent)
 
         def finish(replies: list[Any]) -> None:
-            for r, base in zip(replies, ranks):
-                if isinstance(r, BaseException):
-                    raise proc.explain(r, base, what)
+            for r, base, p in zip(replies, shape.ranks, local.points()):
+                decode_reply(r, proc, base, p, what)
 
         return Future(_calls=calls, _finish=finish)
 

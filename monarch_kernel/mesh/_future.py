@@ -77,7 +77,7 @@ class Future(Generic[R]):
     def exception(self, timeout: float | None = None) -> BaseException | None:
         try:
             self.get(timeout)
-        except TimeoutError:
+        except (TimeoutError, KeyboardInterrupt, SystemExit):
             raise
         except BaseException as e:
             return e

@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from monarch_kernel import _native, _origin
 from monarch_kernel.actor import is_async_actor
-from monarch_kernel.errors import ActorError, MeshSpecError, MeshStoppedError, SerializationError
+from monarch_kernel.errors import (
+    ActorError,
+    MeshOwnershipError,
+    MeshSpecError,
+    MeshStoppedError,
+    SerializationError,
+)
 from monarch_kernel.mesh._actor_mesh import ActorMesh, check_endpoint_names
 from monarch_kernel.mesh._future import Future
 from monarch_kernel.mesh._proc_ref import ProcRef
@@ -138,6 +144,12 @@ class ProcMesh(MeshTrait):
         session = session_for(self._proc)
         if session is not None:
             session.stop(timeout=10)
+        elif st.fenced:
+            raise MeshOwnershipError(
+                f"mesh {self.name!r} is controlled by another controller now; attach({self.name!r}) first "
+                "to stop it from here (or: monarch-kernel down NAME)",
+                mesh=self.name,
+            )
         elif not st.stopped and self._proc.agent_addr is not None:
             from monarch_kernel.mesh import _registry
 

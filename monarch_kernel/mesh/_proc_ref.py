@@ -31,6 +31,8 @@ class MeshState:
     dead: dict[int, SupervisionError] = field(default_factory=dict)
     unresponsive: set[int] = field(default_factory=set)
     stopped: bool = False
+    #: Another controller attached after this process's session (it was let go).
+    fenced: bool = False
     lost: SupervisionError | None = None
 
     def changed(self) -> None:

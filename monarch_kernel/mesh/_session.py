@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,8 +57,8 @@ MISSES = 3
 class MeshFailure:
     """What went wrong with a mesh, as given to ``on_failure`` callbacks and actors'
     ``__supervise__``. ``kind`` is "dead" (a worker exited), "unresponsive" (alive but
-    not answering heartbeats), "recovered" (answering again) or "lost" (the host agent
-    is gone, so is every worker)."""
+    not answering heartbeats), "recovered" (answering again), "lost" (the host agent
+    is gone, so is every worker) or "fenced" (another controller attached)."""
 
     mesh: str
     kind: str
@@ -129,6 +131,7 @@ class Session:
         self.state: MeshState = self.ref.state()
         self.state.ref = self.ref
         self.state.stopped = False
+        self.state.fenced = False
         self.state.lost = None
         self.state.dead.clear()
         self.state.changed()
@@ -140,14 +143,21 @@ class Session:
         self.closed = False
         self.stopping = False
         self.lock = threading.Lock()
+        self.fenced = False
         _native.set_epoch(rec.token, self.epoch)
+        # The lease and the event stream first; then what happened before it opened
+        # (the agent does not replay events): exits are marked from the agent's list.
+        self._cancel_watch = client.watch_in_thread(self._on_event, self._on_end)
+        try:
+            workers = client.list_workers_raw()
+        except MonarchKernelError:
+            pass  # the watch reports what happens next
         for w in workers:
-            if w.state == 2:  # exited before we attached
+            if w.state == 2 and w.rank not in self.state.dead:  # exited before we watched
                 self._worker_died(w, notify=False)
         # Raise every worker's epoch now, so an older controller is fenced at once.
         live = [r for r in range(len(self.ref.addrs)) if r not in self.state.dead]
         _native.ping_all([_native.WorkerConn(self.ref.addrs[r], self.token) for r in live], 2.0)
-        self._cancel_watch = client.watch_in_thread(self._on_event, self._on_end)
         self._heartbeat = threading.Thread(
             target=self._beat, name=f"monarch-heartbeat-{self.name}", daemon=True
         )
@@ -171,6 +181,11 @@ class Session:
 
     def _on_end(self, err: BaseException | None) -> None:
         if self.closed or self.stopping or err is None:
+            return
+        if _agent_alive(self.rec):  # a hiccup, not a death: watch again
+            time.sleep(0.2)
+            if not self.closed:
+                self._cancel_watch = self.client.watch_in_thread(self._on_event, self._on_end)
             return
         lost = SupervisionError(
             f"mesh {self.name!r} is lost: its host agent ({self.rec.agent_addr}, pid {self.rec.agent_pid}) "
@@ -216,6 +231,7 @@ class Session:
                 "unresponsive": "calls to it wait; it is alive but does not answer",
                 "recovered": "it answers again",
                 "lost": "",
+                "fenced": "",
             }[failure.kind]
             first = failure.message.splitlines()[0]
             print(f"monarch: {first}{f' ({hint})' if hint else ''}", file=sys.stderr, flush=True)
@@ -270,6 +286,8 @@ class Session:
                     continue
                 if isinstance(res, tuple):
                     misses[r] = 0
+                    if res[1] > self.epoch and not self.fenced:
+                        self._fence(res[1])
                     if r in self.state.unresponsive:
                         self.state.unresponsive.discard(r)
                         self._notify(
@@ -283,6 +301,20 @@ class Session:
                     self.state.unresponsive.add(r)
                     self._notify(MeshFailure.of(self._unresponsive_error(r), "unresponsive"))
             time.sleep(max(0.0, HEARTBEAT_S - (time.monotonic() - started)))
+
+    def _fence(self, epoch: int) -> None:
+        """Another controller attached (epoch ``epoch``): stop listening to the mesh,
+        say so once."""
+        self.fenced = self.state.fenced = True
+        self._notify(
+            MeshFailure(
+                self.name,
+                "fenced",
+                f"mesh {self.name!r}: another controller attached (epoch {epoch}; this one has {self.epoch}); "
+                f"commands from here now raise MeshOwnershipError. attach({self.name!r}) takes it back.",
+            )
+        )
+        self.detach()
 
     def _unresponsive_error(self, rank: int) -> SupervisionError:
         info: dict[str, Any] | None
@@ -308,7 +340,14 @@ class Session:
         self.records[name] = (payload, bufs, shape_blob)
         self.client.record_actor(name, payload, bufs, shape_blob, self.epoch)
 
-    def forget_actor(self, name: str) -> None:
+    def forget_actor(self, name: str, ranks: list[int]) -> None:
+        """Forgets actor mesh ``name`` once it is stopped on every rank it spans (a
+        stopped slice leaves the record: the other ranks' actors still run)."""
+        from monarch_kernel.mesh._serial import loads
+
+        rec = self.records.get(name)
+        if rec is not None and not set(loads(rec[2]).ranks) <= set(ranks):
+            return
         self.records.pop(name, None)
         self.client.forget_actor(name, self.epoch)
 
@@ -382,7 +421,8 @@ class Session:
         if self.closed:
             return
         self.closed = True
-        _sessions.pop(self.name, None)
+        if _sessions.get(self.name) is self:
+            _sessions.pop(self.name, None)
         self._cancel_watch()
 
     def flush(self, origin: str, timeout: float = 5.0) -> list[int]:
@@ -428,14 +468,39 @@ def _worker_env(env: Mapping[str, str] | None) -> dict[str, str]:
     }
 
 
+def _agent_alive(rec: MeshRecord) -> bool:
+    """True if ``rec``'s agent process still runs on this host (whether or not it
+    answers): a busy or stopped agent is not a stale record."""
+    if rec.host != os.uname().nodename:
+        return False
+    try:
+        with open(f"/proc/{rec.agent_pid}/cmdline", "rb") as f:
+            cmd = f.read()
+        with open(f"/proc/{rec.agent_pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return b"monarch_kernel.hosts._agent_main" in cmd and state not in ("Z", "X")
+
+
+class _Busy(MonarchKernelError):
+    """The agent runs but did not answer in time."""
+
+
 def _connect(rec: MeshRecord) -> AgentClient | None:
-    """A client of ``rec``'s agent if it answers as that mesh, else None."""
+    """A client of ``rec``'s agent if it answers as that mesh; None if it is gone
+    (REGISTRY-2: only then may its record be removed). An agent that runs but does
+    not answer raises ``_Busy``."""
     client = AgentClient(rec.agent_addr, rec.token)
     try:
         if client.ping(timeout=3.0)["name"] == rec.name:
             return client
-    except MonarchKernelError:
-        pass
+    except MonarchKernelError as e:
+        if _agent_alive(rec):
+            client.close()
+            raise _Busy(
+                f"the host agent of mesh {rec.name!r} (pid {rec.agent_pid}) runs but does not answer: {e}"
+            ) from None
     client.close()
     return None
 
@@ -444,19 +509,23 @@ def attach_record(rec: MeshRecord) -> Session:
     """Attaches to the mesh ``rec`` describes (bumping its epoch); a stale record is
     removed and raises MeshNotFoundError."""
     with _sessions_lock:
-        old = _sessions.get(rec.name)
-        if old is not None and old.token == rec.token and not old.closed:
-            old.detach()
         client = _connect(rec)
         if client is None:
-            _registry.discard(rec.name)
+            _registry.remove_if_ours(rec.name, rec.token)
             raise MeshNotFoundError(
                 f"mesh {rec.name!r} is not running: its host agent (pid {rec.agent_pid}, {rec.agent_addr}) is "
                 "gone, and its state file was removed. Start it again with "
                 f"this_host().spawn_procs(..., name={rec.name!r})."
             )
         reply = client.attach()
+        # The new lease opens before the old one (if this process had one) closes: an
+        # ephemeral mesh must never see no controller in between.
         session = Session(rec, client, reply.epoch, list(reply.workers), list(reply.actors), agent=None)
+        old = _sessions.get(rec.name)
+        if old is not None and old.token == rec.token and not old.closed:
+            session.callbacks.extend(old.callbacks)
+            session.agent = old.agent
+            old.detach()
         rec.epoch = session.epoch
         _registry.write(rec)
         _sessions[rec.name] = session
@@ -492,25 +561,27 @@ def create(
         workers = client.spawn_workers_raw(
             nprocs, sys.executable, ["-m", "monarch_kernel.worker"], worker_env, os.getcwd(), epoch=epoch
         )
-    except BaseException:
+        rec = MeshRecord(
+            name=mesh_name,
+            token=token,
+            agent_addr=agent.addr,
+            agent_pid=agent.popen.pid,
+            host=os.uname().nodename,
+            spec=spec,
+            idle_timeout=idle_timeout,
+            ephemeral=ephemeral,
+            epoch=epoch,
+        )
+        session = Session(rec, client, epoch, workers, [], agent)
+        _registry.write(rec)
+    except BaseException:  # nothing may be left running that no state file names
         try:
             client.shutdown()
+        except Exception:
+            pass  # the original error is the one to report
         finally:
             agent.wait(10)
         raise
-    rec = MeshRecord(
-        name=mesh_name,
-        token=token,
-        agent_addr=agent.addr,
-        agent_pid=agent.popen.pid,
-        host=os.uname().nodename,
-        spec=spec,
-        idle_timeout=idle_timeout,
-        ephemeral=ephemeral,
-        epoch=epoch,
-    )
-    session = Session(rec, client, epoch, workers, [], agent)
-    _registry.write(rec)
     with _sessions_lock:
         _sessions[mesh_name] = session
     return session
@@ -555,7 +626,7 @@ def get_or_create(
                     pass  # stale: create it anew below
             elif not replace:
                 if _connect(rec) is None:
-                    _registry.discard(rec.name, "its host agent is gone")
+                    _registry.remove_if_ours(rec.name, rec.token)
                 else:
                     raise MeshSpecError(
                         f"mesh {name!r} is running with {_spec_text(rec.spec)}, not {_spec_text(spec)}. Pass "
@@ -581,7 +652,12 @@ def stop_record(rec: MeshRecord) -> bool:
             return True
         except MeshOwnershipError:
             s.detach()  # fenced: stop it as an administrator below
-    client = _connect(rec)
+    try:
+        client = _connect(rec)
+    except _Busy:  # hung: its workers exit with it (AGENT-1)
+        os.kill(rec.agent_pid, signal.SIGKILL)
+        _registry.remove_if_ours(rec.name, rec.token)
+        return True
     _registry.remove_if_ours(rec.name, rec.token)
     if client is None:
         return False
@@ -615,13 +691,23 @@ def list_meshes() -> list[MeshInfo]:
     """The running meshes this user can attach to; stale state files are removed."""
     out = []
     for name in _registry.names():
-        rec = _registry.read(name)
-        if rec is None:
-            continue
-        client = _connect(rec)
-        if client is None:
-            _registry.discard(name, f"its host agent (pid {rec.agent_pid}) is gone")
-            continue
+        with _registry.locked(name):
+            rec = _registry.read(name)
+            if rec is None:
+                continue
+            try:
+                client = _connect(rec)
+            except _Busy as e:
+                warnings.warn(str(e), _registry.MeshStateWarning, stacklevel=2)
+                continue
+            if client is None:
+                _registry.remove_if_ours(name, rec.token)
+                warnings.warn(
+                    f"mesh {name!r}: its host agent (pid {rec.agent_pid}) is gone; its state file was removed",
+                    _registry.MeshStateWarning,
+                    stacklevel=2,
+                )
+                continue
         try:
             ping = client.ping()
             workers = client.list_workers()

@@ -27,13 +27,10 @@ def serve_forever() -> None:
     while True:
         try:
             job = _jobs.get(timeout=1.0)
-        except (queue.Empty, KeyboardInterrupt):  # an interrupt that came too late
-            continue
-        with _running:
-            try:
+            with _running:
                 job()
-            except KeyboardInterrupt:  # raised after the job returned its outcome
-                pass
+        except (queue.Empty, KeyboardInterrupt):  # an interrupt that came between jobs
+            continue
 
 
 def run(fn: Callable[[], Any]) -> Any:
@@ -51,15 +48,14 @@ def run(fn: Callable[[], Any]) -> Any:
             done.set()
 
     _jobs.put(job)
-    interrupted = False
     while True:
         try:
             if done.wait(0.05):
                 break
-        except KeyboardInterrupt:
-            if not interrupted and threading.main_thread().ident is not None:
-                interrupted = True
-                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # type: ignore[arg-type]
+        except KeyboardInterrupt:  # every cancel is passed on (code may catch one)
+            ident = threading.main_thread().ident
+            if ident is not None and not done.is_set():
+                signal.pthread_kill(ident, signal.SIGINT)
     ok, value = outcome[0]
     if ok:
         return value

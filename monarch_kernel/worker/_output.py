@@ -42,6 +42,10 @@ class TaggedStream(io.TextIOBase):
             self._raw.write("".join(out))
         return len(s)
 
+    @property
+    def at_line_start(self) -> bool:
+        return self._at_line_start
+
     def writelines(self, lines: Any) -> None:
         for line in lines:
             self.write(line)

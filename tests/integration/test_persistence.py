@@ -428,3 +428,17 @@ def test_a_fenced_controller_cannot_stop_the_mesh_but_takes_it_back_by_spawn_pro
     finally:
         ctl.close()
         _stop(name)
+
+
+def test_stopping_a_slice_keeps_the_actor_mesh_for_later_controllers():
+    name = _name()
+    procs = this_host().spawn_procs(per_host={"procs": 2}, name=name)
+    try:
+        c = procs.spawn("counter", Counter, 0)
+        c.slice(procs=1).stop().get(timeout=TIMEOUT)
+        assert list(attach(name).actors) == ["counter"]  # rank 0's actor still runs
+        procs = attach(name)
+        procs.actors["counter"].stop().get(timeout=TIMEOUT)
+        assert list(attach(name).actors) == []
+    finally:
+        _stop(name)

@@ -320,3 +320,13 @@ def test_use_ls_slice_noblock_and_timeout(kernel, mesh):
         assert kernel.run("%%mesh\n'still usable'").error is None
     finally:
         kernel.run(f"%mesh down {other}")
+
+
+def test_output_without_a_final_newline_is_shown_and_the_flush_marker_never_is(kernel, mesh):
+    out = kernel.run("%%mesh --ranks 0\nimport sys\nsys.stdout.write('no newline at the end')")
+    assert out.error is None, out.traceback
+    texts = [t for _k, t, _d in out.displays]
+    assert texts and "no newline at the end" in texts[-1]
+    assert not any("monarch flush" in t for t in texts)
+    logs = kernel.run("%mesh logs --rank 0 -n 50").stdout
+    assert "no newline at the end" in logs and "monarch flush" not in logs
