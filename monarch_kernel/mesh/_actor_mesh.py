@@ -42,7 +42,7 @@ def decode_reply(reply: Any, proc: ProcRef, base_rank: int, point: Point, what: 
     kind, payload, buffers = reply
     if kind == _RESULT:
         try:
-            return loads(payload, buffers)
+            return loads(payload, buffers, proc.token)
         except Exception as e:
             raise SerializationError(
                 f"cannot unpickle the result of {what} from rank {point}: {type(e).__name__}: {e}. "
@@ -50,7 +50,7 @@ def decode_reply(reply: Any, proc: ProcRef, base_rank: int, point: Point, what: 
             ) from e
     if kind == _EXCEPTION:
         try:
-            exc, formatted = loads(payload, buffers)
+            exc, formatted = loads(payload, buffers, proc.token)
         except Exception:  # the exception's class is not importable here
             exc, formatted = None, "(the remote exception could not be unpickled here)"
         raise ActorError(exc, f"Actor call {what} failed.", formatted, rank=proc.point(base_rank))
@@ -87,8 +87,8 @@ class Endpoint(Generic[R]):
                 self._signature.bind(None, *args, **kwargs)
             except TypeError as e:
                 raise TypeError(f"{self._what}(): {e}") from None
-        payload, buffers = dumps((args, kwargs), f"arguments of {self._what}")
         mesh = self._mesh
+        payload, buffers = dumps((args, kwargs), f"arguments of {self._what}", mesh._proc.token, len(local))
         conns = mesh._conns()
         if len(local) != len(conns):
             conns = [conns[i] for i in local]

@@ -20,6 +20,7 @@ from monarch_kernel.errors import (
     SerializationError,
 )
 from monarch_kernel.mesh._actor_mesh import ActorMesh, check_endpoint_names
+from monarch_kernel.mesh._buffers import HEADER
 from monarch_kernel.mesh._future import Future
 from monarch_kernel.mesh._proc_ref import ProcRef
 from monarch_kernel.mesh._serial import dumps, loads
@@ -109,8 +110,9 @@ class ProcMesh(MeshTrait):
             raise MeshSpecError(f"spawn() needs a non-empty actor name, not {name!r}")
         is_async_actor(cls)
         check_endpoint_names(cls)
-        payload, buffers = dumps((cls, args, kwargs), f"class and constructor arguments of actor {name!r}")
+        what = f"class and constructor arguments of actor {name!r}"
         ranks = list(self._shape.ranks)
+        payload, buffers = dumps((cls, args, kwargs), what, self._proc.token, len(ranks))
         origin = _origin.current()
         if origin:
             _origin.touched.add(self._proc.name)
@@ -123,7 +125,7 @@ class ProcMesh(MeshTrait):
             if kind == _native.REPLY_FENCED:
                 raise self._proc.fenced(bytes(data).decode(), base, f"spawn of {name}")
             if kind == _native.REPLY_EXCEPTION:
-                exc, formatted = loads(data, bufs)
+                exc, formatted = loads(data, bufs, self._proc.token)
                 raise ActorError(
                     exc,
                     f"Actor {name} ({cls.__qualname__}) failed in __init__.",
@@ -134,6 +136,8 @@ class ProcMesh(MeshTrait):
                 raise self._proc.rejected(bytes(data).decode(), base, f"spawn of {name}")
         session = session_for(self._proc)
         if session is not None:  # so that attach() and respawn() find it
+            if payload[:4] == HEADER:  # the record keeps its own copy, for later controllers
+                payload, buffers = dumps((cls, args, kwargs), what)
             session.record_actor(name, payload, buffers, pickle.dumps(self._shape))
         return ActorMesh(name, cls, self._proc, self._shape)
 
@@ -329,7 +333,7 @@ def this_proc() -> ProcMesh:
             token = secrets.token_urlsafe(32)
             server = _native.WorkerServer(token)
             point = Point(0, Extent([], []))
-            Dispatcher(server, point).start()
+            Dispatcher(server, point, token).start()
             _this_proc.append(ProcMesh(ProcRef("this_proc", token, (server.addr,)), Shape(Extent([], []))))
         return _this_proc[0]
 

@@ -17,6 +17,7 @@ import cloudpickle
 
 from monarch_kernel import _native
 from monarch_kernel.errors import MessageTooLargeError, SerializationError
+from monarch_kernel.mesh import _buffers
 
 MAX_MESSAGE_BYTES: int = _native.MAX_MESSAGE_BYTES
 
@@ -34,6 +35,13 @@ class _Pickler(cloudpickle.Pickler):
     writes ``<dynamic-code>``) and carries its source lines, for remote tracebacks."""
 
     def reducer_override(self, obj: Any) -> Any:
+        t = type(obj)
+        if t is bytes and len(obj) >= _buffers.THRESHOLD:
+            return _buffers.reduce_bytes(obj)
+        if t is memoryview:
+            return _buffers.reduce_memoryview(obj)
+        if _buffers.is_tensor(obj):
+            return _buffers.reduce_tensor(obj)
         if isinstance(obj, types.CodeType):
             fn, args = cloudpickle.cloudpickle._code_reduce(obj)
             filename = obj.co_filename
@@ -65,13 +73,19 @@ def _is_plain(obj: Any, depth: int = 0) -> bool:
     return all(_is_plain(x, depth + 1) for x in obj)
 
 
-def dumps(obj: Any, what: str) -> tuple[bytes, list[memoryview]]:
-    """Pickles ``obj``; ``what`` names it in errors ("arguments of counter.incr")."""
+def dumps(obj: Any, what: str, token: str | None = None, readers: int = 1) -> tuple[bytes, list[Any]]:
+    """Pickles ``obj``; ``what`` names it in errors ("arguments of counter.incr").
+
+    With the mesh ``token``, buffers of at least ``_buffers.THRESHOLD`` bytes go
+    through the transfer engine, registered for ``readers`` receivers; there is no
+    size limit on those but memory.
+    """
     if _is_plain(obj):
         data = pickle.dumps(obj, protocol=5)
         _check_size(len(data), what)
         return data, []
     buffers: list[pickle.PickleBuffer] = []
+    reset = _buffers.current_token.set(token)
     try:
         data = _cloudpickle_dumps(obj, buffers.append)
     except Exception as e:  # pickling runs arbitrary __reduce__ code
@@ -79,14 +93,23 @@ def dumps(obj: Any, what: str) -> tuple[bytes, list[memoryview]]:
             f"cannot pickle the {what}: {type(e).__name__}: {e}. Pass picklable values "
             "(plain data, tensors, arrays, classes or functions defined in a module or cell)."
         ) from e
-    raws: list[memoryview] = []
+    finally:
+        _buffers.current_token.reset(reset)
+    raws: list[Any] = []
     for b in buffers:
         try:
             raws.append(b.raw())
-        except BufferError:  # not contiguous: copy it into the pickle stream instead
-            return _cloudpickle_dumps(obj), []
-    _check_size(len(data) + sum(r.nbytes for r in raws), what)
+        except BufferError:  # not contiguous: send a contiguous copy
+            raws.append(memoryview(b).tobytes())
+    if token is not None:
+        header, raws, _ids = _buffers.send_remote(raws, token, readers)
+        data = header + data if header else data
+    _check_size(len(data) + sum(memoryview(r).nbytes for r in raws if not _is_desc(r)), what)
     return data, raws
+
+
+def _is_desc(r: Any) -> bool:
+    return isinstance(r, bytes) and r[:4] == b"MKXD"
 
 
 def _check_size(size: int, what: str) -> None:
@@ -98,5 +121,8 @@ def _check_size(size: int, what: str) -> None:
         )
 
 
-def loads(data: bytes, buffers: list[Any] | None = None) -> Any:
-    return pickle.loads(data, buffers=buffers or ())
+def loads(data: Any, buffers: list[Any] | None = None, token: str | None = None) -> Any:
+    """Unpickles a message; buffers that came through the transfer engine are pulled
+    first, with ``token`` (default: this worker's own mesh token)."""
+    data, bufs = _buffers.receive_remote(data, buffers or [], token or _buffers.process_token[0])
+    return pickle.loads(data, buffers=bufs)

@@ -35,7 +35,10 @@ def main() -> None:
     point = Point(rank, Extent(dims, sizes))
     mesh = os.environ.get("MONARCH_MESH", "mesh")
     set_this_proc(ProcMesh(ProcRef(f"{mesh}[{rank}]", token, (server.addr,)), Shape(Extent([], []))))
-    Dispatcher(server, point).start()
+    from monarch_kernel.mesh import _buffers
+
+    _buffers.process_token[0] = token
+    Dispatcher(server, point, token).start()
     # The main thread runs SPMD code (MAIN-1); the process lives until the agent stops
     # it or goes away (AGENT-1).
     from monarch_kernel.worker import _main_thread

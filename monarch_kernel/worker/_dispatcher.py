@@ -134,9 +134,10 @@ class _LaneThread:
 class Dispatcher:
     """Runs actors for ``server`` (a ``_native.WorkerServer``)."""
 
-    def __init__(self, server: Any, point: Point) -> None:
+    def __init__(self, server: Any, point: Point, token: str) -> None:
         self.server = server
         self.point = point
+        self.token = token  # the mesh's: transfers in and out use it
         # Owned by the routing thread.
         self.actors: dict[str, _Actor] = {}
         self.router = _LaneThread(server, "monarch-dispatch", self._route_guarded, lane=_LANE_LOOP)
@@ -185,7 +186,7 @@ class Dispatcher:
                 assert runner is not None
                 runner.submit(functools.partial(self._run_sync_item, runner, item))
         elif kind == _SPAWN:
-            cls, args, kwargs = loads(payload, buffers)
+            cls, args, kwargs = loads(payload, buffers, self.token)
             origin = where[3]
             if is_async_actor(cls):
                 self._async().call_soon_threadsafe(
@@ -347,7 +348,7 @@ class Dispatcher:
         reset_origin = _origin.set_context(where[3])
         runner.running_call = call_id
         try:
-            args, kwargs = loads(payload, buffers)
+            args, kwargs = loads(payload, buffers, self.token)
             result = getattr(a.instance, method)(*args, **kwargs)
         except BaseException as e:  # DISPATCH-2, KeyboardInterrupt from a cancel included
             runner.running_call = None
@@ -387,7 +388,7 @@ class Dispatcher:
         _current.set(self._message_context(a, where))
         _origin.set_context(where[3])  # this task's own context
         try:
-            args, kwargs = loads(payload, buffers)
+            args, kwargs = loads(payload, buffers, self.token)
             result = await getattr(a.instance, method)(*args, **kwargs)
         except BaseException as e:  # DISPATCH-2, CancelledError from a cancel included
             self._reply_exception(token, e, f"{a.name}.{method}")
@@ -415,7 +416,7 @@ class Dispatcher:
         if not token:
             return
         try:
-            data, raws = dumps(value, f"return value of {what}")
+            data, raws = dumps(value, f"return value of {what}", self.token, 1)
         except Exception as e:
             self._reply_exception(token, e, what)
             return

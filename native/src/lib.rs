@@ -1,5 +1,6 @@
 //! Native core of monarch-kernel: one tokio runtime per process ([`node`]), the gRPC
-//! control plane ([`rpc`]: the `Worker` service and its one client), and the host
+//! control plane ([`rpc`]: the `Worker` service and its one client), the data plane
+//! ([`transfer`]: buffers pulled straight into the receiver's memory), and the host
 //! agent that owns worker processes ([`agent`]).
 //!
 //! This file only wires modules. pyo3 appears only in `py/` (feature `python`), so
@@ -10,6 +11,7 @@ pub mod agent;
 pub mod node;
 pub mod proto;
 pub mod rpc;
+pub mod transfer;
 
 #[cfg(feature = "python")]
 mod py;

@@ -30,6 +30,13 @@ create_exception!(
     "A message is above the control plane's size limit."
 );
 
+create_exception!(
+    _native,
+    TransferError,
+    NativeError,
+    "A data-plane transfer failed: the sender died, the token was wrong, or the buffer is gone."
+);
+
 /// Converts a control-plane error into its Python exception.
 pub fn to_py(e: RpcError) -> PyErr {
     let msg = e.to_string();
@@ -48,5 +55,6 @@ pub fn register_python_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ConnectionLost", py.get_type::<ConnectionLost>())?;
     m.add("AuthError", py.get_type::<AuthError>())?;
     m.add("MessageTooLarge", py.get_type::<MessageTooLarge>())?;
+    m.add("TransferError", py.get_type::<TransferError>())?;
     Ok(())
 }

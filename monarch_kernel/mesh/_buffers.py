@@ -1,0 +1,168 @@
+"""How buffers travel: tensors, bytes and memoryviews become out-of-band pickle
+buffers, and large out-of-band buffers go through the transfer engine (the data
+plane) instead of the gRPC message.
+
+A message whose buffers went through the engine starts with ``HEADER`` and the
+indices of those buffers; at those indices the message carries descriptors. The
+receiver allocates each destination (an anonymous mapping, populated by the kernel,
+no zero-filling pass) and pulls the bytes into it with the GIL released; tensors and
+arrays are then built on that memory without another copy.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import pickle
+import struct
+import sys
+from contextvars import ContextVar
+from typing import Any
+
+from monarch_kernel import _native
+
+#: Buffers at least this large go through the engine (MONARCH_TRANSFER_THRESHOLD).
+THRESHOLD = int(os.environ.get("MONARCH_TRANSFER_THRESHOLD", 64 * 1024))
+#: Parallel TCP streams per transfer across hosts (MONARCH_TRANSFER_STREAMS).
+STREAMS = int(os.environ.get("MONARCH_TRANSFER_STREAMS", 4))
+#: Seconds a registration waits for its readers before it is dropped anyway.
+TTL = 300.0
+HEADER = b"\x00MKX"
+
+#: The mesh token of the message being pickled (TransferBuffer registers under it).
+current_token: ContextVar[str | None] = ContextVar("monarch_current_token", default=None)
+#: This process's own mesh token, in a worker (set at start-up).
+process_token: list[str | None] = [None]
+
+
+def allocate(n: int) -> Any:
+    """A writable buffer of ``n`` bytes for a transfer to land in."""
+    if n == 0:
+        return bytearray()
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+    return mmap.mmap(-1, n, flags=flags)
+
+
+def send_remote(raws: list[Any], token: str, readers: int) -> tuple[bytes, list[Any], list[int]]:
+    """Registers the large buffers of ``raws``; returns (header, new raws, their ids)."""
+    remote, ids = [], []
+    out = list(raws)
+    for i, r in enumerate(raws):
+        if memoryview(r).nbytes >= THRESHOLD:
+            desc = _native.xfer_register(r, token, readers, TTL)
+            out[i] = desc
+            remote.append(i)
+            ids.append(_native.xfer_id(desc))
+    if not remote:
+        return b"", raws, []
+    return HEADER + struct.pack(f"<I{len(remote)}I", len(remote), *remote), out, ids
+
+
+def receive_remote(data: Any, buffers: list[Any], token: str | None) -> tuple[Any, list[Any]]:
+    """Undoes :func:`send_remote` on the receiving side: pulls every remote buffer."""
+    view = memoryview(data)
+    if view[:4] != HEADER:
+        return data, buffers
+    (count,) = struct.unpack_from("<I", view, 4)
+    indices = struct.unpack_from(f"<{count}I", view, 8)
+    if token is None:
+        raise RuntimeError("a message with transferred buffers arrived where no mesh token is known")
+    buffers = list(buffers)
+    for i in indices:
+        buffers[i] = _native.xfer_fetch_new(bytes(buffers[i]), token, STREAMS)
+    return view[8 + 4 * count :], buffers
+
+
+# -- reducers ----------------------------------------------------------------------
+
+
+def is_tensor(obj: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return (
+        torch is not None
+        and isinstance(obj, torch.Tensor)
+        and type(obj) in (torch.Tensor, torch.nn.Parameter)
+    )
+
+
+def reduce_tensor(t: Any) -> Any:
+    """A tensor as (its bytes out of band, dtype, shape, strides): the receiver builds
+    it on the received memory, strides included (a view sends the span it covers)."""
+    import torch
+
+    device = str(t.device)
+    src = t.detach()
+    if src.device.type != "cpu":
+        src = src.cpu()  # staged through host memory
+    shape, stride = tuple(src.shape), tuple(src.stride())
+    if src.numel() == 0:
+        base = torch.empty(0, dtype=src.dtype)
+    elif src.is_contiguous():
+        base = src.reshape(-1)
+        stride = tuple(torch.empty(shape, dtype=torch.uint8).stride()) if shape else ()
+    else:
+        span = 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+        base = torch.as_strided(src, (span,), (1,), src.storage_offset())
+    raw: Any = base.view(torch.uint8).numpy() if base.numel() else bytearray()
+    param = isinstance(t, torch.nn.Parameter)
+    return rebuild_tensor, (
+        pickle.PickleBuffer(raw),
+        str(src.dtype).removeprefix("torch."),
+        shape,
+        stride,
+        t.requires_grad,
+        device,
+        param,
+    )
+
+
+def rebuild_tensor(
+    buf: Any,
+    dtype: str,
+    shape: tuple[int, ...],
+    stride: tuple[int, ...],
+    grad: bool,
+    device: str,
+    param: bool,
+) -> Any:
+    import torch
+
+    dt = getattr(torch, dtype)
+    n = memoryview(buf).nbytes
+    u8 = torch.frombuffer(buf, dtype=torch.uint8) if n else torch.empty(0, dtype=torch.uint8)
+    t = u8.view(dt).as_strided(shape, stride) if n else torch.empty(shape, dtype=dt)
+    if device != "cpu" and torch.cuda.is_available():
+        t = t.to(device)
+    if param:
+        return torch.nn.Parameter(t, requires_grad=grad)
+    return t.requires_grad_(grad) if grad else t
+
+
+def reduce_bytes(b: bytes) -> Any:
+    return bytes, (pickle.PickleBuffer(b),)
+
+
+def reduce_memoryview(m: memoryview) -> Any:
+    c = m if m.c_contiguous else memoryview(m.tobytes())
+    return _memoryview, (pickle.PickleBuffer(c.cast("B")), c.format, c.shape)
+
+
+def _memoryview(buf: Any, fmt: str, shape: tuple[int, ...]) -> memoryview:
+    m: Any = memoryview(buf).cast("B")
+    return m.cast(fmt, shape) if shape else m
+
+
+__all__ = [
+    "HEADER",
+    "STREAMS",
+    "THRESHOLD",
+    "allocate",
+    "current_token",
+    "is_tensor",
+    "process_token",
+    "receive_remote",
+    "reduce_bytes",
+    "reduce_memoryview",
+    "reduce_tensor",
+    "send_remote",
+]

@@ -1,0 +1,234 @@
+//! Bindings of the transfer engine ([`crate::transfer`]).
+
+use super::errors::TransferError;
+use crate::transfer::{engine, Descriptor, XferError};
+use pyo3::buffer::PyBuffer;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+fn to_py(e: XferError) -> PyErr {
+    match e {
+        XferError::Invalid(m) => PyValueError::new_err(m),
+        other => TransferError::new_err(other.to_string()),
+    }
+}
+
+fn desc(b: &[u8]) -> PyResult<Descriptor> {
+    Descriptor::decode(b).map_err(to_py)
+}
+
+/// Registers `obj`'s memory (any C-contiguous buffer) under the mesh `token`;
+/// returns its descriptor. It stays registered (and `obj` alive) until `readers`
+/// releases (0: until `xfer_drop`), or `ttl` seconds (None: no limit).
+#[pyfunction]
+#[pyo3(signature = (obj, token, readers=1, ttl=Some(300.0), writable=false))]
+fn xfer_register<'py>(
+    py: Python<'py>,
+    obj: &Bound<'py, PyAny>,
+    token: &str,
+    readers: u32,
+    ttl: Option<f64>,
+    writable: bool,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let buf = PyBuffer::<u8>::get(obj)?;
+    if !buf.is_c_contiguous() {
+        return Err(PyValueError::new_err(
+            "the buffer is not contiguous; make it so first",
+        ));
+    }
+    if writable && buf.readonly() {
+        return Err(PyValueError::new_err(
+            "the buffer is read-only, so it cannot be written to",
+        ));
+    }
+    let (ptr, len) = (buf.buf_ptr() as usize, buf.len_bytes());
+    let ttl = ttl.map(|s| Duration::from_secs_f64(s.max(0.0)));
+    // SAFETY: the PyBuffer keeps the exporter's memory valid (and pinned) until it is
+    // released, which happens when the registration ends and drops it.
+    let d = unsafe {
+        engine().register(
+            ptr,
+            len,
+            writable,
+            token.as_bytes(),
+            readers,
+            ttl,
+            Box::new(buf),
+        )
+    };
+    Ok(PyBytes::new(py, &d.encode()))
+}
+
+/// The byte length of the buffer a descriptor names.
+#[pyfunction]
+fn xfer_len(d: &[u8]) -> PyResult<u64> {
+    Ok(desc(d)?.len)
+}
+
+/// The registration id of a descriptor.
+#[pyfunction]
+fn xfer_id(d: &[u8]) -> PyResult<u64> {
+    Ok(desc(d)?.id)
+}
+
+/// Reads the buffer `d` names into `dst` (writable, contiguous, exactly its size),
+/// then releases it; the GIL is released meanwhile.
+#[pyfunction]
+#[pyo3(signature = (d, token, dst, streams=4))]
+fn xfer_fetch(
+    py: Python<'_>,
+    d: &[u8],
+    token: &str,
+    dst: &Bound<'_, PyAny>,
+    streams: usize,
+) -> PyResult<()> {
+    let d = desc(d)?;
+    let buf = PyBuffer::<u8>::get(dst)?;
+    if buf.readonly() || !buf.is_c_contiguous() {
+        return Err(PyValueError::new_err(
+            "the destination must be a writable, contiguous buffer",
+        ));
+    }
+    let (ptr, len) = (buf.buf_ptr() as usize, buf.len_bytes());
+    py.detach(|| {
+        // SAFETY: `buf` (held across this call) keeps the destination valid.
+        let dst = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) };
+        engine().fetch(&d, token.as_bytes(), dst, streams)
+    })
+    .map_err(to_py)
+}
+
+/// Memory a transfer landed in (writable, buffer protocol); its pages go back to a
+/// pool when it is released, so the next transfer of that size finds them there.
+#[pyclass(name = "RecvBuffer", module = "monarch_kernel._native")]
+pub struct RecvBuffer {
+    region: crate::transfer::recv::Region,
+}
+
+// SAFETY: the region is plain memory owned by this object.
+unsafe impl Send for RecvBuffer {}
+unsafe impl Sync for RecvBuffer {}
+
+#[pymethods]
+impl RecvBuffer {
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut pyo3::ffi::Py_buffer,
+        flags: std::os::raw::c_int,
+    ) -> PyResult<()> {
+        let (ptr, len) = {
+            let me = slf.borrow();
+            (me.region.ptr(), me.region.len())
+        };
+        // SAFETY: fills `view` for our memory; the view holds a reference to `slf`,
+        // so the region outlives every view.
+        let rc = unsafe {
+            pyo3::ffi::PyBuffer_FillInfo(
+                view,
+                slf.as_ptr(),
+                ptr as *mut std::os::raw::c_void,
+                len as isize,
+                0,
+                flags,
+            )
+        };
+        if rc != 0 {
+            return Err(PyErr::fetch(slf.py()));
+        }
+        Ok(())
+    }
+
+    unsafe fn __releasebuffer__(&self, _view: *mut pyo3::ffi::Py_buffer) {}
+
+    fn __len__(&self) -> usize {
+        self.region.len()
+    }
+}
+
+/// Pulls the buffer `d` names into new memory (a `RecvBuffer`), then releases it.
+#[pyfunction]
+#[pyo3(signature = (d, token, streams=4))]
+fn xfer_fetch_new(py: Python<'_>, d: &[u8], token: &str, streams: usize) -> PyResult<RecvBuffer> {
+    let d = desc(d)?;
+    let region = crate::transfer::recv::Region::new(d.len as usize)
+        .map_err(|e| TransferError::new_err(format!("cannot allocate {} bytes: {e}", d.len)))?;
+    let (ptr, len) = (region.ptr() as usize, region.len());
+    py.detach(|| {
+        // SAFETY: the region is ours, `len` bytes long.
+        let dst = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) };
+        engine().fetch(&d, token.as_bytes(), dst, streams)
+    })
+    .map_err(to_py)?;
+    Ok(RecvBuffer { region })
+}
+
+/// Writes `src` into the writable buffer `d` names, at `offset`.
+#[pyfunction]
+#[pyo3(signature = (d, token, src, offset=0))]
+fn xfer_write(
+    py: Python<'_>,
+    d: &[u8],
+    token: &str,
+    src: &Bound<'_, PyAny>,
+    offset: u64,
+) -> PyResult<()> {
+    let d = desc(d)?;
+    let buf = PyBuffer::<u8>::get(src)?;
+    if !buf.is_c_contiguous() {
+        return Err(PyValueError::new_err("the source must be contiguous"));
+    }
+    let (ptr, len) = (buf.buf_ptr() as usize, buf.len_bytes());
+    py.detach(|| {
+        // SAFETY: `buf` keeps the source valid during the call.
+        let src = unsafe { std::slice::from_raw_parts(ptr as *const u8, len) };
+        engine().write_into(&d, token.as_bytes(), offset, src)
+    })
+    .map_err(to_py)
+}
+
+/// Ends the registration `d` names, wherever it lives.
+#[pyfunction]
+fn xfer_release(py: Python<'_>, d: &[u8], token: &str) -> PyResult<()> {
+    let d = desc(d)?;
+    py.detach(|| engine().release_remote(&d, token.as_bytes()))
+        .map_err(to_py)
+}
+
+/// Ends registration `id` of this process now; True if it was registered.
+#[pyfunction]
+fn xfer_drop(py: Python<'_>, id: u64) -> bool {
+    py.detach(|| engine().drop_id(id))
+}
+
+/// This process's engine: address, live registrations and counters.
+#[pyfunction]
+fn xfer_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let e = engine();
+    let d = PyDict::new(py);
+    d.set_item("addr", e.addr())?;
+    d.set_item("registered", py.detach(|| e.registered()))?;
+    let s = &e.stats;
+    d.set_item("rejected_frames", s.rejected_frames.load(Ordering::Relaxed))?;
+    d.set_item("denied", s.denied.load(Ordering::Relaxed))?;
+    d.set_item("bytes_sent", s.bytes_sent.load(Ordering::Relaxed))?;
+    d.set_item("bytes_local", s.bytes_local.load(Ordering::Relaxed))?;
+    d.set_item("bytes_tcp", s.bytes_tcp.load(Ordering::Relaxed))?;
+    Ok(d)
+}
+
+pub fn register_python_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(xfer_register, m)?)?;
+    m.add_function(wrap_pyfunction!(xfer_fetch_new, m)?)?;
+    m.add_class::<RecvBuffer>()?;
+    m.add_function(wrap_pyfunction!(xfer_len, m)?)?;
+    m.add_function(wrap_pyfunction!(xfer_id, m)?)?;
+    m.add_function(wrap_pyfunction!(xfer_fetch, m)?)?;
+    m.add_function(wrap_pyfunction!(xfer_write, m)?)?;
+    m.add_function(wrap_pyfunction!(xfer_release, m)?)?;
+    m.add_function(wrap_pyfunction!(xfer_drop, m)?)?;
+    m.add_function(wrap_pyfunction!(xfer_stats, m)?)?;
+    Ok(())
+}
