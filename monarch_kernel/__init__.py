@@ -57,6 +57,9 @@ if TYPE_CHECKING:
         this_proc,
     )
     from monarch_kernel.mesh._session import MeshFailure, MeshInfo
+    from monarch_kernel.mesh._transfer_buffer import TransferBuffer, gather, scatter
+
+    RDMABuffer = TransferBuffer
 
 # Names are imported on first use (PEP 562), so processes that need only a part (the
 # host agent needs only _native) start fast.
@@ -82,8 +85,10 @@ _LAZY: dict[str, str] = {
     "Port": "monarch_kernel._compat",
     "PortReceiver": "monarch_kernel._compat",
     "ProcMesh": "monarch_kernel.mesh",
+    "RDMABuffer": "monarch_kernel.mesh._transfer_buffer:TransferBuffer",
     "Shape": "monarch_kernel.mesh",
     "SupervisionError": "monarch_kernel.errors",
+    "TransferBuffer": "monarch_kernel.mesh._transfer_buffer",
     "ValueMesh": "monarch_kernel.mesh",
     "as_endpoint": "monarch_kernel._compat",
     "attach": "monarch_kernel.mesh",
@@ -94,8 +99,10 @@ _LAZY: dict[str, str] = {
     "current_rank": "monarch_kernel.actor",
     "current_size": "monarch_kernel.actor",
     "endpoint": "monarch_kernel.actor",
+    "gather": "monarch_kernel.mesh._transfer_buffer",
     "get_or_spawn_controller": "monarch_kernel._compat",
     "returns_future": "monarch_kernel._compat",
+    "scatter": "monarch_kernel.mesh._transfer_buffer",
     "send": "monarch_kernel._compat",
     "this_host": "monarch_kernel.mesh",
     "this_proc": "monarch_kernel.mesh",
@@ -124,8 +131,10 @@ __all__ = [
     "Port",
     "PortReceiver",
     "ProcMesh",
+    "RDMABuffer",
     "Shape",
     "SupervisionError",
+    "TransferBuffer",
     "ValueMesh",
     "as_endpoint",
     "attach",
@@ -135,9 +144,11 @@ __all__ = [
     "current_rank",
     "current_size",
     "endpoint",
+    "gather",
     "get_or_spawn_controller",
     "list_meshes",
     "returns_future",
+    "scatter",
     "send",
     "this_host",
     "this_proc",

@@ -9,14 +9,16 @@ from typing import Any
 
 
 def lazy_getattr(package: str, names: Mapping[str, str]) -> Callable[[str], Any]:
-    """A module ``__getattr__`` serving ``names`` (attribute -> module), imported on
-    first use and then cached in the package's namespace."""
+    """A module ``__getattr__`` serving ``names`` (attribute -> ``module`` or
+    ``module:attribute`` for an alias), imported on first use and then cached in the
+    package's namespace."""
 
     def __getattr__(name: str) -> Any:
         module = names.get(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(module), name)
+        module, _, attr = module.partition(":")
+        value = getattr(importlib.import_module(module), attr or name)
         setattr(importlib.import_module(package), name, value)
         return value
 

@@ -20,6 +20,7 @@ from monarch_kernel.errors import (
     SerializationError,
     UnknownEndpointError,
 )
+from monarch_kernel.mesh import _buffers
 from monarch_kernel.mesh._future import Future
 from monarch_kernel.mesh._serial import dumps, loads
 from monarch_kernel.mesh._shape import MeshTrait, Point, Shape
@@ -88,16 +89,21 @@ class Endpoint(Generic[R]):
             except TypeError as e:
                 raise TypeError(f"{self._what}(): {e}") from None
         mesh = self._mesh
-        payload, buffers = dumps((args, kwargs), f"arguments of {self._what}", mesh._proc.token, len(local))
-        conns = mesh._conns()
+        conns = mesh._conns()  # first: a dead rank fails before anything is registered
         if len(local) != len(conns):
             conns = [conns[i] for i in local]
+        regs: list[int] = []
+        payload, buffers = dumps(
+            (args, kwargs), f"arguments of {self._what}", mesh._proc.token, len(local), regs
+        )
         origin = _origin.current()
         if origin:
             _origin.touched.add(mesh._proc.name)
-        return _native.call(
+        calls = _native.call(
             conns, local, mesh._labels, mesh._sizes, mesh._name, self._name, payload, buffers, oneway, origin
         )
+        _buffers.drop_when_done(calls, regs)
+        return calls
 
     def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[R]]:
         """Calls every actor in the mesh; the Future gives a ValueMesh of the results."""

@@ -58,6 +58,24 @@ def send_remote(raws: list[Any], token: str, readers: int) -> tuple[bytes, list[
     return HEADER + struct.pack(f"<I{len(remote)}I", len(remote), *remote), out, ids
 
 
+def drop_when_done(calls: list[Any], ids: list[int]) -> None:
+    """XFER-1 for calls: once every call has its reply (or failed), the receivers are
+    done with the registrations ``ids``, released or not (a receiver that died never
+    releases): they end."""
+    if not ids or not calls:
+        return
+    remaining = [len(calls)]
+
+    def one_done() -> None:  # on a runtime thread, with the GIL (PY-1)
+        remaining[0] -= 1
+        if remaining[0] == 0:
+            for i in ids:
+                _native.xfer_drop(i)
+
+    for c in calls:
+        c.add_done_callback(one_done)
+
+
 def receive_remote(data: Any, buffers: list[Any], token: str | None) -> tuple[Any, list[Any]]:
     """Undoes :func:`send_remote` on the receiving side: pulls every remote buffer."""
     view = memoryview(data)

@@ -20,7 +20,7 @@ from monarch_kernel.errors import (
     SerializationError,
 )
 from monarch_kernel.mesh._actor_mesh import ActorMesh, check_endpoint_names
-from monarch_kernel.mesh._buffers import HEADER
+from monarch_kernel.mesh._buffers import HEADER, drop_when_done
 from monarch_kernel.mesh._future import Future
 from monarch_kernel.mesh._proc_ref import ProcRef
 from monarch_kernel.mesh._serial import dumps, loads
@@ -112,11 +112,14 @@ class ProcMesh(MeshTrait):
         check_endpoint_names(cls)
         what = f"class and constructor arguments of actor {name!r}"
         ranks = list(self._shape.ranks)
-        payload, buffers = dumps((cls, args, kwargs), what, self._proc.token, len(ranks))
+        conns = self._proc.conns(ranks)  # first: a dead rank fails before anything is registered
+        regs: list[int] = []
+        payload, buffers = dumps((cls, args, kwargs), what, self._proc.token, len(ranks), regs)
         origin = _origin.current()
         if origin:
             _origin.touched.add(self._proc.name)
-        calls = [c.spawn_actor(name, payload, buffers, origin) for c in self._proc.conns(ranks)]
+        calls = [c.spawn_actor(name, payload, buffers, origin) for c in conns]
+        drop_when_done(calls, regs)
         replies = _native.wait_all(calls, SPAWN_TIMEOUT)
         for r, base in zip(replies, ranks):
             if isinstance(r, BaseException):

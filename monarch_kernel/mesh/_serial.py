@@ -73,12 +73,14 @@ def _is_plain(obj: Any, depth: int = 0) -> bool:
     return all(_is_plain(x, depth + 1) for x in obj)
 
 
-def dumps(obj: Any, what: str, token: str | None = None, readers: int = 1) -> tuple[bytes, list[Any]]:
+def dumps(
+    obj: Any, what: str, token: str | None = None, readers: int = 1, registered: list[int] | None = None
+) -> tuple[bytes, list[Any]]:
     """Pickles ``obj``; ``what`` names it in errors ("arguments of counter.incr").
 
     With the mesh ``token``, buffers of at least ``_buffers.THRESHOLD`` bytes go
-    through the transfer engine, registered for ``readers`` receivers; there is no
-    size limit on those but memory.
+    through the transfer engine, registered for ``readers`` receivers (their ids are
+    appended to ``registered``); there is no size limit on those but memory.
     """
     if _is_plain(obj):
         data = pickle.dumps(obj, protocol=5)
@@ -102,8 +104,10 @@ def dumps(obj: Any, what: str, token: str | None = None, readers: int = 1) -> tu
         except BufferError:  # not contiguous: send a contiguous copy
             raws.append(memoryview(b).tobytes())
     if token is not None:
-        header, raws, _ids = _buffers.send_remote(raws, token, readers)
+        header, raws, ids = _buffers.send_remote(raws, token, readers)
         data = header + data if header else data
+        if registered is not None:
+            registered.extend(ids)
     _check_size(len(data) + sum(memoryview(r).nbytes for r in raws if not _is_desc(r)), what)
     return data, raws
 

@@ -144,6 +144,9 @@ class Session:
         self.stopping = False
         self.lock = threading.Lock()
         self.fenced = False
+        from monarch_kernel.mesh._transfer_buffer import know_token
+
+        know_token(rec.token)  # TransferBuffers from this mesh can be read here
         _native.set_epoch(rec.token, self.epoch)
         # The lease and the event stream first; then what happened before it opened
         # (the agent does not replay events): exits are marked from the agent's list.

@@ -77,13 +77,14 @@ fn xfer_id(d: &[u8]) -> PyResult<u64> {
 /// Reads the buffer `d` names into `dst` (writable, contiguous, exactly its size),
 /// then releases it; the GIL is released meanwhile.
 #[pyfunction]
-#[pyo3(signature = (d, token, dst, streams=4))]
+#[pyo3(signature = (d, token, dst, streams=4, handle=false))]
 fn xfer_fetch(
     py: Python<'_>,
     d: &[u8],
     token: &str,
     dst: &Bound<'_, PyAny>,
     streams: usize,
+    handle: bool,
 ) -> PyResult<()> {
     let d = desc(d)?;
     let buf = PyBuffer::<u8>::get(dst)?;
@@ -96,7 +97,7 @@ fn xfer_fetch(
     py.detach(|| {
         // SAFETY: `buf` (held across this call) keeps the destination valid.
         let dst = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) };
-        engine().fetch(&d, token.as_bytes(), dst, streams)
+        engine().fetch_as(&d, token.as_bytes(), dst, streams, handle)
     })
     .map_err(to_py)
 }
@@ -222,6 +223,7 @@ fn xfer_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 pub fn register_python_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(xfer_register, m)?)?;
     m.add_function(wrap_pyfunction!(xfer_fetch_new, m)?)?;
+    m.add("XFER_HANDLE", crate::transfer::HANDLE)?;
     m.add_class::<RecvBuffer>()?;
     m.add_function(wrap_pyfunction!(xfer_len, m)?)?;
     m.add_function(wrap_pyfunction!(xfer_id, m)?)?;

@@ -155,6 +155,10 @@ fn mac(token: &[u8], nonce: &[u8]) -> [u8; MAC_LEN] {
     m.finalize().into_bytes().into()
 }
 
+/// `readers` of a registration behind an explicit handle (a Python `TransferBuffer`):
+/// reads do not count it down; one `Release` (the handle's `drop()`) ends it.
+pub const HANDLE: u32 = u32::MAX;
+
 /// A registered buffer. `_keep` owns whatever keeps `ptr..ptr+len` valid.
 struct Entry {
     ptr: usize,
@@ -358,6 +362,16 @@ impl Engine {
             let left = e.readers.load(Ordering::SeqCst);
             if left == 0 {
                 return Status::Ok; // lives until dropped
+            }
+            if left == HANDLE {
+                return match t.remove(&id) {
+                    Some(gone) => {
+                        drop(t);
+                        drop(gone);
+                        Status::Ok
+                    }
+                    None => Status::Unknown,
+                };
             }
             if e.readers.fetch_sub(1, Ordering::SeqCst) > 1 {
                 return Status::Ok;
@@ -616,6 +630,19 @@ impl Engine {
         dst: &mut [u8],
         streams: usize,
     ) -> Result<(), XferError> {
+        self.fetch_as(d, token, dst, streams, false)
+    }
+
+    /// [`Engine::fetch`]; with `handle`, the registration is an explicit handle's
+    /// ([`HANDLE`]) and is confirmed, not released, after the read.
+    pub fn fetch_as(
+        &self,
+        d: &Descriptor,
+        token: &[u8],
+        dst: &mut [u8],
+        streams: usize,
+        handle: bool,
+    ) -> Result<(), XferError> {
         if dst.len() as u64 != d.len {
             return Err(XferError::Invalid(format!(
                 "destination has {} bytes, the buffer {}",
@@ -635,8 +662,18 @@ impl Engine {
             self.fetch_tcp(d, token, dst, streams)?;
             self.stats.bytes_tcp.fetch_add(d.len, Ordering::Relaxed);
         }
-        // Confirms the registration was alive throughout a local read.
-        match self.request(d, token, Request::Release { id: d.id }, &[]) {
+        // Confirms the registration was alive throughout a local read (a handle's
+        // registration is confirmed by a zero-length read instead: it must stay).
+        let confirm = if handle {
+            Request::Read {
+                id: d.id,
+                offset: 0,
+                len: 0,
+            }
+        } else {
+            Request::Release { id: d.id }
+        };
+        match self.request(d, token, confirm, &[]) {
             Ok(()) => Ok(()),
             Err(e) if local => Err(XferError::Invalid(format!(
                 "the sender let go of the buffer during the transfer: {e}"

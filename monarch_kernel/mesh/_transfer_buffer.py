@@ -1,0 +1,217 @@
+"""``TransferBuffer``: an explicit handle on memory, in the shape of Monarch's
+``RDMABuffer``, and mesh helpers to gather and scatter tensors.
+
+A ``TransferBuffer`` wraps a tensor or any contiguous buffer where it lives. Passed
+to an actor (or returned from one), it travels as a small descriptor; the receiver
+then pulls the bytes with ``read_into(dst)`` or pushes with ``write_from(src)``,
+through the transfer engine, with the GIL released. The owner keeps the memory
+registered until it calls ``drop()`` (or the handle is garbage collected there).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from monarch_kernel import _native
+from monarch_kernel.errors import SerializationError
+from monarch_kernel.mesh import _buffers
+from monarch_kernel.mesh._future import Future
+
+#: Tokens of the meshes this process talks to, by SHA-256: remote handles find theirs.
+_tokens: dict[bytes, str] = {}
+
+
+def know_token(token: str) -> None:
+    _tokens[hashlib.sha256(token.encode()).digest()] = token
+
+
+def _token_of(desc: bytes) -> str:
+    # The descriptor's token id sits after magic, version, host, pidns, pid, id, ptr, len.
+    tid = bytes(desc[4 + 1 + 16 + 8 + 4 + 8 + 8 + 8 : 4 + 1 + 16 + 8 + 4 + 8 + 8 + 8 + 32])
+    own = _buffers.process_token[0]
+    if own is not None:
+        know_token(own)
+    token = _tokens.get(tid)
+    if token is None:
+        raise RuntimeError("this TransferBuffer belongs to a mesh this process is not part of")
+    return token
+
+
+def _byte_view(data: Any) -> tuple[memoryview, Any]:
+    """A flat byte view of ``data`` (a tensor's memory for tensors), and what keeps it."""
+    if _buffers.is_tensor(data):
+        import torch
+
+        t = data.detach()
+        if t.device.type != "cpu" or not t.is_contiguous():
+            raise ValueError("TransferBuffer needs a contiguous CPU tensor; use .contiguous() / .cpu() first")
+        u8 = t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+        arr: Any = u8.numpy()
+        return memoryview(arr), t
+    view = memoryview(data)
+    if not view.contiguous:
+        raise ValueError("TransferBuffer needs a contiguous buffer")
+    return view.cast("B") if view.ndim != 1 or view.format != "B" else view, data
+
+
+class _ThreadFuture(Future[Any]):
+    """A Future whose value comes from ``fn()`` run on a thread (the native part
+    releases the GIL)."""
+
+    __slots__ = ("_done",)
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        super().__init__(_calls=[], _finish=lambda _: None)
+        self._done = threading.Event()
+
+        def run() -> None:
+            try:
+                self._value = fn()
+            except BaseException as e:
+                self._error, self._value = e, None
+            finally:
+                self._done.set()
+
+        threading.Thread(target=run, name="monarch-transfer", daemon=True).start()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def get(self, timeout: float | None = None) -> Any:
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"the transfer did not finish within {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    result = get
+
+    async def _until_done(self) -> None:
+        import asyncio
+
+        await asyncio.get_running_loop().run_in_executor(None, self._done.wait)
+
+
+class TransferBuffer:
+    """A handle on ``data`` (a contiguous tensor or buffer) that other processes of
+    the mesh can read from and write into."""
+
+    def __init__(self, data: Any) -> None:
+        self._view, self._keep = _byte_view(data)
+        self._descs: dict[str, bytes] = {}
+        self._remote: bytes | None = None
+        self._dropped = False
+
+    @property
+    def nbytes(self) -> int:
+        return self._view.nbytes if self._remote is None else _native.xfer_len(self._remote)
+
+    size = nbytes
+
+    def _check(self) -> None:
+        if self._dropped:
+            raise RuntimeError("this TransferBuffer was dropped")
+
+    def __reduce__(self) -> Any:
+        self._check()
+        if self._remote is not None:
+            return (_remote, (self._remote,))
+        token = _buffers.current_token.get() or _buffers.process_token[0]
+        if token is None:
+            raise SerializationError(
+                "a TransferBuffer can only be sent in a call to a mesh (or from an actor)"
+            )
+        desc = self._descs.get(token)
+        if desc is None:
+            desc = self._descs[token] = _native.xfer_register(
+                self._view, token, _native.XFER_HANDLE, None, writable=not self._view.readonly
+            )
+        return (_remote, (desc,))
+
+    def read_into(self, dst: Any) -> Future[None]:
+        """Copies the whole buffer into ``dst`` (a contiguous tensor or buffer of the
+        same byte size); ``.get()`` or ``await`` the result."""
+        self._check()
+        view, _keep = _byte_view(dst)
+        if view.nbytes != self.nbytes:
+            raise ValueError(f"read_into: destination has {view.nbytes} bytes, the buffer {self.nbytes}")
+        if self._remote is None:
+            src = self._view
+            return _ThreadFuture(lambda: view.__setitem__(slice(None), src))
+        desc, token = self._remote, _token_of(self._remote)
+
+        def fetch() -> None:
+            _native.xfer_fetch(desc, token, view, _buffers.STREAMS, handle=True)
+
+        return _ThreadFuture(fetch)
+
+    def write_from(self, src: Any) -> Future[None]:
+        """Copies ``src`` (same byte size) into the buffer, wherever it lives."""
+        self._check()
+        view, _keep = _byte_view(src)
+        if view.nbytes != self.nbytes:
+            raise ValueError(f"write_from: source has {view.nbytes} bytes, the buffer {self.nbytes}")
+        if self._remote is None:
+            dst = self._view
+            return _ThreadFuture(lambda: dst.__setitem__(slice(None), view))
+        desc, token = self._remote, _token_of(self._remote)
+        return _ThreadFuture(lambda: _native.xfer_write(desc, token, view, 0))
+
+    def drop(self) -> Future[None]:
+        """Ends the registration, from the owner or from any holder of the handle: the
+        memory is no longer reachable (the owner's tensor itself is untouched).
+        Without ``drop()``, a registration lasts as long as its owner process."""
+        if not self._dropped:
+            if self._remote is None:
+                for desc in self._descs.values():
+                    _native.xfer_drop(_native.xfer_id(desc))
+            else:
+                _native.xfer_release(self._remote, _token_of(self._remote))
+        self._dropped = True
+        return Future._resolved(None)
+
+    def __repr__(self) -> str:
+        where = "remote" if self._remote is not None else "local"
+        return f"<TransferBuffer {self.nbytes:,} bytes, {where}>"
+
+
+def _remote(desc: bytes) -> TransferBuffer:
+    b = TransferBuffer.__new__(TransferBuffer)
+    b._view, b._keep, b._descs, b._remote, b._dropped = memoryview(b""), None, {}, bytes(desc), False
+    return b
+
+
+def gather(values: Any, stack: bool = False) -> Any:
+    """The tensors of a ValueMesh (from ``endpoint.call().get()``; they came through
+    the transfer engine), as they are or stacked along a new first dimension."""
+    if not stack:
+        return values
+    import torch
+
+    return torch.stack(list(values.values()))
+
+
+def scatter(endpoint: Any, tensor: Any, *args: Any, dim: int = 0, **kwargs: Any) -> Future[Any]:
+    """Splits ``tensor`` into one shard per rank of ``endpoint``'s mesh along ``dim``
+    and calls ``endpoint`` on each rank with its shard first; a Future of the
+    ValueMesh of their results."""
+    import torch
+
+    from monarch_kernel.mesh._shape import Point, Shape
+    from monarch_kernel.mesh._value_mesh import ValueMesh
+
+    mesh = endpoint._mesh
+    n = len(mesh._shape)
+    shards = torch.tensor_split(tensor, n, dim=dim)
+    futures = [
+        getattr(mesh.slice(**dict(Point(i, mesh._shape.extent))), endpoint._name).call_one(s, *args, **kwargs)
+        for i, s in enumerate(shards)
+    ]
+    shape = Shape(mesh._shape.extent)
+    return _ThreadFuture(lambda: ValueMesh(shape, [f.get() for f in futures]))
+
+
+__all__ = ["TransferBuffer", "gather", "know_token", "scatter"]

@@ -1,0 +1,277 @@
+"""The transfer engine end to end: every buffer kind and dtype through endpoints,
+odd sizes, views, concurrency, TransferBuffer, failures, hostile frames, leaks."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from monarch_kernel import (
+    Actor,
+    SupervisionError,
+    TransferBuffer,
+    _native,
+    endpoint,
+    gather,
+    scatter,
+    this_host,
+)
+from monarch_kernel.mesh import _buffers, _serial
+
+TIMEOUT = 60
+BIG = _buffers.THRESHOLD * 4
+
+
+class Store(Actor):
+    def __init__(self) -> None:
+        self.kept: object = None
+
+    @endpoint
+    def echo(self, x: object) -> object:
+        return x
+
+    @endpoint
+    def keep(self, x: object) -> int:
+        self.kept = x
+        return os.getpid()
+
+    @endpoint
+    def summed(self, t: torch.Tensor) -> float:
+        return float(t.double().sum())
+
+    @endpoint
+    def stats(self) -> dict:
+        return _native.xfer_stats()
+
+    @endpoint
+    def make_buffer(self, n: int) -> TransferBuffer:
+        self.kept = torch.arange(n, dtype=torch.float32)
+        return TransferBuffer(self.kept)
+
+    @endpoint
+    def read_from(self, buf: TransferBuffer) -> float:
+        dst = torch.empty(buf.nbytes // 4, dtype=torch.float32)
+        buf.read_into(dst).get(timeout=TIMEOUT)
+        return float(dst.sum())
+
+    @endpoint
+    def write_to(self, buf: TransferBuffer, value: float) -> None:
+        buf.write_from(torch.full((buf.nbytes // 4,), value, dtype=torch.float32)).get(timeout=TIMEOUT)
+
+    @endpoint
+    def kept_sum(self) -> float:
+        return float(self.kept.sum())  # type: ignore[attr-defined]
+
+    @endpoint
+    def exit_during(self, x: object) -> None:
+        os._exit(7)
+
+
+@pytest.fixture(scope="module")
+def store(procs2):
+    return procs2.spawn("store", Store)
+
+
+def _one(store):
+    return store.slice(procs=1)
+
+
+DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int8,
+    torch.uint8,
+    torch.int64,
+    torch.bool,
+    torch.complex64,
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", [0, 1, 7, BIG + 3], ids=lambda n: f"n{n}")
+def test_tensors_of_every_dtype_and_size_come_back_equal(store, dtype, n):
+    t = (torch.arange(n) % 3).to(dtype)
+    r = _one(store).echo.call_one(t).get(timeout=TIMEOUT)
+    assert r.dtype == t.dtype and r.shape == t.shape and torch.equal(r, t)
+
+
+def test_views_keep_their_strides_and_values(store):
+    base = torch.arange(BIG, dtype=torch.float32).reshape(-1, 64)
+    for view in (base[:, ::2], base.t(), base[10:20], base[::3, 5:9]):
+        r = _one(store).echo.call_one(view).get(timeout=TIMEOUT)
+        assert r.stride() == view.stride() and torch.equal(r, view)
+
+
+def test_parameters_and_requires_grad_survive(store):
+    p = torch.nn.Parameter(torch.ones(BIG // 4))
+    r = _one(store).echo.call_one(p).get(timeout=TIMEOUT)
+    assert isinstance(r, torch.nn.Parameter) and r.requires_grad and torch.equal(r, p)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: bytes(random.randbytes(BIG)),
+        lambda: bytearray(random.randbytes(BIG)),
+        lambda: np.arange(BIG, dtype=np.int32),
+        lambda: np.asfortranarray(np.arange(BIG, dtype=np.float64).reshape(-1, 8)),
+        lambda: b"",
+        lambda: bytearray(3),
+    ],
+    ids=["bytes", "bytearray", "ndarray", "fortran", "empty-bytes", "odd-bytearray"],
+)
+def test_buffers_of_every_kind_come_back_equal(store, make):
+    x = make()
+    r = _one(store).echo.call_one(x).get(timeout=TIMEOUT)
+    assert type(r) is type(x)
+    if isinstance(x, np.ndarray):
+        assert np.array_equal(r, x)
+    else:
+        assert r == x
+
+
+def test_memoryviews_travel_as_memoryviews(store):
+    m = memoryview(np.arange(BIG, dtype=np.int16))
+    r = _one(store).echo.call_one(m).get(timeout=TIMEOUT)
+    assert isinstance(r, memoryview) and r.format == "h" and r.tolist() == m.tolist()
+
+
+def test_large_buffers_go_through_the_engine_and_nothing_stays_registered(store):
+    before = _one(store).stats.call_one().get(timeout=TIMEOUT)
+    t = torch.randn(1 << 20)
+    for _ in range(3):
+        assert torch.equal(_one(store).echo.call_one(t).get(timeout=TIMEOUT), t)
+    after = _one(store).stats.call_one().get(timeout=TIMEOUT)
+    assert after["bytes_local"] - before["bytes_local"] >= 3 * t.nbytes
+    assert after["registered"] == 0 and _native.xfer_stats()["registered"] == 0
+    # A broadcast registers once for every rank, and every rank releases.
+    store.keep.call(t).get(timeout=TIMEOUT)
+    assert _native.xfer_stats()["registered"] == 0
+
+
+def test_concurrent_transfers_do_not_mix(store):
+    tensors = [torch.full((BIG,), float(i)) for i in range(16)]
+    futures = [_one(store).summed.call_one(t) for t in tensors]
+    assert [f.get(timeout=TIMEOUT) for f in futures] == [float(i) * BIG for i in range(16)]
+    results: list[bool] = []
+
+    def hammer(i: int) -> None:
+        t = torch.full((BIG + i,), float(i))
+        results.append(torch.equal(_one(store).echo.call_one(t).get(timeout=TIMEOUT), t))
+
+    threads = [threading.Thread(target=hammer, args=(i,)) for i in range(6)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert results == [True] * 6
+
+
+def test_a_tcp_fetch_works_where_direct_reads_are_not_possible(monkeypatch):
+    data = bytearray(random.randbytes(9 << 20))
+    desc = _native.xfer_register(data, "tok-tcp", 1)
+    forged = bytearray(desc)
+    forged[5:21] = bytes(16)  # another host: the engine must use TCP
+    before = _native.xfer_stats()["bytes_tcp"]
+    got = _native.xfer_fetch_new(bytes(forged), "tok-tcp", 3)
+    assert bytes(memoryview(got)) == bytes(data)
+    assert _native.xfer_stats()["bytes_tcp"] - before == len(data)
+
+
+def test_a_wrong_token_is_refused_and_counted():
+    desc = _native.xfer_register(bytearray(BIG), "right-token", 0)
+    with pytest.raises(ValueError, match="another mesh"):
+        _native.xfer_fetch_new(desc, "wrong-token")
+    host, port = _native.xfer_stats()["addr"].rsplit(":", 1)
+    denied = _native.xfer_stats()["denied"]
+    with socket.create_connection((host, int(port))) as s:
+        s.recv(32)
+        s.sendall((65).to_bytes(4, "little") + bytes([1]) + bytes(64))  # a Hello with a bad MAC
+        assert s.recv(9)[0] == 3  # Denied
+    assert _native.xfer_stats()["denied"] == denied + 1
+    assert _native.xfer_drop(_native.xfer_id(desc))
+
+
+def test_ten_thousand_random_frames_never_crash_the_engine():
+    host, port = _native.xfer_stats()["addr"].rsplit(":", 1)
+    rng = random.Random(1234)
+    rejected = _native.xfer_stats()["rejected_frames"] + _native.xfer_stats()["denied"]
+    sent = 0
+    while sent < 10_000:
+        with socket.create_connection((host, int(port))) as s:
+            s.settimeout(5)
+            s.recv(32)
+            for _ in range(50):
+                n = rng.choice([0, 1, 4, 9, 25, 65, 1024, 1025, 1 << 31, rng.randrange(1 << 32)])
+                body = rng.randbytes(rng.randrange(0, 80))
+                try:
+                    s.sendall(n.to_bytes(4, "little") + body)
+                except OSError:
+                    break  # the engine closed the connection: as it should
+                sent += 1
+    # The engine still serves real transfers.
+    data = bytearray(random.randbytes(BIG))
+    desc = _native.xfer_register(data, "after-fuzz", 1)
+    forged = bytearray(desc)
+    forged[5:21] = bytes(16)
+    assert bytes(memoryview(_native.xfer_fetch_new(bytes(forged), "after-fuzz"))) == bytes(data)
+    assert _native.xfer_stats()["rejected_frames"] + _native.xfer_stats()["denied"] > rejected
+
+
+def test_transfer_buffers_read_and_write_across_processes(store):
+    one = _one(store)
+    remote = one.make_buffer.call_one(BIG).get(timeout=TIMEOUT)
+    dst = torch.empty(BIG, dtype=torch.float32)
+    remote.read_into(dst).get(timeout=TIMEOUT)
+    assert torch.equal(dst, torch.arange(BIG, dtype=torch.float32))
+    remote.write_from(torch.full((BIG,), 2.0)).get(timeout=TIMEOUT)
+    assert one.kept_sum.call_one().get(timeout=TIMEOUT) == 2.0 * BIG
+    mine = torch.ones(BIG, dtype=torch.float32)
+    buf = TransferBuffer(mine)
+    assert one.read_from.call_one(buf).get(timeout=TIMEOUT) == float(BIG)
+    one.write_to.call_one(buf, 3.0).get(timeout=TIMEOUT)
+    assert float(mine.sum()) == 3.0 * BIG
+    buf.drop()
+    with pytest.raises(RuntimeError, match="dropped"):
+        buf.read_into(torch.empty(BIG))
+
+
+def test_gather_and_scatter(store):
+    shards = scatter(store.echo, torch.arange(10.0)).get(timeout=TIMEOUT)
+    assert [s.tolist() for s in shards.values()] == [[0.0, 1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0, 9.0]]
+    stacked = gather(store.echo.call(torch.ones(3)).get(timeout=TIMEOUT), stack=True)
+    assert stacked.shape == (2, 3)
+
+
+def test_a_sender_dying_mid_transfer_is_a_clear_error_and_nothing_hangs(state_home):
+    procs = this_host().spawn_procs(per_host={"procs": 1})
+    procs.on_failure(lambda f: None)
+    try:
+        s = procs.spawn("s", Store)
+        pid = s.keep.call_one(None).get(timeout=TIMEOUT)
+        big = s.make_buffer.call_one(64 << 20).get(timeout=TIMEOUT)  # 256 MiB held by the worker
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(0.2)
+        dst = torch.empty(64 << 20, dtype=torch.float32)
+        with pytest.raises(_native.TransferError):
+            big.read_into(dst).get(timeout=TIMEOUT)
+        with pytest.raises(SupervisionError):
+            s.exit_during.call_one(torch.ones(BIG)).get(timeout=TIMEOUT)
+    finally:
+        procs.stop()
+    assert _native.xfer_stats()["registered"] == 0
+
+
+def test_without_a_token_large_buffers_stay_inline():
+    data, raws = _serial.dumps(torch.ones(BIG), "test")
+    assert data[:4] != _buffers.HEADER and memoryview(raws[0]).nbytes == BIG * 4
