@@ -275,3 +275,11 @@ def test_a_sender_dying_mid_transfer_is_a_clear_error_and_nothing_hangs(state_ho
 def test_without_a_token_large_buffers_stay_inline():
     data, raws = _serial.dumps(torch.ones(BIG), "test")
     assert data[:4] != _buffers.HEADER and memoryview(raws[0]).nbytes == BIG * 4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_cuda_tensor_arrives_on_the_same_device(store):
+    t = torch.arange(BIG, dtype=torch.float32, device="cuda")
+    r = _one(store).echo.call_one(t).get(timeout=TIMEOUT)
+    assert r.device.type == "cuda" and torch.equal(r.cpu(), t.cpu())
