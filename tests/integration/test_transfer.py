@@ -283,3 +283,29 @@ def test_a_cuda_tensor_arrives_on_the_same_device(store):
     t = torch.arange(BIG, dtype=torch.float32, device="cuda")
     r = _one(store).echo.call_one(t).get(timeout=TIMEOUT)
     assert r.device.type == "cuda" and torch.equal(r.cpu(), t.cpu())
+
+
+def test_a_recorded_handshake_cannot_be_replayed():
+    import hashlib
+    import hmac
+
+    token = "replay-token"
+    desc = _native.xfer_register(bytearray(16), token, 0)  # makes the engine know the token
+    host, port = _native.xfer_stats()["addr"].rsplit(":", 1)
+    tid = hashlib.sha256(token.encode()).digest()
+
+    def hello(nonce: bytes) -> bytes:
+        body = bytes([1]) + tid + hmac.new(token.encode(), nonce, hashlib.sha256).digest()
+        return len(body).to_bytes(4, "little") + body
+
+    with socket.create_connection((host, int(port))) as s:
+        recorded = hello(s.recv(32))
+        s.sendall(recorded)
+        assert s.recv(9)[0] == 0  # accepted
+    denied = _native.xfer_stats()["denied"]
+    with socket.create_connection((host, int(port))) as s:
+        s.recv(32)  # a fresh nonce
+        s.sendall(recorded)
+        assert s.recv(9)[0] == 3  # Denied
+    assert _native.xfer_stats()["denied"] == denied + 1
+    assert _native.xfer_drop(_native.xfer_id(desc))
