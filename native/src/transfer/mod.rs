@@ -186,6 +186,9 @@ pub struct Stats {
     pub bytes_tcp: AtomicU64,
 }
 
+/// Idle authenticated connections, by peer address and token id.
+type ConnPool = HashMap<(String, [u8; MAC_LEN]), Vec<TcpStream>>;
+
 /// This process's engine.
 pub struct Engine {
     addr: String,
@@ -194,7 +197,7 @@ pub struct Engine {
     table: Mutex<HashMap<u64, Arc<Entry>>>,
     tokens: Mutex<HashMap<[u8; MAC_LEN], Vec<u8>>>,
     next_id: AtomicU64,
-    pool: Mutex<HashMap<(String, [u8; MAC_LEN]), Vec<TcpStream>>>,
+    pool: Mutex<ConnPool>,
     /// Counters.
     pub stats: Stats,
 }
