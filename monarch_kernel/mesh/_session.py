@@ -143,6 +143,7 @@ class Session:
         self.closed = False
         self.stopping = False
         self.lock = threading.Lock()
+        self._dead_lock = threading.Lock()
         self.fenced = False
         from monarch_kernel.mesh._transfer_buffer import know_token
 
@@ -210,9 +211,13 @@ class Session:
         except MonarchKernelError:
             info["log_tail"] = []
         err = death_error(self.name, info["rank"], info, None)
-        self.state.dead[info["rank"]] = err
-        self.state.unresponsive.discard(info["rank"])
-        self.state.changed()
+        with self._dead_lock:  # the watch and the heartbeat may both see it
+            known = self.state.dead.get(info["rank"])
+            if known is not None and known.pid == info["pid"]:
+                return
+            self.state.dead[info["rank"]] = err
+            self.state.unresponsive.discard(info["rank"])
+            self.state.changed()
         if notify and not (self.closed or self.stopping):
             self._notify(MeshFailure.of(err, "dead"))
 
@@ -299,11 +304,25 @@ class Session:
                             )
                         )
                     continue
+                if isinstance(res, BaseException) and self._exited(r):
+                    continue  # an exit the event stream missed (SUPERVISE-1)
                 misses[r] = misses.get(r, 0) + 1
                 if misses[r] == MISSES and r not in self.state.unresponsive:
                     self.state.unresponsive.add(r)
                     self._notify(MeshFailure.of(self._unresponsive_error(r), "unresponsive"))
             time.sleep(max(0.0, HEARTBEAT_S - (time.monotonic() - started)))
+
+    def _exited(self, rank: int) -> bool:
+        """Asks the agent whether ``rank`` exited; if so, handles it as a death. For
+        exits the watch stream did not deliver (it drops events when a reader lags)."""
+        try:
+            w = next((w for w in self.client.list_workers_raw() if w.rank == rank), None)
+        except MonarchKernelError:
+            return False
+        if w is None or w.state != 2 or rank in self.state.dead:
+            return False
+        self._worker_died(w, notify=True)
+        return True
 
     def _fence(self, epoch: int) -> None:
         """Another controller attached (epoch ``epoch``): stop listening to the mesh,
