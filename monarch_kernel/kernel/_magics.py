@@ -12,6 +12,8 @@ Line magic, one subcommand each (``%mesh?`` shows this text):
     %mesh status [NAME]            Each proc's state.
     %mesh logs [NAME] [--rank R] [-n N]
                                    The last N lines the workers printed.
+    %mesh stacks [NAME] [--rank R] The Python stack of every thread of the workers,
+                                   even while they are busy.
     %mesh push NAME=EXPR ...       Evaluate EXPR here, set NAME in every worker's
                                    %%mesh namespace.
     values = %mesh pull NAME       NAME from every worker's namespace, as a ValueMesh.
@@ -164,12 +166,14 @@ class MeshMagics(Magics):
         except ValueError as e:
             raise UsageError(f"%mesh: {e}") from None
         if not words:
-            raise UsageError("%mesh needs a subcommand: up, attach, ls, down, use, status, logs, push, pull")
+            raise UsageError(
+                "%mesh needs a subcommand: up, attach, ls, down, use, status, logs, stacks, push, pull"
+            )
         sub, rest = words[0], line.split(None, 1)[1] if len(words) > 1 else ""
         fn = getattr(self, f"_mesh_{sub}", None)
         if fn is None:
             raise UsageError(
-                f"%mesh {sub}: unknown subcommand; use one of up, attach, ls, down, use, status, logs, push, pull"
+                f"%mesh {sub}: unknown subcommand; use one of up, attach, ls, down, use, status, logs, stacks, push, pull"
             )
         return fn(rest)
 
@@ -296,6 +300,22 @@ class MeshMagics(Magics):
         args = parse_argstring(self._mesh_logs, rest)
         for line in self._procs(args.name).logs(rank=args.rank, tail=args.n):
             print(line)
+
+    @magic_arguments()
+    @argument("name", nargs="?")
+    @argument("--rank", type=int)
+    def _mesh_stacks(self, rest: str) -> None:
+        """The current Python stack of every thread of every worker (or one rank)."""
+        args = parse_argstring(self._mesh_stacks, rest)
+        procs = self._procs(args.name)
+        s = procs._session("stacks")
+        n = len(s.state.ref.addrs)
+        ranks = [args.rank] if args.rank is not None else list(range(n))
+        if any(not 0 <= r < n for r in ranks):
+            raise UsageError(f"%mesh stacks --rank: the mesh has ranks 0 to {n - 1}")
+        for r, text in zip(ranks, s.stacks(ranks)):
+            print(f"=== rank {r} ===")
+            print(text)
 
     def _mesh_push(self, rest: str) -> None:
         """%mesh push NAME=EXPR ...: evaluate here, set in every worker's namespace."""

@@ -197,6 +197,42 @@ class ProcMesh(MeshTrait):
     def __repr__(self) -> str:
         return f"ProcMesh(name={self._proc.name!r}, shape={self._shape.extent})"
 
+    def _rows(self) -> list[tuple[str, str, str, str]]:
+        """(rank, state, pid, restarts) of each proc of this (sliced) mesh."""
+        session = session_for(self._proc)
+        workers: dict[int, dict[str, Any]] = {}
+        if session is not None:
+            try:
+                workers = {w["rank"]: w for w in session.client.list_workers()}
+            except Exception:
+                pass
+        states = self.status()
+        rows = []
+        for r in self._shape.ranks:
+            w = workers.get(r, {})
+            state = states[r] if r < len(states) else "?"
+            rows.append((str(r), state, str(w.get("pid", "")), str(w.get("restarts", ""))))
+        return rows
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        lines = [repr(self)] + [f"  rank {r}: {s:<12} pid {pid}" for r, s, pid, _ in self._rows()]
+        p.text("\n".join(lines))
+
+    def _repr_html_(self) -> str:
+        """A static table (what nbconvert and GitHub show of a mesh)."""
+        import html
+
+        colors = {"alive": "#2a7", "unresponsive": "#c80", "dead": "#c33", "lost": "#c33", "stopped": "#888"}
+        cells = "".join(
+            f"<tr><td>{r}</td><td style='color:{colors.get(s, '#000')}'>{html.escape(s)}</td>"
+            f"<td>{pid}</td><td>{restarts}</td></tr>"
+            for r, s, pid, restarts in self._rows()
+        )
+        return (
+            f"<b>ProcMesh {html.escape(self.name)}</b> {html.escape(str(self._shape.extent))}"
+            f"<table><tr><th>rank</th><th>state</th><th>pid</th><th>restarts</th></tr>{cells}</table>"
+        )
+
     def __reduce__(self) -> Any:
         return (ProcMesh, (self._proc, self._shape))
 

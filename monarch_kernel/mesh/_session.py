@@ -458,6 +458,24 @@ class Session:
         _native.wait_all(calls, timeout)
         return ranks
 
+    def stacks(self, ranks: list[int], timeout: float = 10.0) -> list[str]:
+        """The Python stacks of workers ``ranks`` (text; a dead or silent rank says so)."""
+        from monarch_kernel.mesh._serial import loads
+
+        conns = [_native.WorkerConn(self.state.ref.addrs[r], self.token) for r in ranks]
+        calls = _native.call(conns, ranks, [], [], BUILTIN, "stacks", b"", [], False, "")
+        out = []
+        deadline = time.monotonic() + timeout
+        for r, c in zip(ranks, calls):
+            try:
+                _kind, payload, buffers = c.wait(max(0.0, deadline - time.monotonic()))
+                out.append(str(loads(payload, buffers, self.token)))
+            except TimeoutError:
+                out.append(f"(rank {r} did not answer within {timeout:g} s: stopped, or hung in native code)")
+            except Exception as e:
+                out.append(f"(rank {r} did not answer: {e})")
+        return out
+
     def logs(self, rank: int | None, tail: int) -> list[str]:
         return self.client.logs(rank=rank, tail=tail)
 

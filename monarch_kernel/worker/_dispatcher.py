@@ -131,6 +131,19 @@ class _LaneThread:
                 continue
 
 
+def thread_stacks() -> str:
+    """Every thread's current Python stack, innermost call last, named by thread."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    me = threading.get_ident()
+    parts = []
+    for ident, frame in sys._current_frames().items():
+        if ident == me:
+            continue  # the routing thread answering this
+        stack = "".join(traceback.format_stack(frame))
+        parts.append(f"Thread {names.get(ident, ident)!s} ({ident}):\n{stack}")
+    return "\n".join(parts)
+
+
 class Dispatcher:
     """Runs actors for ``server`` (a ``_native.WorkerServer``)."""
 
@@ -324,7 +337,14 @@ class Dispatcher:
 
         ``flush``: writes an end-of-output marker, tagged with the call's origin, to
         stdout and stderr; once the caller has seen both, it has seen everything this
-        worker printed for that origin before the call (the pipes are in order)."""
+        worker printed for that origin before the call (the pipes are in order).
+
+        ``stacks``: the current Python stack of every thread, as text; answered here
+        (not by an actor's thread), so it works while the main thread or an actor is
+        busy in Python code."""
+        if method == "stacks":
+            self._reply(token, thread_stacks(), f"{BUILTIN}.stacks")
+            return
         if method == "flush":
             reset = _origin.set_context(where[3])
             try:

@@ -442,3 +442,17 @@ def test_stopping_a_slice_keeps_the_actor_mesh_for_later_controllers():
         assert list(attach(name).actors) == []
     finally:
         _stop(name)
+
+
+def test_a_proc_mesh_shows_as_a_table_in_html_and_text():
+    import IPython.lib.pretty
+
+    procs = this_host().spawn_procs(per_host={"procs": 2})
+    try:
+        html = procs._repr_html_()
+        assert html.count("<tr>") == 3 and "alive" in html and "<th>pid</th>" in html
+        text = IPython.lib.pretty.pretty(procs)
+        assert "rank 1: alive" in text and text.startswith("ProcMesh(")
+    finally:
+        procs.stop()
+    assert "stopped" in procs._repr_html_()

@@ -192,7 +192,7 @@ def test_what_an_endpoint_prints_shows_in_the_cell_that_called_it(kernel, mesh):
     assert "later" not in second.stdout
 
 
-def test_bad_magic_arguments_raise_usage_error_with_the_fix(kernel):
+def test_bad_magic_arguments_raise_usage_error_with_the_fix(kernel, mesh):
     # IPython shows a UsageError as one line on stderr, and the reply is an error.
     def usage(code: str) -> str:
         out = kernel.run(code)
@@ -330,3 +330,20 @@ def test_output_without_a_final_newline_is_shown_and_the_flush_marker_never_is(k
     assert not any("monarch flush" in t for t in texts)
     logs = kernel.run("%mesh logs --rank 0 -n 50").stdout
     assert "no newline at the end" in logs and "monarch flush" not in logs
+
+
+def test_mesh_stacks_shows_what_a_busy_worker_is_running(kernel, mesh):
+    busy = kernel.run(
+        "%%mesh --noblock --ranks 0\nimport time\ndef crunch_numbers_for_a_while():\n"
+        "    end = time.time() + 4\n    while time.time() < end:\n        sum(range(1000))\n"
+        "crunch_numbers_for_a_while()"
+    )
+    assert busy.error is None, busy.traceback
+    time.sleep(1.0)
+    out = kernel.run("%mesh stacks --rank 0")
+    assert out.error is None, out.traceback
+    assert "=== rank 0 ===" in out.stdout
+    assert "crunch_numbers_for_a_while" in out.stdout and "Thread MainThread" in out.stdout
+    both = kernel.run("%mesh stacks").stdout
+    assert "=== rank 1 ===" in both and "monarch-dispatch" not in both  # the answering thread is left out
+    assert kernel.run("_mesh_run.wait(30)").error is None
