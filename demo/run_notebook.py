@@ -23,6 +23,8 @@ def _text(output: dict) -> str:
         return output["text"]
     if kind in ("execute_result", "display_data"):
         data = output.get("data", {})
+        if "<progress" in data.get("text/html", "") or data.get("text/html") == "":
+            return ""  # a progress bar (or its removal): not part of what a reader keeps
         text = data.get("text/plain")
         if text is None:
             text = f"[{', '.join(sorted(data))}]"

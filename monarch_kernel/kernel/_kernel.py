@@ -50,6 +50,10 @@ class MonarchKernel(IPythonKernel):
         _session.output_sink = self.router.on_line
         _session.failure_sink = self.router.on_failure
         self.shell.register_magics(MeshMagics)  # type: ignore[union-attr]
+        from monarch_kernel.kernel._progress import slow_wait
+        from monarch_kernel.mesh import _future
+
+        _future.slow_wait = slow_wait
         self._start_line: str | None = _meshes_line()
         self._banner_line = self._start_line
 

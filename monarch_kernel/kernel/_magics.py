@@ -399,11 +399,18 @@ class MeshMagics(Magics):
         group: str,
         timeout: float | None,
     ) -> None:
+        from monarch_kernel.kernel._progress import Bar
+
         blocks = _Blocks(run.ranks, group)
         deadline = None if timeout is None else time.monotonic() + timeout
+        started, bar = time.monotonic(), None
         try:
             while not run.done():
                 blocks.drain(q)
+                if bar is None and time.monotonic() - started > 1.0:
+                    bar = Bar(len(run.ranks), f"%%mesh on {procs.name}")
+                if bar is not None:
+                    bar.update(sum(f.done() for f in run.futures))
                 if deadline is not None and time.monotonic() > deadline:
                     run.cancel()
                     raise TimeoutError(
@@ -414,6 +421,9 @@ class MeshMagics(Magics):
             run.cancel()
             blocks.drain(q)
             raise
+        finally:
+            if bar is not None:
+                bar.close()
         if q is not None:
             try:
                 ranks = procs._session("%%mesh").flush(origin, timeout=2.0)

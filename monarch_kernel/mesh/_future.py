@@ -16,6 +16,23 @@ R = TypeVar("R")
 
 _UNSET: Any = object()
 
+#: Set by the Jupyter kernel: ``wait(calls, timeout, what)`` for waits that last more
+#: than a second (it shows progress). None elsewhere: plain waits.
+slow_wait: Callable[[Sequence[Any], float | None, str], list[Any]] | None = None
+#: How long a wait runs before ``slow_wait`` takes over.
+SLOW_S = 1.0
+
+
+def wait_calls(calls: Sequence[Any], timeout: float | None, what: str = "calls") -> list[Any]:
+    """``_native.wait_all``, handing waits longer than ``SLOW_S`` to ``slow_wait``."""
+    hook = slow_wait
+    if hook is None or (timeout is not None and timeout <= SLOW_S):
+        return _native.wait_all(list(calls), timeout)
+    try:
+        return _native.wait_all(list(calls), SLOW_S)
+    except TimeoutError:
+        return hook(calls, None if timeout is None else timeout - SLOW_S, what)
+
 
 class Future(Generic[R]):
     """A value that will be there once the calls behind it reply.
@@ -56,7 +73,7 @@ class Future(Generic[R]):
             raise ValueError(f"timeout must be a finite number >= 0, not {timeout!r}")
         if self._value is _UNSET:
             try:
-                replies = _native.wait_all(self._calls, timeout)
+                replies = wait_calls(self._calls, timeout, f"{len(self._calls)} call(s)")
             except KeyboardInterrupt:  # the remote code gets it too, then we stop waiting
                 self._cancel_remote()
                 raise

@@ -21,7 +21,7 @@ from monarch_kernel.errors import (
 )
 from monarch_kernel.mesh._actor_mesh import ActorMesh, check_endpoint_names
 from monarch_kernel.mesh._buffers import HEADER, drop_when_done
-from monarch_kernel.mesh._future import Future
+from monarch_kernel.mesh._future import Future, wait_calls
 from monarch_kernel.mesh._proc_ref import ProcRef
 from monarch_kernel.mesh._serial import dumps, loads
 from monarch_kernel.mesh._shape import Extent, MeshTrait, Point, Shape
@@ -120,7 +120,7 @@ class ProcMesh(MeshTrait):
             _origin.touched.add(self._proc.name)
         calls = [c.spawn_actor(name, payload, buffers, origin) for c in conns]
         drop_when_done(calls, regs)
-        replies = _native.wait_all(calls, SPAWN_TIMEOUT)
+        replies = wait_calls(calls, SPAWN_TIMEOUT, f"spawn of {name} on {len(calls)} procs")
         for r, base in zip(replies, ranks):
             if isinstance(r, BaseException):
                 raise self._proc.explain(r, base, f"spawn of {name}")

@@ -29,6 +29,7 @@ class Outcome:
     error: dict[str, Any] | None = None
     others: list[dict[str, Any]] = field(default_factory=list)  # messages for other cells
     reply: dict[str, Any] = field(default_factory=dict)  # the execute_reply's content
+    html: list[str] = field(default_factory=list)  # text/html of display messages
 
     @property
     def stdout(self) -> str:
@@ -67,6 +68,9 @@ class Kernel:
             if t == "stream":
                 out.streams.append((c["name"], c["text"]))
             elif t in ("display_data", "update_display_data"):
+                out.html.append(c["data"].get("text/html", ""))
+                if "text/html" in c["data"]:  # progress bars (on a slow machine): kept apart
+                    continue
                 out.displays.append(
                     (t, c["data"].get("text/plain", ""), c.get("transient", {}).get("display_id"))
                 )
@@ -347,3 +351,16 @@ def test_mesh_stacks_shows_what_a_busy_worker_is_running(kernel, mesh):
     both = kernel.run("%mesh stacks").stdout
     assert "=== rank 1 ===" in both and "monarch-dispatch" not in both  # the answering thread is left out
     assert kernel.run("_mesh_run.wait(30)").error is None
+
+
+def test_long_waits_show_a_progress_bar_and_short_ones_nothing(kernel, mesh):
+    assert kernel.run("talker = procs.spawn('talker', Talker)").error is None
+    quick = kernel.run("talker.say.call('quick').get()")
+    assert not any("<progress" in h for h in quick.html)
+    slow = kernel.run("talker.say.call('slow', delay=2.5).get()")
+    assert slow.error is None, slow.traceback
+    bars = [h for h in slow.html if "<progress" in h]
+    assert bars and "call(s)" in bars[0]
+    assert slow.html[-1] == ""  # the bar is removed at the end
+    cell = kernel.run("%%mesh\nimport time\ntime.sleep(2.5)")
+    assert any("<progress" in h and "%%mesh on" in h for h in cell.html)

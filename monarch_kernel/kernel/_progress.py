@@ -1,0 +1,66 @@
+"""Progress of long waits in the notebook: a wait that lasts more than a second
+(a blocking ``.get()``, a spawn, a ``%%mesh`` cell) shows a progress bar, updated in
+place, and removes it when done; short waits show nothing. Plain HTML ``<progress>``
+(no widget front end needed), so it also renders in nbconvert output."""
+
+from __future__ import annotations
+
+import html
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from IPython.display import HTML, display
+
+from monarch_kernel import _native
+
+#: Seconds between updates.
+EVERY = 0.25
+
+
+class Bar:
+    """A progress bar shown in the running cell."""
+
+    def __init__(self, total: int, what: str) -> None:
+        self.total, self.what, self.start = total, what, time.monotonic()
+        self.handle = display(self._html(0), display_id=True)
+
+    def _html(self, done: int) -> HTML:
+        secs = time.monotonic() - self.start + 1.0
+        return HTML(
+            f"<progress value='{done}' max='{self.total}' style='width: 16em'></progress> "
+            f"<span>{html.escape(self.what)}: {done}/{self.total} done, {secs:.0f} s</span>"
+        )
+
+    def update(self, done: int) -> None:
+        if self.handle is not None:
+            self.handle.update(self._html(done))
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.update(HTML(""))
+
+
+def slow_wait(calls: Sequence[Any], timeout: float | None, what: str) -> list[Any]:
+    """``wait_all`` with a progress bar (installed as ``_future.slow_wait``); only on
+    the kernel's main thread, where a cell's output goes."""
+    if threading.current_thread() is not threading.main_thread():
+        return _native.wait_all(list(calls), timeout)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    bar = Bar(len(calls), what)
+    try:
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            step = EVERY if left is None else min(EVERY, left)
+            try:
+                return _native.wait_all(list(calls), step)
+            except TimeoutError:
+                if left is not None and left <= EVERY:
+                    raise TimeoutError(f"{what}: not done within the timeout") from None
+                bar.update(sum(c.done() for c in calls))
+    finally:
+        bar.close()
+
+
+__all__ = ["Bar", "slow_wait"]
