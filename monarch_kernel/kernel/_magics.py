@@ -222,6 +222,7 @@ class MeshMagics(Magics):
         print(
             f"mesh {args.name!r} {verb}: {n} procs {per_host} ({time.perf_counter() - t:.2f} s); default for %%mesh"
         )
+        display(procs)  # the table of procs (the live inspector comes later)
         return procs
 
     def _attach(self, name: str) -> Any:
