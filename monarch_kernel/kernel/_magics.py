@@ -400,7 +400,7 @@ class MeshMagics(Magics):
         group: str,
         timeout: float | None,
     ) -> None:
-        from monarch_kernel.kernel._progress import Bar
+        from monarch_kernel.kernel._progress import Bar, answer_prompts
 
         blocks = _Blocks(run.ranks, group)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -412,6 +412,7 @@ class MeshMagics(Magics):
                     bar = Bar(len(run.ranks), f"%%mesh on {procs.name}")
                 if bar is not None:
                     bar.update(sum(f.done() for f in run.futures))
+                answer_prompts()
                 if deadline is not None and time.monotonic() > deadline:
                     run.cancel()
                     raise TimeoutError(

@@ -59,8 +59,20 @@ def slow_wait(calls: Sequence[Any], timeout: float | None, what: str) -> list[An
                 if left is not None and left <= EVERY:
                     raise TimeoutError(f"{what}: not done within the timeout") from None
                 bar.update(sum(c.done() for c in calls))
+                answer_prompts()
     finally:
         bar.close()
 
 
-__all__ = ["Bar", "slow_wait"]
+def answer_prompts() -> None:
+    """Remote debuggers waiting for a line ask the user now (from the main thread,
+    the one that may use the kernel's stdin)."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    router = getattr(getattr(shell, "kernel", None), "router", None)
+    if router is not None:
+        router.answer_prompts(input)
+
+
+__all__ = ["Bar", "answer_prompts", "slow_wait"]

@@ -20,6 +20,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
+from monarch_kernel.worker._debug import PROMPT_MARK
 from monarch_kernel.worker._dispatcher import FLUSH_MARK
 
 # Cells remembered for late output (ROUTE-1).
@@ -40,6 +41,8 @@ class Router:
         self._marks: collections.defaultdict[str, set[tuple[str, int, str]]] = collections.defaultdict(set)
         self._pending: list[tuple[str, str]] = []  # (stream, text) while idle
         self._failures: list[Any] = []
+        #: Debuggers waiting for a line: (session, rank, origin), oldest first (DEBUG-1).
+        self.prompts: queue.SimpleQueue[tuple[Any, int, str]] = queue.SimpleQueue()
 
     # -- cells (main thread) -----------------------------------------------------------
 
@@ -88,6 +91,9 @@ class Router:
 
     def on_line(self, session: Any, line: Any) -> None:
         mesh, origin = session.name, line.origin
+        if line.text == PROMPT_MARK:
+            self.prompts.put((session, line.rank, origin))
+            return
         if line.text == FLUSH_MARK:
             with self._lock:
                 self._marks[origin].add((mesh, line.rank, line.stream))
@@ -111,6 +117,17 @@ class Router:
                     )
                 return
         self._send(parent, line.stream, text)
+
+    def answer_prompts(self, ask: Any) -> None:
+        """Asks the user (``ask(prompt) -> line``, the kernel's stdin) for every
+        debugger waiting now, and sends each answer to its worker."""
+        while True:
+            try:
+                session, rank, _origin = self.prompts.get_nowait()
+            except queue.Empty:
+                return
+            line = ask(f"[{session.name} {rank}] (Pdb) ")
+            session.pdb_input(rank, line)
 
     def on_failure(self, failure: Any) -> None:
         with self._lock:

@@ -458,6 +458,15 @@ class Session:
         _native.wait_all(calls, timeout)
         return ranks
 
+    def pdb_input(self, rank: int, line: str, timeout: float = 10.0) -> bool:
+        """Sends ``line`` to the debugger waiting on worker ``rank``; True if one was."""
+        conn = _native.WorkerConn(self.state.ref.addrs[rank], self.token)
+        (call,) = _native.call([conn], [rank], [], [], BUILTIN, "pdb_input", line.encode(), [], False, "")
+        _kind, payload, buffers = call.wait(timeout)
+        from monarch_kernel.mesh._serial import loads
+
+        return bool(loads(payload, buffers, self.token))
+
     def stacks(self, ranks: list[int], timeout: float = 10.0) -> list[str]:
         """The Python stacks of workers ``ranks`` (text; a dead or silent rank says so)."""
         from monarch_kernel.mesh._serial import loads

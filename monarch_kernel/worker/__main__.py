@@ -21,6 +21,9 @@ def main() -> None:
     from monarch_kernel.worker import _output
 
     _output.install()
+    from monarch_kernel.worker import _debug
+
+    _debug.install()
     for p in reversed(json.loads(os.environ.get("MONARCH_SYS_PATH", "[]"))):
         if p not in sys.path:
             sys.path.insert(0, p)

@@ -186,7 +186,7 @@ class Dispatcher:
     def _route(self, item: tuple[Any, ...]) -> None:
         token, kind, call_id, actor, method, payload, buffers, where = item
         if kind == _CALL and actor == BUILTIN:
-            self._builtin(token, method, where)
+            self._builtin(token, method, where, bytes(payload))
         elif kind == _CALL:
             a = self._callee(token, actor, method)
             if a is None:
@@ -332,18 +332,26 @@ class Dispatcher:
         rank, dims, sizes, _ = where
         return Context(a.context.actor_instance, message_rank=Point(rank, Extent(dims, sizes)))
 
-    def _builtin(self, token: int, method: str, where: tuple[Any, ...]) -> None:
+    def _builtin(self, token: int, method: str, where: tuple[Any, ...], payload: bytes = b"") -> None:
         """Calls to the actor every worker has (``BUILTIN``), on the routing thread.
 
         ``flush``: writes an end-of-output marker, tagged with the call's origin, to
         stdout and stderr; once the caller has seen both, it has seen everything this
         worker printed for that origin before the call (the pipes are in order).
 
+        ``pdb_input``: the payload (UTF-8) is the next line for the debugger waiting
+        longest in this worker (see ``_debug``).
+
         ``stacks``: the current Python stack of every thread, as text; answered here
         (not by an actor's thread), so it works while the main thread or an actor is
         busy in Python code."""
         if method == "stacks":
             self._reply(token, thread_stacks(), f"{BUILTIN}.stacks")
+            return
+        if method == "pdb_input":
+            from monarch_kernel.worker import _debug
+
+            self._reply(token, _debug.feed(payload.decode("utf-8", "replace")), f"{BUILTIN}.pdb_input")
             return
         if method == "flush":
             reset = _origin.set_context(where[3])

@@ -364,3 +364,58 @@ def test_long_waits_show_a_progress_bar_and_short_ones_nothing(kernel, mesh):
     assert slow.html[-1] == ""  # the bar is removed at the end
     cell = kernel.run("%%mesh\nimport time\ntime.sleep(2.5)")
     assert any("<progress" in h and "%%mesh on" in h for h in cell.html)
+
+
+def _answer_pdb(kernel: Kernel, out: Outcome, answers: list[str]) -> list[str]:
+    """Answers the input requests of a running cell with ``answers``; returns the prompts."""
+    prompts = []
+    for line in answers:
+        msg = kernel.kc.get_stdin_msg(timeout=TIMEOUT)
+        assert msg["msg_type"] == "input_request"
+        prompts.append(msg["content"]["prompt"])
+        kernel.kc.input(line)
+    return prompts
+
+
+def test_breakpoint_in_an_endpoint_opens_pdb_in_the_calling_cell(kernel, mesh):
+    define = kernel.run(
+        "from monarch_kernel import Actor, endpoint\n"
+        "class Dbg(Actor):\n"
+        "    @endpoint\n"
+        "    def f(self, x):\n"
+        "        y = x * 2\n"
+        "        breakpoint()\n"
+        "        return y + 1\n"
+        "dbg = procs.slice(procs=0).spawn('dbg', Dbg)"
+    )
+    assert define.error is None, define.traceback
+    msg_id = kernel.kc.execute("dbg.f.call_one(20).get()", allow_stdin=True)
+    out = Outcome(msg_id)
+    prompts = _answer_pdb(kernel, out, ["p y", "n", "c"])
+    kernel.collect(out)
+    assert out.error is None, out.traceback
+    assert all(p == f"[{mesh} 0] (Pdb) " for p in prompts)
+    assert out.result == "41"
+    assert "40" in out.stdout  # p y, shown in this cell
+    assert "return y + 1" in out.stdout  # pdb's listing of where it stopped
+
+
+def test_breakpoint_in_a_mesh_cell_asks_each_rank_in_turn(kernel, mesh):
+    msg_id = kernel.kc.execute(
+        "%%mesh\nimport os\nr = int(os.environ['MONARCH_RANK'])\nbreakpoint()\nr * 3", allow_stdin=True
+    )
+    out = Outcome(msg_id)
+    prompts: list[str] = []
+    asked: set[str] = set()
+    for _ in range(4):  # each rank: print, then continue; ranks may ask in any order
+        prompt = kernel.kc.get_stdin_msg(timeout=TIMEOUT)["content"]["prompt"]
+        prompts.append(prompt)
+        kernel.kc.input("c" if prompt in asked else "p r + 100")
+        asked.add(prompt)
+    kernel.collect(out)
+    assert out.error is None, out.traceback
+    assert sorted(set(prompts)) == [f"[{mesh} 0] (Pdb) ", f"[{mesh} 1] (Pdb) "]
+    final = {d: t for _k, t, d in out.displays}  # each rank's block as it ended
+    by_rank = {t.split("\n", 1)[0]: t for t in final.values()}
+    assert "\n100\n" in by_rank["[rank 0]"] and "Out: 0" in by_rank["[rank 0]"]
+    assert "\n101\n" in by_rank["[rank 1]"] and "Out: 3" in by_rank["[rank 1]"]

@@ -1,0 +1,71 @@
+"""``breakpoint()`` in a worker: a pdb session whose prompt appears in the notebook
+cell that made the call.
+
+The debugger writes to the worker's stdout, tagged with the call's origin like any
+output (so it lands in that cell). When it needs a line, it writes ``PROMPT_MARK``
+on a line of its own and waits; the kernel, seeing the marker, asks the user
+(``input_request``, labelled with mesh and rank) and sends the answer back with the
+built-in actor's ``pdb_input``. DEBUG-1: several threads (or ranks) may wait at
+once; answers go to the one that asked first.
+"""
+
+from __future__ import annotations
+
+import os
+import pdb
+import queue
+import sys
+from typing import Any
+
+from monarch_kernel import _origin
+
+PROMPT_MARK = "\x1d monarch pdb input"
+
+_waiting: queue.Queue[queue.Queue[str]] = queue.Queue()  # threads waiting for a line, in order
+
+
+class _Input:
+    """pdb's stdin: each readline() asks the controller for a line."""
+
+    def readline(self) -> str:
+        answer: queue.Queue[str] = queue.Queue(maxsize=1)
+        _waiting.put(answer)
+        sys.stdout.write(f"\n{PROMPT_MARK}\n")
+        sys.stdout.flush()
+        return answer.get()
+
+
+def feed(line: str) -> bool:
+    """Hands ``line`` to the debugger waiting longest; False if none waits."""
+    try:
+        answer = _waiting.get_nowait()
+    except queue.Empty:
+        return False
+    answer.put(line if line.endswith("\n") else line + "\n")
+    return True
+
+
+class RemotePdb(pdb.Pdb):
+    def __init__(self) -> None:
+        super().__init__(stdin=_Input(), stdout=sys.stdout)  # type: ignore[arg-type]
+        self.use_rawinput = False
+        self.prompt = f"(Pdb rank {os.environ.get('MONARCH_RANK', '?')}) "
+
+
+def breakpointhook(*args: Any, **kwargs: Any) -> None:
+    """``sys.breakpointhook`` of a worker."""
+    if not _origin.current():  # nobody to ask: do not block a call no one watches
+        print(
+            f"monarch: breakpoint() at {sys._getframe(1).f_code.co_filename}:{sys._getframe(1).f_lineno} "
+            "skipped: no notebook cell made this call",
+            file=sys.stderr,
+        )
+        return
+    RemotePdb().set_trace(sys._getframe(1))
+
+
+def install() -> None:
+    sys.breakpointhook = breakpointhook
+
+
+__all__ = ["PROMPT_MARK", "RemotePdb", "breakpointhook", "feed", "install"]
