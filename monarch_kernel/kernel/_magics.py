@@ -14,6 +14,10 @@ Line magic, one subcommand each (``%mesh?`` shows this text):
                                    The last N lines the workers printed.
     %mesh stacks [NAME] [--rank R] The Python stack of every thread of the workers,
                                    even while they are busy.
+    %mesh debug [--rank R | --post-mortem R]
+                                   Ranks waiting in pdb (breakpoint() in a call nobody
+                                   waits for); attach to one; or debug a rank's last
+                                   exception.
     %mesh push NAME=EXPR ...       Evaluate EXPR here, set NAME in every worker's
                                    %%mesh namespace.
     values = %mesh pull NAME       NAME from every worker's namespace, as a ValueMesh.
@@ -167,13 +171,13 @@ class MeshMagics(Magics):
             raise UsageError(f"%mesh: {e}") from None
         if not words:
             raise UsageError(
-                "%mesh needs a subcommand: up, attach, ls, down, use, status, logs, stacks, push, pull"
+                "%mesh needs a subcommand: up, attach, ls, down, use, status, logs, stacks, debug, push, pull"
             )
         sub, rest = words[0], line.split(None, 1)[1] if len(words) > 1 else ""
         fn = getattr(self, f"_mesh_{sub}", None)
         if fn is None:
             raise UsageError(
-                f"%mesh {sub}: unknown subcommand; use one of up, attach, ls, down, use, status, logs, stacks, push, pull"
+                f"%mesh {sub}: unknown subcommand; use one of up, attach, ls, down, use, status, logs, stacks, debug, push, pull"
             )
         return fn(rest)
 
@@ -317,6 +321,36 @@ class MeshMagics(Magics):
         for r, text in zip(ranks, s.stacks(ranks)):
             print(f"=== rank {r} ===")
             print(text)
+
+    @magic_arguments()
+    @argument("name", nargs="?")
+    @argument("--rank", type=int, help="attach to the debugger waiting on this rank")
+    @argument("--post-mortem", type=int, metavar="RANK", help="debug the last exception of RANK")
+    def _mesh_debug(self, rest: str) -> None:
+        """List ranks waiting in pdb; attach to one; or debug a rank's last exception."""
+        from monarch_kernel.mesh._future import Future
+
+        args = parse_argstring(self._mesh_debug, rest)
+        router = getattr(getattr(self.shell, "kernel", None), "router", None)
+        if args.post_mortem is not None:
+            s = self._procs(args.name)._session("debug")
+            call = s.post_mortem(args.post_mortem)
+            Future(_calls=[call], _finish=lambda r: None).get()
+            return
+        if router is None:
+            raise UsageError("%mesh debug needs the monarch kernel")
+        parked = router.parked()
+        if args.rank is None:
+            if not parked:
+                print("no rank is waiting in pdb")
+            for mesh, rank in parked:
+                print(f"[{mesh} {rank}] waiting in pdb; %mesh debug --rank {rank} attaches")
+            return
+        if all(r != args.rank for _m, r in parked):
+            raise UsageError(
+                f"%mesh debug: rank {args.rank} is not waiting in pdb (waiting: {parked or 'none'})"
+            )
+        router.attach(args.rank, input)
 
     def _mesh_push(self, rest: str) -> None:
         """%mesh push NAME=EXPR ...: evaluate here, set in every worker's namespace."""

@@ -41,6 +41,8 @@ class Router:
         self._marks: collections.defaultdict[str, set[tuple[str, int, str]]] = collections.defaultdict(set)
         self._pending: list[tuple[str, str]] = []  # (stream, text) while idle
         self._failures: list[Any] = []
+        #: (mesh, rank) whose output goes to the running cell (`%mesh debug --rank`).
+        self._attached: set[tuple[str, int]] = set()
         #: Debuggers waiting for a line: (session, rank, origin), oldest first (DEBUG-1).
         self.prompts: queue.SimpleQueue[tuple[Any, int, str]] = queue.SimpleQueue()
 
@@ -104,7 +106,9 @@ class Router:
             if q is not None:
                 q.put((mesh, line.rank, line.stream, line.text))
                 return
-            if origin and origin not in self._parents:
+            if (mesh, line.rank) in self._attached:
+                origin = self.current  # `%mesh debug --rank R`: its output comes here
+            elif origin and origin not in self._parents:
                 return  # another controller's call (or a cell long gone): not ours to show
             parent = self._parents.get(origin) or self._parents.get(self.current)
             text = f"[{mesh} {line.rank}] {line.text}\n"
@@ -128,6 +132,43 @@ class Router:
                 return
             line = ask(f"[{session.name} {rank}] (Pdb) ")
             session.pdb_input(rank, line)
+
+    def _peek(self) -> list[tuple[Any, int, str]]:
+        items = []
+        while True:
+            try:
+                items.append(self.prompts.get_nowait())
+            except queue.Empty:
+                break
+        for it in items:
+            self.prompts.put(it)
+        return items
+
+    def parked(self) -> list[tuple[str, int]]:
+        """(mesh, rank) of the debuggers waiting for a line that no cell answers."""
+        return [(s.name, r) for s, r, _o in self._peek()]
+
+    def attach(self, rank: int, ask: Any, quiet: float = 1.0) -> None:
+        """Answers the debugger of ``rank`` until it stops asking for ``quiet`` s; its
+        output shows in the running cell meanwhile."""
+        meshes = {s.name for s, r, _o in self._peek() if r == rank}
+        with self._lock:
+            self._attached |= {(m, rank) for m in meshes}
+        try:
+            deadline = time.monotonic() + quiet
+            while time.monotonic() < deadline:
+                try:
+                    session, r, origin = self.prompts.get(timeout=0.05)
+                except queue.Empty:
+                    continue
+                if r != rank:
+                    self.prompts.put((session, r, origin))
+                    continue
+                session.pdb_input(rank, ask(f"[{session.name} {rank}] (Pdb) "))
+                deadline = time.monotonic() + quiet
+        finally:
+            with self._lock:
+                self._attached -= {(m, rank) for m in meshes}
 
     def on_failure(self, failure: Any) -> None:
         with self._lock:

@@ -458,6 +458,17 @@ class Session:
         _native.wait_all(calls, timeout)
         return ranks
 
+    def post_mortem(self, rank: int) -> Any:
+        """Starts pdb on worker ``rank``'s last exception; returns the pending call
+        (it completes when the session ends)."""
+        conn = _native.WorkerConn(self.state.ref.addrs[rank], self.token)
+        from monarch_kernel import _origin
+
+        (call,) = _native.call(
+            [conn], [rank], [], [], BUILTIN, "post_mortem", b"", [], False, _origin.current()
+        )
+        return call
+
     def pdb_input(self, rank: int, line: str, timeout: float = 10.0) -> bool:
         """Sends ``line`` to the debugger waiting on worker ``rank``; True if one was."""
         conn = _native.WorkerConn(self.state.ref.addrs[rank], self.token)

@@ -52,6 +52,22 @@ class RemotePdb(pdb.Pdb):
         self.prompt = f"(Pdb rank {os.environ.get('MONARCH_RANK', '?')}) "
 
 
+#: The traceback of the last exception an endpoint or a %%mesh cell raised here.
+last_traceback: list[Any] = [None]
+
+
+def post_mortem() -> bool:
+    """A pdb session on the last remote exception (False if there was none)."""
+    tb = last_traceback[0]
+    if tb is None:
+        print("monarch: no exception to debug on this rank")
+        return False
+    p = RemotePdb()
+    p.reset()
+    p.interaction(None, tb)
+    return True
+
+
 def breakpointhook(*args: Any, **kwargs: Any) -> None:
     """``sys.breakpointhook`` of a worker."""
     if not _origin.current():  # nobody to ask: do not block a call no one watches

@@ -348,6 +348,20 @@ class Dispatcher:
         if method == "stacks":
             self._reply(token, thread_stacks(), f"{BUILTIN}.stacks")
             return
+        if method == "post_mortem":
+            from monarch_kernel.worker import _debug
+
+            origin = where[3]
+
+            def run() -> None:
+                reset = _origin.set_context(origin)
+                try:
+                    self._reply(token, _debug.post_mortem(), f"{BUILTIN}.post_mortem")
+                finally:
+                    _origin.reset(reset)
+
+            threading.Thread(target=run, name="monarch-post-mortem", daemon=True).start()
+            return
         if method == "pdb_input":
             from monarch_kernel.worker import _debug
 
@@ -458,6 +472,10 @@ class Dispatcher:
         start = getattr(exc, "__monarch_tb__", None) or (tb.tb_next if tb else None)
         if hasattr(exc, "__monarch_tb__"):
             del exc.__monarch_tb__  # a traceback does not pickle
+        if start is not None and not isinstance(exc, KeyboardInterrupt):
+            from monarch_kernel.worker import _debug
+
+            _debug.last_traceback[0] = start  # for %mesh debug --post-mortem
         formatted = "".join(traceback.format_exception(type(exc), exc, start))
         if not token:
             print(f"monarch: {what or 'a message'} raised:\n{formatted}", file=sys.stderr, flush=True)

@@ -419,3 +419,38 @@ def test_breakpoint_in_a_mesh_cell_asks_each_rank_in_turn(kernel, mesh):
     by_rank = {t.split("\n", 1)[0]: t for t in final.values()}
     assert "\n100\n" in by_rank["[rank 0]"] and "Out: 0" in by_rank["[rank 0]"]
     assert "\n101\n" in by_rank["[rank 1]"] and "Out: 3" in by_rank["[rank 1]"]
+
+
+def test_post_mortem_and_parked_breakpoints(kernel, mesh):
+    failed = kernel.run(
+        "%%mesh --ranks 1\nsecret = 'found me'\ndef boom():\n    local = 41\n    raise KeyError(local)\nboom()"
+    )
+    assert failed.error is not None or failed.reply.get("status") == "error"
+    msg_id = kernel.kc.execute("%mesh debug --post-mortem 1", allow_stdin=True)
+    out = Outcome(msg_id)
+    prompts = _answer_pdb(kernel, out, ["p local + 1", "q"])
+    kernel.collect(out)
+    assert prompts[0] == f"[{mesh} 1] (Pdb) "
+    assert "42" in out.stdout and "boom" in out.stdout
+    # A breakpoint hit by a call nobody waits for (fire and forget) is parked, then
+    # listed and attached to.
+    define = kernel.run(
+        "from monarch_kernel import Actor, endpoint\n"
+        "class Parker(Actor):\n"
+        "    @endpoint\n"
+        "    def park(self):\n"
+        "        here = 'parked'\n"
+        "        breakpoint()\n"
+        "parker = procs.slice(procs=0).spawn('parker', Parker)\n"
+        "parker.park.broadcast()"
+    )
+    assert define.error is None, define.traceback
+    time.sleep(1.5)
+    listed = kernel.run("%mesh debug")
+    assert f"[{mesh} 0] waiting in pdb" in listed.stdout
+    msg_id = kernel.kc.execute("%mesh debug --rank 0", allow_stdin=True)
+    out = Outcome(msg_id)
+    _answer_pdb(kernel, out, ["p here", "c"])
+    kernel.collect(out)
+    assert "parked" in out.stdout
+    assert "no rank is waiting" in kernel.run("%mesh debug").stdout
