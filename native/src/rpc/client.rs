@@ -75,16 +75,16 @@ fn lock(p: &Mutex<Pending>) -> std::sync::MutexGuard<'_, Pending> {
     p.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Fails every pending call with the *first* cause of the loss (a later failure,
+/// such as the send that finds the connection task gone, is a consequence of it).
 fn fail_all(pending: &Mutex<Pending>, err: RpcError) {
-    let calls = {
+    let (calls, cause) = {
         let mut p = lock(pending);
-        if p.lost.is_none() {
-            p.lost = Some(err.clone());
-        }
-        std::mem::take(&mut p.calls)
+        let cause = p.lost.get_or_insert(err).clone();
+        (std::mem::take(&mut p.calls), cause)
     };
     for (_, slot) in calls {
-        slot.complete(Err(err.clone()));
+        slot.complete(Err(cause.clone()));
     }
 }
 
