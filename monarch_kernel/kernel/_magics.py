@@ -226,7 +226,7 @@ class MeshMagics(Magics):
         print(
             f"mesh {args.name!r} {verb}: {n} procs {per_host} ({time.perf_counter() - t:.2f} s); default for %%mesh"
         )
-        display(procs)  # the table of procs (the live inspector comes later)
+        _show(procs)
         return procs
 
     def _attach(self, name: str) -> Any:
@@ -294,6 +294,7 @@ class MeshMagics(Magics):
         for r, st in enumerate(states):
             w = workers.get(r, {})
             print(f"  rank {r}: {st:<12} pid {w.get('pid', '?')}  restarts {w.get('restarts', 0)}")
+        _show(procs)
         return None
 
     @magic_arguments()
@@ -479,6 +480,17 @@ class MeshMagics(Magics):
         blocks.finish()
         if failures:
             raise MeshCellError(failures, len(run.ranks))
+
+
+def _show(procs: Any) -> None:
+    """Displays the live inspector of ``procs`` (its static table where widgets are
+    not available)."""
+    try:
+        from monarch_kernel.kernel._inspector import MeshInspector
+
+        display(MeshInspector(procs))
+    except ImportError:
+        display(procs)
 
 
 def _point(cells: Any, rank: int) -> dict[str, int]:

@@ -30,6 +30,7 @@ class Outcome:
     others: list[dict[str, Any]] = field(default_factory=list)  # messages for other cells
     reply: dict[str, Any] = field(default_factory=dict)  # the execute_reply's content
     html: list[str] = field(default_factory=list)  # text/html of display messages
+    raw: list[dict[str, Any]] = field(default_factory=list)  # every message of this cell
 
     @property
     def stdout(self) -> str:
@@ -63,6 +64,7 @@ class Kernel:
             if msg["parent_header"].get("msg_id") != out.msg_id:
                 out.others.append(msg)
                 continue
+            out.raw.append(msg)
             if t == "status" and c["execution_state"] == "idle":
                 break
             if t == "stream":
@@ -454,3 +456,39 @@ def test_post_mortem_and_parked_breakpoints(kernel, mesh):
     kernel.collect(out)
     assert "parked" in out.stdout
     assert "no rank is waiting" in kernel.run("%mesh debug").stdout
+
+
+def _widget_states(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The widget states sent in comm_open and comm_msg updates, in order."""
+    out = []
+    for m in msgs:
+        if m["msg_type"] == "comm_open":
+            out.append(m["content"]["data"].get("state", {}))
+        elif m["msg_type"] == "comm_msg" and m["content"]["data"].get("method") == "update":
+            out.append(m["content"]["data"].get("state", {}))
+    return out
+
+
+def test_the_inspector_widget_shows_the_procs_and_follows_a_death(kernel, mesh):
+    out = kernel.run("%mesh status")
+    assert out.error is None, out.traceback
+    opened = [m for m in out.raw if m["msg_type"] == "comm_open"]
+    assert any(m["content"]["target_name"] == "jupyter.widget" for m in opened)
+    procs_states = [s["procs"] for s in _widget_states(out.raw) if "procs" in s]
+    assert procs_states and [p["state"] for p in procs_states[-1]] == ["alive", "alive"]
+    assert all(p["pid"] > 0 for p in procs_states[-1])
+    victim = procs_states[-1][1]["pid"]
+    os.kill(victim, signal.SIGKILL)
+    # The background thread sends updates while the kernel is idle.
+    deadline, seen = time.monotonic() + 15, []
+    while time.monotonic() < deadline:
+        msg = kernel.kc.get_iopub_msg(timeout=15)
+        for s in _widget_states([msg]):
+            if "procs" in s:
+                seen = [p["state"] for p in s["procs"]]
+        if seen[1:2] == ["dead"]:
+            break
+    assert seen[1:2] == ["dead"], seen
+    assert "procs.respawn" not in str(seen)
+    kernel.run("'absorb the failure notice'")
+    assert kernel.run("procs.respawn()").result == "[1]"

@@ -1,0 +1,195 @@
+"""The mesh inspector: a live widget (anywidget, so no front-end build or extension
+is needed) showing each proc's state, pid, CPU, memory, GPU (where NVIDIA GPUs
+exist), calls in flight and last error; clicking a proc shows its recent log lines
+and current stacks.
+
+INSPECT-1: a background thread refreshes the state once a second, whether a cell
+runs or not, until the widget is closed or the mesh is stopped.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import anywidget
+import traitlets
+
+_ESM = """
+function render({ model, el }) {
+  const root = document.createElement("div");
+  root.className = "monarch-inspector";
+  el.appendChild(root);
+  const colors = {alive: "#2a7", starting: "#58c", unresponsive: "#c80", dead: "#c33",
+                  lost: "#c33", stopped: "#888", degraded: "#c80"};
+  function draw() {
+    const procs = model.get("procs");
+    const gpu = model.get("gpu");
+    let html = `<div><b>mesh ${model.get("mesh")}</b> <span class="monarch-state">${model.get("state")}</span></div>`;
+    html += "<table><tr><th>rank</th><th>state</th><th>pid</th><th>CPU %</th><th>memory</th>";
+    if (gpu) html += "<th>GPU %</th><th>GPU memory</th>";
+    html += "<th>in flight</th><th>last error</th></tr>";
+    for (const p of procs) {
+      html += `<tr class="monarch-proc" data-rank="${p.rank}" style="cursor:pointer">` +
+        `<td>${p.rank}</td><td class="monarch-proc-state" style="color:${colors[p.state] || "#000"}">${p.state}</td>` +
+        `<td>${p.pid || ""}</td><td>${p.cpu ?? ""}</td><td>${p.rss ?? ""}</td>` +
+        (gpu ? `<td>${p.gpu ?? ""}</td><td>${p.gpu_mem ?? ""}</td>` : "") +
+        `<td>${p.inflight ?? ""}</td><td>${p.error || ""}</td></tr>`;
+    }
+    html += "</table>";
+    const detail = model.get("detail");
+    if (detail) html += `<pre class="monarch-detail" style="max-height:20em;overflow:auto">${detail}</pre>`;
+    root.innerHTML = html;
+    for (const row of root.querySelectorAll(".monarch-proc")) {
+      row.onclick = () => { model.set("selected", Number(row.dataset.rank)); model.save_changes(); };
+    }
+  }
+  model.on("change:procs", draw);
+  model.on("change:detail", draw);
+  model.on("change:state", draw);
+  draw();
+}
+export default { render };
+"""
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _gpus() -> Any:
+    """nvidia-ml-py, initialised, or None where there is no NVIDIA GPU."""
+    try:
+        import pynvml  # type: ignore[import-not-found]
+
+        pynvml.nvmlInit()
+        return pynvml if pynvml.nvmlDeviceGetCount() > 0 else None
+    except Exception:
+        return None
+
+
+class MeshInspector(anywidget.AnyWidget):  # type: ignore[misc]
+    """The live picture of one mesh (see the module docstring)."""
+
+    _esm = _ESM
+    mesh = traitlets.Unicode("").tag(sync=True)
+    state = traitlets.Unicode("").tag(sync=True)
+    procs: traitlets.List[Any] = traitlets.List([]).tag(sync=True)
+    gpu = traitlets.Bool(False).tag(sync=True)
+    selected = traitlets.Int(-1).tag(sync=True)
+    detail = traitlets.Unicode("").tag(sync=True)
+
+    def __init__(self, procs: Any, every: float = 1.0) -> None:
+        super().__init__(mesh=procs.name)
+        self._procs = procs
+        self._every = every
+        self._closed = threading.Event()
+        self._nvml = _gpus()
+        self.gpu = self._nvml is not None
+        self._cpu: dict[int, tuple[float, float]] = {}
+        self.refresh()
+        self.observe(self._on_select, names="selected")
+        threading.Thread(target=self._loop, name=f"monarch-inspector-{procs.name}", daemon=True).start()
+
+    def close(self) -> None:
+        self._closed.set()
+        super().close()
+
+    def _loop(self) -> None:  # INSPECT-1
+        while not self._closed.wait(self._every):
+            try:
+                self.refresh()
+            except Exception:
+                pass  # a refresh that fails now may work in a second
+            if self.state in ("stopped", "lost"):
+                return
+
+    def _proc_stats(self, pid: int) -> dict[str, Any]:
+        try:
+            import psutil
+
+            p = psutil.Process(pid)
+            t = p.cpu_times()
+            busy, now = t.user + t.system, time.monotonic()
+            last = self._cpu.get(pid)
+            self._cpu[pid] = (busy, now)
+            cpu = round(100 * (busy - last[0]) / max(1e-6, now - last[1])) if last else 0
+            return {"cpu": cpu, "rss": f"{p.memory_info().rss / 2**20:,.0f} MiB"}
+        except Exception:
+            return {}
+
+    def refresh(self) -> None:
+        """Reads the mesh's state now (also what the background thread does)."""
+        from monarch_kernel import _native
+
+        procs = self._procs
+        states = procs.status()
+        st = procs._proc.state()
+        session = None
+        try:
+            session = procs._session("inspector")
+        except Exception:
+            pass
+        workers: dict[int, dict[str, Any]] = {}
+        if session is not None:
+            try:
+                workers = {w["rank"]: w for w in session.client.list_workers()}
+            except Exception:
+                pass
+        rows = []
+        for r, state in enumerate(states):
+            w = workers.get(r, {})
+            row: dict[str, Any] = {"rank": r, "state": state, "pid": w.get("pid", 0)}
+            if state == "alive" and w.get("pid"):
+                row.update(self._proc_stats(int(w["pid"])))
+                try:
+                    conn = _native.WorkerConn(st.ref.addrs[r], procs._proc.token)
+                    row["inflight"] = conn.stats()["calls_in_flight"]
+                except Exception:
+                    pass
+            err = st.dead.get(r)
+            if err is not None:
+                row["error"] = _escape(str(err).splitlines()[0][:200])
+            rows.append(row)
+        if self._nvml is not None:
+            self._add_gpu(rows)
+        alive = sum(s == "alive" for s in states)
+        self.state = (
+            states[0]
+            if states and states[0] in ("stopped", "lost")
+            else ("alive" if alive == len(states) else "degraded")
+        )
+        self.procs = rows
+
+    def _add_gpu(self, rows: list[dict[str, Any]]) -> None:
+        nv = self._nvml
+        by_pid: dict[int, tuple[int, int]] = {}
+        for i in range(nv.nvmlDeviceGetCount()):
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            util = nv.nvmlDeviceGetUtilizationRates(h).gpu
+            for proc in nv.nvmlDeviceGetComputeRunningProcesses(h):
+                by_pid[proc.pid] = (util, proc.usedGpuMemory or 0)
+        for row in rows:
+            if row.get("pid") in by_pid:
+                util, mem = by_pid[row["pid"]]
+                row["gpu"], row["gpu_mem"] = util, f"{mem / 2**20:,.0f} MiB"
+
+    def _on_select(self, change: dict[str, Any]) -> None:
+        rank = change["new"]
+        if rank < 0:
+            return
+
+        def fetch() -> None:  # off the comm handler: stacks may take a moment
+            try:
+                session = self._procs._session("inspector")
+                logs = "\n".join(session.logs(rank, 20))
+                (stack,) = session.stacks([rank], timeout=5.0)
+                self.detail = _escape(f"rank {rank}, last output:\n{logs}\n\nstacks:\n{stack}")
+            except Exception as e:
+                self.detail = _escape(f"rank {rank}: {e}")
+
+        threading.Thread(target=fetch, daemon=True).start()
+
+
+__all__ = ["MeshInspector"]
