@@ -106,20 +106,6 @@ class AgentClient:
         req = self._pb.RespawnWorkersRequest(ranks=ranks, epoch=epoch)
         return [worker_dict(w) for w in self._call("RespawnWorkers", req, timeout).workers]
 
-    def spawn_workers(
-        self,
-        count: int,
-        executable: str,
-        args: list[str],
-        env: dict[str, str],
-        cwd: str,
-        epoch: int = 0,
-        timeout: float = 60.0,
-    ) -> list[dict[str, Any]]:
-        return [
-            worker_dict(w) for w in self.spawn_workers_raw(count, executable, args, env, cwd, epoch, timeout)
-        ]
-
     def spawn_workers_raw(
         self,
         count: int,
@@ -130,7 +116,7 @@ class AgentClient:
         epoch: int = 0,
         timeout: float = 60.0,
     ) -> list[Any]:
-        """:meth:`spawn_workers`, as the agent's WorkerInfo messages."""
+        """Starts ``count`` workers; the agent's WorkerInfo messages of them."""
         req = self._pb.SpawnWorkersRequest(
             count=count, executable=executable, args=args, env=env, cwd=cwd, epoch=epoch
         )

@@ -4,14 +4,13 @@ plane) instead of the gRPC message.
 
 A message whose buffers went through the engine starts with ``HEADER`` and the
 indices of those buffers; at those indices the message carries descriptors. The
-receiver allocates each destination (an anonymous mapping, populated by the kernel,
-no zero-filling pass) and pulls the bytes into it with the GIL released; tensors and
-arrays are then built on that memory without another copy.
+receiver pulls each into a buffer from the native pool of huge-page mappings
+(``RecvBuffer``) with the GIL released; tensors and arrays are then built on that
+memory without another copy.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 import pickle
 import struct
@@ -35,16 +34,9 @@ current_token: ContextVar[str | None] = ContextVar("monarch_current_token", defa
 process_token: list[str | None] = [None]
 
 
-def allocate(n: int) -> Any:
-    """A writable buffer of ``n`` bytes for a transfer to land in."""
-    if n == 0:
-        return bytearray()
-    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
-    return mmap.mmap(-1, n, flags=flags)
-
-
-def send_remote(raws: list[Any], token: str, readers: int) -> tuple[bytes, list[Any], list[int]]:
-    """Registers the large buffers of ``raws``; returns (header, new raws, their ids)."""
+def send_remote(raws: list[Any], token: str, readers: int) -> tuple[bytes, list[Any], list[int], list[int]]:
+    """Registers the large buffers of ``raws``; returns (header, new raws, the indices
+    replaced by descriptors, their registration ids)."""
     remote, ids = [], []
     out = list(raws)
     for i, r in enumerate(raws):
@@ -54,8 +46,8 @@ def send_remote(raws: list[Any], token: str, readers: int) -> tuple[bytes, list[
             remote.append(i)
             ids.append(_native.xfer_id(desc))
     if not remote:
-        return b"", raws, []
-    return HEADER + struct.pack(f"<I{len(remote)}I", len(remote), *remote), out, ids
+        return b"", raws, [], []
+    return HEADER + struct.pack(f"<I{len(remote)}I", len(remote), *remote), out, remote, ids
 
 
 def drop_when_done(calls: list[Any], ids: list[int]) -> None:
@@ -174,7 +166,6 @@ __all__ = [
     "HEADER",
     "STREAMS",
     "THRESHOLD",
-    "allocate",
     "current_token",
     "is_tensor",
     "process_token",

@@ -103,17 +103,15 @@ def dumps(
             raws.append(b.raw())
         except BufferError:  # not contiguous: send a contiguous copy
             raws.append(memoryview(b).tobytes())
+    remote: list[int] = []
     if token is not None:
-        header, raws, ids = _buffers.send_remote(raws, token, readers)
+        header, raws, remote, ids = _buffers.send_remote(raws, token, readers)
         data = header + data if header else data
         if registered is not None:
             registered.extend(ids)
-    _check_size(len(data) + sum(memoryview(r).nbytes for r in raws if not _is_desc(r)), what)
+    inline = sum(memoryview(r).nbytes for i, r in enumerate(raws) if i not in remote)
+    _check_size(len(data) + inline, what)
     return data, raws
-
-
-def _is_desc(r: Any) -> bool:
-    return isinstance(r, bytes) and r[:4] == b"MKXD"
 
 
 def _check_size(size: int, what: str) -> None:

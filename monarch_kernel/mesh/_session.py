@@ -453,26 +453,25 @@ class Session:
         ranks = [r for r in range(len(self.state.ref.addrs)) if r not in self.state.dead]
         if not ranks or self.closed or self.state.lost is not None:
             return []
-        conns = [_native.WorkerConn(self.state.ref.addrs[r], self.token) for r in ranks]
-        calls = _native.call(conns, ranks, [], [], BUILTIN, "flush", b"", [], False, origin)
-        _native.wait_all(calls, timeout)
+        _native.wait_all(self._builtin(ranks, "flush", origin=origin), timeout)
         return ranks
+
+    def _builtin(self, ranks: list[int], method: str, payload: bytes = b"", origin: str = "") -> list[Any]:
+        """Calls ``method`` of the actor every worker has (``Dispatcher._builtin``)."""
+        conns = [_native.WorkerConn(self.state.ref.addrs[r], self.token) for r in ranks]
+        return _native.call(conns, ranks, [], [], BUILTIN, method, payload, [], False, origin)
 
     def post_mortem(self, rank: int) -> Any:
         """Starts pdb on worker ``rank``'s last exception; returns the pending call
         (it completes when the session ends)."""
-        conn = _native.WorkerConn(self.state.ref.addrs[rank], self.token)
         from monarch_kernel import _origin
 
-        (call,) = _native.call(
-            [conn], [rank], [], [], BUILTIN, "post_mortem", b"", [], False, _origin.current()
-        )
+        (call,) = self._builtin([rank], "post_mortem", origin=_origin.current())
         return call
 
     def pdb_input(self, rank: int, line: str, timeout: float = 10.0) -> bool:
         """Sends ``line`` to the debugger waiting on worker ``rank``; True if one was."""
-        conn = _native.WorkerConn(self.state.ref.addrs[rank], self.token)
-        (call,) = _native.call([conn], [rank], [], [], BUILTIN, "pdb_input", line.encode(), [], False, "")
+        (call,) = self._builtin([rank], "pdb_input", line.encode())
         _kind, payload, buffers = call.wait(timeout)
         from monarch_kernel.mesh._serial import loads
 
@@ -482,8 +481,7 @@ class Session:
         """The Python stacks of workers ``ranks`` (text; a dead or silent rank says so)."""
         from monarch_kernel.mesh._serial import loads
 
-        conns = [_native.WorkerConn(self.state.ref.addrs[r], self.token) for r in ranks]
-        calls = _native.call(conns, ranks, [], [], BUILTIN, "stacks", b"", [], False, "")
+        calls = self._builtin(ranks, "stacks")
         out = []
         deadline = time.monotonic() + timeout
         for r, c in zip(ranks, calls):

@@ -29,8 +29,7 @@ def know_token(token: str) -> None:
 
 
 def _token_of(desc: bytes) -> str:
-    # The descriptor's token id sits after magic, version, host, pidns, pid, id, ptr, len.
-    tid = bytes(desc[4 + 1 + 16 + 8 + 4 + 8 + 8 + 8 : 4 + 1 + 16 + 8 + 4 + 8 + 8 + 8 + 32])
+    tid = _native.xfer_token_id(desc)
     own = _buffers.process_token[0]
     if own is not None:
         know_token(own)

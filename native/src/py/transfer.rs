@@ -68,6 +68,12 @@ fn xfer_len(d: &[u8]) -> PyResult<u64> {
     Ok(desc(d)?.len)
 }
 
+/// SHA-256 of the token the buffer a descriptor names is registered under.
+#[pyfunction]
+fn xfer_token_id<'py>(py: Python<'py>, d: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
+    Ok(PyBytes::new(py, &desc(d)?.token_id))
+}
+
 /// The registration id of a descriptor.
 #[pyfunction]
 fn xfer_id(d: &[u8]) -> PyResult<u64> {
@@ -227,6 +233,7 @@ pub fn register_python_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RecvBuffer>()?;
     m.add_function(wrap_pyfunction!(xfer_len, m)?)?;
     m.add_function(wrap_pyfunction!(xfer_id, m)?)?;
+    m.add_function(wrap_pyfunction!(xfer_token_id, m)?)?;
     m.add_function(wrap_pyfunction!(xfer_fetch, m)?)?;
     m.add_function(wrap_pyfunction!(xfer_write, m)?)?;
     m.add_function(wrap_pyfunction!(xfer_release, m)?)?;

@@ -699,25 +699,10 @@ impl Engine {
         if n == 1 {
             return self.read_range(d, token, 0, dst);
         }
-        let chunk = dst.len().div_ceil(n);
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = dst
-                .chunks_mut(chunk)
-                .enumerate()
-                .map(|(i, part)| {
-                    scope.spawn(move || self.read_range(d, token, (i * chunk) as u64, part))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(XferError::Invalid("a transfer thread panicked".into()))
-                    })
-                })
-                .collect::<Result<Vec<()>, _>>()
-                .map(|_| ())
+        in_parts(dst, n, |offset, part| {
+            self.read_range(d, token, offset as u64, part)
         })
+        .unwrap_or_else(|| Err(XferError::Invalid("a transfer thread panicked".into())))
     }
 
     /// Writes `src` into the (writable) buffer `d` at `offset`.
@@ -750,6 +735,33 @@ impl Engine {
     }
 }
 
+/// Runs `f(offset, part)` for `parts` consecutive parts of `dst`, each on its own
+/// thread; the first error, or `None` if a thread panicked.
+fn in_parts<E: Send>(
+    dst: &mut [u8],
+    parts: usize,
+    f: impl Fn(usize, &mut [u8]) -> Result<(), E> + Sync,
+) -> Option<Result<(), E>> {
+    let chunk = dst.len().div_ceil(parts.max(1)).max(1);
+    std::thread::scope(|scope| {
+        let f = &f;
+        let handles: Vec<_> = dst
+            .chunks_mut(chunk)
+            .enumerate()
+            .map(|(i, part)| scope.spawn(move || f(i * chunk, part)))
+            .collect();
+        let mut out = Ok(());
+        for h in handles {
+            match h.join() {
+                Err(_) => return None,
+                Ok(Err(e)) if out.is_ok() => out = Err(e),
+                Ok(_) => {}
+            }
+        }
+        Some(out)
+    })
+}
+
 /// [`vm_read`] split over a few threads for large buffers (the copy is memory
 /// bound; on a machine with several cores one thread does not saturate it).
 fn vm_read_parallel(pid: u32, ptr: u64, dst: &mut [u8]) -> std::io::Result<()> {
@@ -761,22 +773,10 @@ fn vm_read_parallel(pid: u32, ptr: u64, dst: &mut [u8]) -> std::io::Result<()> {
     if parts == 1 {
         return vm_read(pid, ptr, dst);
     }
-    let chunk = dst.len().div_ceil(parts);
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = dst
-            .chunks_mut(chunk)
-            .enumerate()
-            .map(|(i, part)| scope.spawn(move || vm_read(pid, ptr + (i * chunk) as u64, part)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(std::io::Error::other("a copy thread panicked")))
-            })
-            .collect::<std::io::Result<Vec<()>>>()
-            .map(|_| ())
+    in_parts(dst, parts, |offset, part| {
+        vm_read(pid, ptr + offset as u64, part)
     })
+    .unwrap_or_else(|| Err(std::io::Error::other("a copy thread panicked")))
 }
 
 /// One copy from another process's memory (`process_vm_readv`), in as many calls as
