@@ -35,12 +35,20 @@ setup: $(STAMPS)/native $(STAMPS)/kernelspec ## Create the venv, install depende
 demo: setup ## Set up, then execute notebooks/quickstart.ipynb through the monarch kernel and print it
 	$(PY) demo/run_notebook.py notebooks/quickstart.ipynb
 
-test: setup test-rust test-python ## Set up, then run every test (Rust and Python)
+# Browser tests drive Debian's chromium (Playwright's own browser download is not used).
+$(STAMPS)/browser: | $(STAMPS)/deps
+	@command -v chromium >/dev/null || { \
+	  echo "installing Debian's chromium for the browser tests"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
+	@touch $@
+
+test: setup $(STAMPS)/browser test-rust test-python ## Set up, then run every test (Rust and Python; browser tests in Debian's chromium)
 
 test-rust: ## cargo test of the native core (no Python needed)
 	cargo test -q --manifest-path native/Cargo.toml
 
-test-python: setup ## pytest: unit and integration tests against real agents and workers
+test-python: setup $(STAMPS)/browser ## pytest: unit and integration tests against real agents and workers
 	$(PY) -m pytest -q
 
 bench: setup ## Print this project's figures beside baselines measured in the same run

@@ -1,15 +1,22 @@
 """Executes a notebook with nbclient through the monarch kernel and prints it as a
 reader would see it: each cell's source, then its outputs as text.
 
+A cell may answer the prompts it raises (a remote ``breakpoint()`` asks through the
+kernel's stdin, which plain nbclient refuses): its metadata ``monarch.stdin`` lists the
+lines to type, in order, for example ``["p x", "n", "c"]``. Each answer is echoed into
+the cell's output after its prompt, as a reader would have seen it typed.
+
     python demo/run_notebook.py notebooks/quickstart.ipynb [--save OUT.ipynb]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import re
 import sys
 import time
+from typing import Any
 
 import nbformat
 from nbclient import NotebookClient
@@ -35,9 +42,40 @@ def _text(output: dict) -> str:
     return ""
 
 
-def execute(path: str, kernel_name: str = "monarch", timeout: int = 300) -> nbformat.NotebookNode:
+class StdinClient(NotebookClient):
+    """nbclient that answers a cell's input requests from its ``monarch.stdin`` metadata."""
+
+    async def async_execute_cell(self, cell: Any, cell_index: int, *args: Any, **kwargs: Any) -> Any:
+        answers = list(cell.get("metadata", {}).get("monarch", {}).get("stdin", []))
+        if not answers or self.kc is None:
+            return await super().async_execute_cell(cell, cell_index, *args, **kwargs)
+        kc = self.kc
+        kc.allow_stdin = True
+
+        async def answer() -> None:
+            while True:
+                msg = await kc.get_stdin_msg()
+                if msg["msg_type"] != "input_request":
+                    continue
+                line = answers.pop(0) if answers else "c"  # out of answers: let it run on
+                cell.outputs.append(
+                    nbformat.v4.new_output(
+                        "stream", name="stdout", text=msg["content"]["prompt"] + line + "\n"
+                    )
+                )
+                kc.input(line)
+
+        task = asyncio.ensure_future(answer())
+        try:
+            return await super().async_execute_cell(cell, cell_index, *args, **kwargs)
+        finally:
+            task.cancel()
+            kc.allow_stdin = False
+
+
+def execute(path: str, kernel_name: str = "monarch", timeout: int = 300, cwd: str | None = None) -> Any:
     nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, kernel_name=kernel_name, timeout=timeout, allow_errors=False).execute()
+    StdinClient(nb, kernel_name=kernel_name, timeout=timeout, allow_errors=False).execute(cwd=cwd)
     return nb
 
 

@@ -96,6 +96,13 @@ class MeshInspector(anywidget.AnyWidget):  # type: ignore[misc]
         self._closed.set()
         super().close()
 
+    def __repr__(self) -> str:  # the text/plain beside the widget (nbconvert, terminals)
+        counts: dict[str, int] = {}
+        for p in self.procs:
+            counts[p.get("state", "?")] = counts.get(p.get("state", "?"), 0) + 1
+        summary = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+        return f"MeshInspector(mesh {self.mesh!r}: {self.state}; {summary})"
+
     def _loop(self) -> None:  # INSPECT-1
         while not self._closed.wait(self._every):
             try:

@@ -27,6 +27,8 @@ from monarch_kernel.worker._dispatcher import FLUSH_MARK
 _MAX_PARENTS = 1000
 # Lines kept for the next cell while the kernel is idle.
 _MAX_PENDING = 1000
+#: pdb commands after which a rank leaves the debugger (or may: `c`, `q`).
+_LEAVES_PDB = frozenset({"c", "cont", "continue", "q", "quit", "exit"})
 
 
 class Router:
@@ -122,24 +124,55 @@ class Router:
                 return
         self._send(parent, line.stream, text)
 
-    def answer_prompts(self, ask: Any) -> None:
+    def answer_prompts(self, ask: Any, stay: float = 2.0) -> None:
         """Asks the user (``ask(prompt) -> line``, the kernel's stdin) for every
-        debugger waiting now, and sends each answer to its worker."""
+        debugger waiting now, and sends each answer to its worker.
+
+        DEBUG-2: one rank at a time. After an answer that keeps its rank in pdb
+        (anything but continue or quit), that rank's next prompt is waited for up to
+        ``stay`` s before another rank is asked, so ranks stopping together are debugged
+        one after the other instead of in alternation."""
+        focus: tuple[str, int] | None = None
         while True:
-            try:
-                session, rank, _origin = self.prompts.get_nowait()
-            except queue.Empty:
+            item = self._next_prompt(focus, stay)
+            if item is None:
                 return
+            session, rank, _origin = item
             line = ask(f"[{session.name} {rank}] (Pdb) ")
             session.pdb_input(rank, line)
+            leaves = line.strip().split(" ")[0] in _LEAVES_PDB
+            focus = None if leaves else (session.name, rank)
 
-    def _peek(self) -> list[tuple[Any, int, str]]:
+    def _next_prompt(self, focus: tuple[str, int] | None, stay: float) -> tuple[Any, int, str] | None:
+        """The focused rank's prompt (waiting up to ``stay`` s for it), else the oldest."""
+        deadline = time.monotonic() + (stay if focus else 0.0)
+        while True:
+            waiting = self._take_all()
+            for i, (s, r, _o) in enumerate(waiting):
+                if focus is None or (s.name, r) == focus:
+                    item = waiting.pop(i)
+                    for other in waiting:
+                        self.prompts.put(other)
+                    return item
+            for other in waiting:
+                self.prompts.put(other)
+            if time.monotonic() >= deadline:
+                if focus is None or not waiting:
+                    return None
+                focus = None  # the focused rank went on running: take the oldest
+                continue
+            time.sleep(0.02)
+
+    def _take_all(self) -> list[tuple[Any, int, str]]:
         items = []
         while True:
             try:
                 items.append(self.prompts.get_nowait())
             except queue.Empty:
-                break
+                return items
+
+    def _peek(self) -> list[tuple[Any, int, str]]:
+        items = self._take_all()
         for it in items:
             self.prompts.put(it)
         return items

@@ -11,7 +11,6 @@ once; answers go to the one that asked first.
 
 from __future__ import annotations
 
-import os
 import pdb
 import queue
 import sys
@@ -30,7 +29,8 @@ class _Input:
     def readline(self) -> str:
         answer: queue.Queue[str] = queue.Queue(maxsize=1)
         _waiting.put(answer)
-        sys.stdout.write(f"\n{PROMPT_MARK}\n")
+        at_line_start = getattr(sys.stdout, "at_line_start", False)
+        sys.stdout.write(f"{PROMPT_MARK}\n" if at_line_start else f"\n{PROMPT_MARK}\n")
         sys.stdout.flush()
         return answer.get()
 
@@ -49,7 +49,7 @@ class RemotePdb(pdb.Pdb):
     def __init__(self) -> None:
         super().__init__(stdin=_Input(), stdout=sys.stdout)  # type: ignore[arg-type]
         self.use_rawinput = False
-        self.prompt = f"(Pdb rank {os.environ.get('MONARCH_RANK', '?')}) "
+        self.prompt = ""  # the kernel's input request shows "[mesh rank] (Pdb) " instead
 
 
 #: The traceback of the last exception an endpoint or a %%mesh cell raised here.

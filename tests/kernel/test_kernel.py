@@ -402,6 +402,34 @@ def test_breakpoint_in_an_endpoint_opens_pdb_in_the_calling_cell(kernel, mesh):
     assert "return y + 1" in out.stdout  # pdb's listing of where it stopped
 
 
+def test_pdb_steps_into_a_function_lists_its_source_and_goes_on(kernel, mesh):
+    define = kernel.run(
+        "from monarch_kernel import Actor, endpoint\n"
+        "def helper(v):\n"
+        "    w = v + 5\n"
+        "    return w * 2\n"
+        "class Stepper(Actor):\n"
+        "    @endpoint\n"
+        "    def g(self, x):\n"
+        "        breakpoint()\n"
+        "        z = helper(x)\n"
+        "        return z\n"
+        "stepper = procs.slice(procs=1).spawn('stepper', Stepper)"
+    )
+    assert define.error is None, define.traceback
+    out = Outcome(kernel.kc.execute("stepper.g.call_one(1).get()", allow_stdin=True))
+    prompts = _answer_pdb(kernel, out, ["s", "s", "p v * 1000", "l", "n", "p w", "c"])
+    kernel.collect(out)
+    assert out.error is None, out.traceback
+    assert all(p == f"[{mesh} 1] (Pdb) " for p in prompts)
+    assert out.result == "12"
+    assert "--Call--" in out.stdout and "helper(v)" in out.stdout  # s went into helper
+    assert "1000" in out.stdout  # p v * 1000, inside helper
+    assert "->     w = v + 5" in out.stdout or "w = v + 5" in out.stdout  # l listed the source
+    assert "return w * 2" in out.stdout
+    assert f"[{mesh} 1] 6\n" in out.stdout  # p w after n
+
+
 def test_breakpoint_in_a_mesh_cell_asks_each_rank_in_turn(kernel, mesh):
     msg_id = kernel.kc.execute(
         "%%mesh\nimport os\nr = int(os.environ['MONARCH_RANK'])\nbreakpoint()\nr * 3", allow_stdin=True

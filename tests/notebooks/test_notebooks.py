@@ -9,16 +9,17 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
+sys.path.insert(0, str(ROOT / "demo"))
+from run_notebook import execute  # noqa: E402  (nbclient answering pdb prompts from cell metadata)
+
+
 def _execute(path: Path) -> nbformat.NotebookNode:
-    nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, kernel_name="monarch", timeout=300, allow_errors=False).execute(cwd=str(ROOT))
-    return nb
+    return execute(str(path), cwd=str(ROOT))
 
 
 def _text(cell: nbformat.NotebookNode) -> str:
@@ -66,3 +67,25 @@ def test_the_script_tour_runs():
     assert out.returncode == 0, out.stderr
     assert "other process: counter state continued -> [102, 102]" in out.stdout
     assert "this process was fenced" in out.stdout
+
+
+def test_the_debugging_notebook_shows_the_inspector_stacks_and_remote_pdb(jupyter_path):
+    nb = _execute(ROOT / "notebooks" / "debugging.ipynb")
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    text = [_text(c) for c in code]
+    widget = "application/vnd.jupyter.widget-view+json"
+    assert any(widget in o.get("data", {}) for o in code[0].outputs)  # the inspector
+    assert "=== rank 0 ===" in text[1] and "in crunch" in text[1]  # the busy function
+    step = text[3]
+    assert "[debugging 1] (Pdb) s" in step and "--Call--" in step and "helper()" in step
+    assert "[debugging 1] 1\n" in step  # p v, inside helper
+    assert "->\t    w = v + 5" in step  # l
+    assert "[debugging 1] 6\n" in step and "Out[" not in step  # p w after n
+    assert "12" in text[3]
+    # every rank stopped; each was debugged to the end before the next was asked
+    asked = [line for line in text[4].splitlines() if "(Pdb)" in line]
+    ranks = [line.split("]")[0] for line in asked]
+    assert len(asked) == 6 and ranks[:4] == [ranks[0]] * 4 and ranks[4:] == [ranks[4]] * 2 != ranks[:2]
+    assert "rank 0 has 0" in text[4] and "rank 1 has 10" in text[4]
+    assert "('/data/missing.bin', 3)" in text[6]  # post-mortem locals
+    assert "stopped debugging" in text[-1]

@@ -1,0 +1,167 @@
+"""The mesh inspector in a real browser: JupyterLab 4 served from this venv, driven in
+Debian's headless Chromium by Playwright. The widget shows the procs of a mesh that
+``%mesh up`` started, clicking a proc shows its logs and stacks, and a proc turns to
+dead within seconds of a kill -9, while the kernel is idle.
+
+``make test`` installs Debian's chromium; without it this test fails and says so
+(set MONARCH_SKIP_BROWSER=1 to skip it on purpose)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+CHROMIUM = os.environ.get("MONARCH_CHROMIUM", "/usr/bin/chromium")
+# What the machine needs to start Chromium headless as root with no network.
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+#: Where the screenshots go (the last run's stay for a person to look at).
+SHOTS = Path(os.environ.get("MONARCH_SCREENSHOTS", "/tmp"))
+
+if os.environ.get("MONARCH_SKIP_BROWSER") == "1":
+    pytest.skip("MONARCH_SKIP_BROWSER=1", allow_module_level=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def lab(jupyter_path: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """A JupyterLab server on loopback: (its base URL with the token, its root folder)."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(
+            f"no Chromium at {CHROMIUM}: `make test` installs Debian's chromium (apt-get install chromium)"
+        )
+    root = tmp_path_factory.mktemp("lab")
+    config = tmp_path_factory.mktemp("lab-config")
+    port, token = _free_port(), uuid.uuid4().hex
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(config), JUPYTER_RUNTIME_DIR=str(config / "runtime"))
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jupyterlab",
+            "--no-browser",
+            "--allow-root",
+            f"--port={port}",
+            "--ip=127.0.0.1",
+            f"--ServerApp.token={token}",
+            f"--ServerApp.root_dir={root}",
+            "--LabApp.news_url=",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(root / "server.log", "wb"),  # noqa: SIM115
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        "JupyterLab did not start:\n" + (root / "server.log").read_text()
+                    ) from None
+                time.sleep(0.3)
+        yield url + f"?token={token}", root
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)  # the server shuts its kernels down
+        try:
+            server.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def _notebook(path: Path, cells: list[str]) -> None:
+    nb = {
+        "cells": [
+            {"cell_type": "code", "metadata": {}, "source": c, "outputs": [], "execution_count": None}
+            for c in cells
+        ],
+        "metadata": {"kernelspec": {"name": "monarch", "display_name": "Monarch", "language": "python"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    path.write_text(json.dumps(nb))
+
+
+def test_the_inspector_shows_the_procs_and_a_killed_proc_turns_dead(lab, tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+
+    url, root = lab
+    name = f"browser-{uuid.uuid4().hex[:6]}"
+    _notebook(root / "inspect.ipynb", [f"procs = %mesh up {name} --procs 2"])
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 900})
+                page.goto(url.replace("?", "/lab/tree/inspect.ipynb?"))
+                # the kernel is up and idle before the cell runs (a run sent earlier is lost)
+                expect(page.locator(".jp-StatusBar-TextItem", has_text="| Idle")).to_have_count(
+                    1, timeout=60_000
+                )
+                cell = page.locator(".jp-Notebook .jp-Cell").first
+                cell.locator(".cm-content").click(timeout=60_000)
+                page.keyboard.press("Shift+Enter")
+                rows = page.locator(".monarch-inspector .monarch-proc")
+                expect(rows).to_have_count(2, timeout=40_000)
+                states = page.locator(".monarch-inspector .monarch-proc-state")
+                expect(states.nth(0)).to_have_text("alive", timeout=30_000)
+                expect(states.nth(1)).to_have_text("alive", timeout=30_000)
+                pids = [int(rows.nth(i).locator("td").nth(2).inner_text()) for i in range(2)]
+                assert all(pid > 0 for pid in pids)
+
+                rows.nth(0).click()  # a proc's recent logs and stacks
+                detail = page.locator(".monarch-inspector .monarch-detail")
+                expect(detail).to_contain_text("Thread", timeout=30_000)
+
+                os.kill(pids[1], signal.SIGKILL)
+                killed = time.monotonic()
+                expect(page.locator('.monarch-proc[data-rank="1"] .monarch-proc-state')).to_have_text(
+                    "dead", timeout=10_000
+                )
+                seen = time.monotonic() - killed
+                expect(page.locator('.monarch-proc[data-rank="0"] .monarch-proc-state')).to_have_text("alive")
+                page.screenshot(path=str(SHOTS / "inspector.png"))
+                print(f"rank 1 shown dead {seen:.2f} s after kill -9")
+            except BaseException:
+                page.screenshot(path=str(SHOTS / "inspector-failure.png"))
+                raise
+            finally:
+                browser.close()
+    finally:
+        subprocess.run(
+            [sys.executable, "-m", "monarch_kernel", "down", name], check=False, capture_output=True
+        )
