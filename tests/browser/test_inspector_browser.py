@@ -1,4 +1,4 @@
-"""The mesh inspector in a real browser: JupyterLab 4 served from this venv, driven in
+"""The mesh inspector in a real browser: JupyterLab 4 and Notebook 7 served from this venv, driven in
 Debian's headless Chromium by Playwright. The widget shows the procs of a mesh that
 ``%mesh up`` started, clicking a proc shows its logs and stacks, and a proc turns to
 dead within seconds of a kill -9, while the kernel is idle.
@@ -116,22 +116,39 @@ def _notebook(path: Path, cells: list[str]) -> None:
     path.write_text(json.dumps(nb))
 
 
-def test_the_inspector_shows_the_procs_and_a_killed_proc_turns_dead(lab, tmp_path):
+def _wait_for_idle_kernel(url: str, notebook: str, timeout: float = 60.0) -> None:
+    """Until the notebook's kernel is idle (a cell run before that is lost)."""
+    base, token = url.split("?token=")
+    deadline = time.monotonic() + timeout
+    sessions: list[dict] = []
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"{base}/api/sessions?token={token}", timeout=5) as r:
+            sessions = json.load(r)
+        if any(
+            s.get("path") == notebook and (s.get("kernel") or {}).get("execution_state") == "idle"
+            for s in sessions
+        ):
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"the kernel of {notebook} was not idle after {timeout} s: {sessions}")
+
+
+@pytest.mark.parametrize("front_end", ["lab/tree", "notebooks"], ids=["jupyterlab4", "notebook7"])
+def test_the_inspector_shows_the_procs_and_a_killed_proc_turns_dead(lab, front_end):
     from playwright.sync_api import expect, sync_playwright
 
     url, root = lab
     name = f"browser-{uuid.uuid4().hex[:6]}"
-    _notebook(root / "inspect.ipynb", [f"procs = %mesh up {name} --procs 2"])
+    notebook = f"inspect-{name}.ipynb"
+    _notebook(root / notebook, [f"procs = %mesh up {name} --procs 2"])
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             try:
                 page = browser.new_page(viewport={"width": 1400, "height": 900})
-                page.goto(url.replace("?", "/lab/tree/inspect.ipynb?"))
-                # the kernel is up and idle before the cell runs (a run sent earlier is lost)
-                expect(page.locator(".jp-StatusBar-TextItem", has_text="| Idle")).to_have_count(
-                    1, timeout=60_000
-                )
+                page.goto(url.replace("?", f"/{front_end}/{notebook}?"))
+                page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
+                _wait_for_idle_kernel(url, notebook)
                 cell = page.locator(".jp-Notebook .jp-Cell").first
                 cell.locator(".cm-content").click(timeout=60_000)
                 page.keyboard.press("Shift+Enter")
@@ -154,10 +171,10 @@ def test_the_inspector_shows_the_procs_and_a_killed_proc_turns_dead(lab, tmp_pat
                 )
                 seen = time.monotonic() - killed
                 expect(page.locator('.monarch-proc[data-rank="0"] .monarch-proc-state')).to_have_text("alive")
-                page.screenshot(path=str(SHOTS / "inspector.png"))
+                page.screenshot(path=str(SHOTS / f"inspector-{front_end.split('/')[0]}.png"))
                 print(f"rank 1 shown dead {seen:.2f} s after kill -9")
             except BaseException:
-                page.screenshot(path=str(SHOTS / "inspector-failure.png"))
+                page.screenshot(path=str(SHOTS / f"inspector-{front_end.split('/')[0]}-failure.png"))
                 raise
             finally:
                 browser.close()
