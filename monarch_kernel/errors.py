@@ -28,6 +28,7 @@ from typing import Any
 __all__ = [
     "ActorError",
     "DimensionError",
+    "DistributedSetupError",
     "MeshAuthError",
     "MeshIndexError",
     "MeshNotFoundError",
@@ -132,6 +133,11 @@ class MeshAuthError(MonarchKernelError):
 
 class MeshSpecError(MonarchKernelError, ValueError):
     """Bad arguments to ``spawn_procs`` or ``spawn``."""
+
+
+class DistributedSetupError(MonarchKernelError, RuntimeError):
+    """torch.distributed could not be set up on every proc; the message names the
+    ranks that failed and why."""
 
 
 class UnknownEndpointError(MonarchKernelError, AttributeError):

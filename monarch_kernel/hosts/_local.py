@@ -54,14 +54,15 @@ def start_local_agent(
         "meta": meta,
         "state_file": state_file,
     }
-    popen = subprocess.Popen(
-        [sys.executable, "-m", "monarch_kernel.hosts._agent_main"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=open(log_dir / "agent.log", "ab"),  # noqa: SIM115 - the child owns it
-        start_new_session=True,
-        close_fds=True,
-    )
+    with open(log_dir / "agent.log", "ab") as log:  # the child keeps its own copy
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "monarch_kernel.hosts._agent_main"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            start_new_session=True,
+            close_fds=True,
+        )
     assert popen.stdin is not None and popen.stdout is not None
     popen.stdin.write(json.dumps(cfg).encode() + b"\n")
     popen.stdin.close()

@@ -3,7 +3,10 @@
 Line magic, one subcommand each (``%mesh?`` shows this text):
 
     procs = %mesh up NAME [--procs N | --gpus N] [--env K=V ...] [--idle-timeout S]
+                     [--torch-dist gloo|nccl|auto]
         Create the mesh NAME, or reattach to it if it runs; it becomes the default.
+        --gpus N: one proc per GPU (on the CPU, with a warning, where there is none).
+        --torch-dist: set up torch.distributed on every proc (a no-op if it is).
     procs = %mesh attach NAME      Reattach to a running mesh (another kernel's, or
                                    this one's before a restart); it becomes the default.
     %mesh ls                       Running meshes.
@@ -47,6 +50,7 @@ from IPython.display import display
 
 from monarch_kernel import _origin
 from monarch_kernel.errors import ActorError, MeshNotFoundError, MonarchKernelError
+from monarch_kernel.mesh._distributed import BACKENDS
 
 _HELP = __doc__
 CELLS_ACTOR = "__mesh_cells__"
@@ -189,6 +193,11 @@ class MeshMagics(Magics):
     @argument("--gpus", type=int, help="one process per GPU")
     @argument("--env", action="append", default=[], metavar="K=V", help="environment of the workers")
     @argument("--idle-timeout", type=float, help="seconds the mesh waits for a controller (default 24 h)")
+    @argument(
+        "--torch-dist",
+        metavar="BACKEND",
+        help="set up torch.distributed on the procs: gloo, nccl or auto (nccl where they have GPUs)",
+    )
     def _mesh_up(self, rest: str) -> Any:
         """Create the mesh NAME, or reattach to it."""
         from monarch_kernel import this_host
@@ -203,11 +212,15 @@ class MeshMagics(Magics):
                 raise UsageError(f"%mesh up: --env {kv!r} must be KEY=VALUE")
             k, v = kv.split("=", 1)
             env[k] = v
+        if args.torch_dist is not None and args.torch_dist not in BACKENDS:
+            raise UsageError(
+                f"%mesh up: --torch-dist must be one of {', '.join(BACKENDS)}, not {args.torch_dist!r}"
+            )
         if args.procs is None and args.gpus is None:
             try:
                 procs = self._attach(args.name)
                 print(f"attached to running mesh {args.name!r}")
-                return procs
+                return _torch_dist(procs, args.torch_dist)
             except MeshNotFoundError:
                 raise UsageError(
                     f"%mesh up {args.name}: no such mesh is running; give its size: --procs N (or --gpus N)"
@@ -227,7 +240,7 @@ class MeshMagics(Magics):
             f"mesh {args.name!r} {verb}: {n} procs {per_host} ({time.perf_counter() - t:.2f} s); default for %%mesh"
         )
         _show(procs)
-        return procs
+        return _torch_dist(procs, args.torch_dist)
 
     def _attach(self, name: str) -> Any:
         from monarch_kernel import attach
@@ -480,6 +493,19 @@ class MeshMagics(Magics):
         blocks.finish()
         if failures:
             raise MeshCellError(failures, len(run.ranks))
+
+
+def _torch_dist(procs: Any, backend: str | None) -> Any:
+    """``%mesh up --torch-dist BACKEND``: torch.distributed on ``procs``, said in a line."""
+    if backend is not None:
+        t = time.perf_counter()
+        info = procs.setup_torch_distributed(backend)
+        how = "set up" if info["new"] else "already set up"
+        print(
+            f"torch.distributed {how}: {info['backend']}, world size {info['world_size']}, "
+            f"master {info['master']} ({time.perf_counter() - t:.2f} s)"
+        )
+    return procs
 
 
 def _show(procs: Any) -> None:

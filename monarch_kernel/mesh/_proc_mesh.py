@@ -144,6 +144,18 @@ class ProcMesh(MeshTrait):
             session.record_actor(name, payload, buffers, pickle.dumps(self._shape))
         return ActorMesh(name, cls, self._proc, self._shape)
 
+    def setup_torch_distributed(self, backend: str = "auto", timeout: float = 60.0) -> dict[str, Any]:
+        """Sets up torch.distributed on these procs: ``MASTER_ADDR``, ``MASTER_PORT`` (a
+        free port), ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` in each proc's
+        environment, then ``init_process_group`` on every rank. ``backend`` is
+        "gloo", "nccl" or "auto" (nccl where the procs have GPUs, else gloo). Calling it
+        again is a no-op. A rank that does not join within ``timeout`` seconds, or
+        fails, is named in the ``DistributedSetupError``. Returns the backend, world
+        size, master address and whether a group was created now."""
+        from monarch_kernel.mesh._distributed import setup
+
+        return setup(self, backend, timeout)
+
     def stop(self) -> Future[None]:
         """Stops every worker and the host agent, and forgets the mesh's name. Later
         calls raise MeshStoppedError."""

@@ -41,6 +41,7 @@ from monarch_kernel.errors import (
 )
 from monarch_kernel.hosts import AgentProcess, start_local_agent
 from monarch_kernel.mesh import _registry
+from monarch_kernel.mesh._placement import placement_env
 from monarch_kernel.mesh._proc_ref import MeshState, ProcRef, death_error, describe
 from monarch_kernel.mesh._registry import MeshRecord
 from monarch_kernel.mesh._shape import Extent
@@ -599,6 +600,7 @@ def create(
 ) -> Session:
     """Starts a new mesh: a host agent, its workers, and (if named) a state file."""
     mesh_name = name or f"anon-{uuid.uuid4().hex[:8]}"
+    gpu_env = placement_env(sizes)  # PLACE-1: checked before anything starts
     token = _new_token()
     spec = {"per_host": sizes, "env": dict(env or {})}
     meta = json.dumps({"spec": spec, "ephemeral": ephemeral, "idle_timeout": idle_timeout})
@@ -615,7 +617,11 @@ def create(
         nprocs = 1
         for v in sizes.values():
             nprocs *= v
-        worker_env = {"MONARCH_SHAPE": json.dumps([list(sizes), list(sizes.values())]), **_worker_env(env)}
+        worker_env = {
+            "MONARCH_SHAPE": json.dumps([list(sizes), list(sizes.values())]),
+            **_worker_env(env),
+            **gpu_env,
+        }
         workers = client.spawn_workers_raw(
             nprocs, sys.executable, ["-m", "monarch_kernel.worker"], worker_env, os.getcwd(), epoch=epoch
         )

@@ -183,33 +183,81 @@ def _remote(desc: bytes) -> TransferBuffer:
     return b
 
 
-def gather(values: Any, stack: bool = False) -> Any:
-    """The tensors of a ValueMesh (from ``endpoint.call().get()``; they came through
-    the transfer engine), as they are or stacked along a new first dimension."""
-    if not stack:
+def gather(values: Any, stack: bool = False, *, dim: int | None = None, mesh_dim: str | None = None) -> Any:
+    """Joins the tensors of a ValueMesh (from ``endpoint.call().get()``, so they came
+    through the transfer engine) into the controller.
+
+    - ``gather(v)``: the ValueMesh as it is.
+    - ``gather(v, stack=True)``: stacked along a new first dimension (or ``dim``).
+    - ``gather(v, dim=d)``: the shards of one tensor, concatenated along its dimension
+      ``d`` in rank order.
+    - ``mesh_dim="tp"``: join only along that mesh dimension; the result is a ValueMesh
+      over the other dimensions (a tensor when there are none), e.g. the tensor-parallel
+      shards of each data-parallel replica.
+    """
+    if not stack and dim is None:
+        if mesh_dim is not None:
+            raise ValueError("gather(mesh_dim=...) needs dim=D (concatenate) or stack=True")
         return values
     import torch
 
-    return torch.stack(list(values.values()))
+    from monarch_kernel.mesh._value_mesh import ValueMesh
+
+    def join(tensors: list[Any]) -> Any:
+        return torch.stack(tensors, dim or 0) if stack else torch.cat(tensors, dim)  # type: ignore[arg-type]
+
+    items = list(values.items())
+    if mesh_dim is None:
+        return join([t for _, t in items])
+    labels = list(values._shape.labels)
+    if mesh_dim not in labels:
+        from monarch_kernel.errors import DimensionError
+
+        raise DimensionError(f"gather: the mesh has no dimension {mesh_dim!r}; its dimensions are {labels}")
+    rest = [label for label in labels if label != mesh_dim]
+    groups: dict[tuple[int, ...], list[tuple[int, Any]]] = {}
+    for point, t in items:
+        groups.setdefault(tuple(point[label] for label in rest), []).append((point[mesh_dim], t))
+    joined = {k: join([t for _, t in sorted(g, key=lambda c: c[0])]) for k, g in groups.items()}
+    if not rest:
+        return joined[()]
+    sub = values.slice(**{mesh_dim: 0})
+    return ValueMesh(sub._shape, [joined[tuple(p[label] for label in rest)] for p, _ in sub.items()])
 
 
-def scatter(endpoint: Any, tensor: Any, *args: Any, dim: int = 0, **kwargs: Any) -> Future[Any]:
-    """Splits ``tensor`` into one shard per rank of ``endpoint``'s mesh along ``dim``
-    and calls ``endpoint`` on each rank with its shard first; a Future of the
-    ValueMesh of their results."""
+def scatter(
+    endpoint: Any, tensor: Any, *args: Any, dim: int = 0, mesh_dim: str | None = None, **kwargs: Any
+) -> Future[Any]:
+    """Splits ``tensor`` along its dimension ``dim`` into one shard per rank of
+    ``endpoint``'s mesh (or per index of the mesh dimension ``mesh_dim``, each shard
+    then going to every proc at that index) and calls ``endpoint`` on each rank with
+    its shard first; a Future of the ValueMesh of their results. Shards travel
+    through the transfer engine."""
     import torch
 
     from monarch_kernel.mesh._shape import Point, Shape
     from monarch_kernel.mesh._value_mesh import ValueMesh
 
     mesh = endpoint._mesh
-    n = len(mesh._shape)
-    shards = torch.tensor_split(tensor, n, dim=dim)
+    extent = mesh._shape.extent
+    points = [Point(i, extent) for i in range(len(mesh._shape))]
+    if mesh_dim is None:
+        shards = torch.tensor_split(tensor, len(points), dim=dim)
+        shard_of = list(range(len(points)))
+    else:
+        if mesh_dim not in extent.labels:
+            from monarch_kernel.errors import DimensionError
+
+            raise DimensionError(
+                f"scatter: the mesh has no dimension {mesh_dim!r}; its dimensions are {extent.labels}"
+            )
+        shards = torch.tensor_split(tensor, extent[mesh_dim], dim=dim)
+        shard_of = [p[mesh_dim] for p in points]
     futures = [
-        getattr(mesh.slice(**dict(Point(i, mesh._shape.extent))), endpoint._name).call_one(s, *args, **kwargs)
-        for i, s in enumerate(shards)
+        getattr(mesh.slice(**dict(p)), endpoint._name).call_one(shards[k], *args, **kwargs)
+        for p, k in zip(points, shard_of)
     ]
-    shape = Shape(mesh._shape.extent)
+    shape = Shape(extent)
     return _ThreadFuture(lambda: ValueMesh(shape, [f.get() for f in futures]))
 
 

@@ -3,7 +3,8 @@
 The agent passes: the mesh token as the first line of stdin (AGENT-1: EOF on stdin
 later means the agent is gone, and the worker exits), a listening socket
 (``MONARCH_LISTEN_FD``), its rank (``MONARCH_RANK``), the mesh's shape
-(``MONARCH_SHAPE``) and the controller's import path (``MONARCH_SYS_PATH``).
+(``MONARCH_SHAPE``), the controller's import path (``MONARCH_SYS_PATH``) and, for
+``gpus`` meshes, the host's GPUs (``MONARCH_GPUS``, see ``mesh._placement``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ def main() -> None:
     from monarch_kernel import _native
 
     _native.exit_when_stdin_closes()
+    dims, sizes = json.loads(os.environ["MONARCH_SHAPE"])
+    rank = int(os.environ["MONARCH_RANK"])
+    from monarch_kernel.mesh import _placement
+
+    _placement.apply_in_worker(rank, sizes)  # before any user code can initialise CUDA
     from monarch_kernel.worker import _output
 
     _output.install()
@@ -32,8 +38,6 @@ def main() -> None:
     from monarch_kernel.mesh._shape import Extent, Point, Shape
     from monarch_kernel.worker import Dispatcher
 
-    dims, sizes = json.loads(os.environ["MONARCH_SHAPE"])
-    rank = int(os.environ["MONARCH_RANK"])
     server = _native.WorkerServer(token, listen_fd=int(os.environ["MONARCH_LISTEN_FD"]))
     point = Point(rank, Extent(dims, sizes))
     mesh = os.environ.get("MONARCH_MESH", "mesh")

@@ -1,0 +1,200 @@
+"""torch.distributed on a proc mesh: ``procs.setup_torch_distributed(backend)``.
+
+DIST-1: the controller asks the mesh's first proc for a free port on its host, then
+every proc sets ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE`` and
+``LOCAL_RANK`` in its environment and calls ``init_process_group`` (env://) on the
+thread of a built-in actor, ``__torch_dist__``. The process group is process-wide, so
+``%%mesh`` cells and every actor on the proc use it afterwards. A proc already in a
+group of the same shape leaves it as it is (calling again is a no-op). A proc that
+does not join within ``timeout`` seconds is named in the error; so is one that
+raised.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import time
+from typing import Any
+
+from monarch_kernel.actor import Actor, endpoint
+from monarch_kernel.errors import DistributedSetupError
+
+#: The name of the built-in actor mesh that sets torch.distributed up.
+DIST_ACTOR = "__torch_dist__"
+BACKENDS = ("gloo", "nccl", "auto")
+
+
+class TorchDistributed(Actor):
+    """Runs on every proc of a mesh whose torch.distributed the controller sets up."""
+
+    @endpoint
+    def master(self) -> tuple[str, int]:
+        """An address of this host the other procs can reach, and a free port on it."""
+        from monarch_kernel.mesh._proc_mesh import this_proc
+
+        host = this_proc()._proc.addrs[0].rsplit(":", 1)[0].strip("[]")
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.bind((host, 0))
+            return host, int(s.getsockname()[1])
+
+    @endpoint
+    def state(self) -> dict[str, Any] | None:
+        """This proc's process group (backend, rank, world size, master), or None."""
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            return None
+        return {
+            "backend": str(dist.get_backend()),
+            "rank": dist.get_rank(),
+            "world_size": dist.get_world_size(),
+            "master": f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
+        }
+
+    @endpoint
+    def init(self, backend: str, addr: str, port: int, ranks: list[int], timeout: float) -> dict[str, Any]:
+        import torch
+        import torch.distributed as dist
+
+        me = int(os.environ["MONARCH_RANK"])
+        rank, world = ranks.index(me), len(ranks)
+        if dist.is_initialized():
+            same = backend in ("auto", str(dist.get_backend()))
+            if same and dist.get_world_size() == world and dist.get_rank() == rank:
+                return {"backend": str(dist.get_backend()), "rank": rank, "world_size": world, "new": False}
+            dist.destroy_process_group()  # a group of another shape or backend: replaced
+        if backend == "auto":
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            if not torch.cuda.is_available():
+                raise RuntimeError(
+                    "backend 'nccl' needs a GPU, and this proc has none "
+                    f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); use 'gloo'"
+                )
+            torch.cuda.set_device(0)  # PLACE-1: the proc's one GPU
+        os.environ.update(
+            MASTER_ADDR=addr,
+            MASTER_PORT=str(port),
+            RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK=os.environ.get("LOCAL_RANK", str(rank)),
+        )
+        t = time.perf_counter()
+        dist.init_process_group(
+            backend,
+            init_method="env://",
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=timeout),
+        )
+        return {
+            "backend": backend,
+            "rank": rank,
+            "world_size": world,
+            "new": True,
+            "s": time.perf_counter() - t,
+        }
+
+
+def setup(procs: Any, backend: str, timeout: float) -> dict[str, Any]:
+    """``ProcMesh.setup_torch_distributed``: see the module docstring."""
+    from monarch_kernel.mesh._shape import Point
+
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, not {backend!r}")
+    if not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+    states = procs.status()
+    down = [r for r in procs._shape.ranks if states[r] != "alive"]
+    if down:
+        raise DistributedSetupError(
+            f"torch.distributed on mesh {procs.name!r}: rank(s) {down} are not alive "
+            f"({', '.join(states[r] for r in down)}); procs.respawn() first"
+        )
+    session = procs._session("setup_torch_distributed()")
+    if DIST_ACTOR in session.records:
+        actors = procs.actors[DIST_ACTOR]
+    else:
+        actors = procs.spawn(DIST_ACTOR, TorchDistributed)
+    ranks = list(procs._shape.ranks)
+    one = [actors.slice(**dict(Point(i, procs._shape.extent))) for i in range(len(ranks))]
+    # Where each rank stands (this also imports torch everywhere, the slow part).
+    now = _each([a.state.call_one() for a in one], max(timeout, 5.0))
+    _raise_for(procs, backend, ranks, now, "did not answer (busy, stopped or hung?)", timeout, "")
+    if all(
+        g is not None
+        and g["rank"] == i
+        and g["world_size"] == len(ranks)
+        and backend in ("auto", g["backend"])
+        for i, g in enumerate(now)
+    ):
+        return {
+            "backend": now[0]["backend"],
+            "world_size": len(ranks),
+            "master": now[0]["master"],
+            "new": False,
+        }
+    addr, port = one[0].master.call_one().get(timeout=30)
+    # The ranks give up by themselves after `timeout`; a rank that never answers is named.
+    results = _each([a.init.call_one(backend, addr, port, ranks, float(timeout)) for a in one], timeout + 5.0)
+    where = f" (MASTER_ADDR={addr}, MASTER_PORT={port}, WORLD_SIZE={len(ranks)})"
+    _raise_for(procs, backend, ranks, results, "did not join", timeout, where)
+    return {
+        "backend": results[0]["backend"],
+        "world_size": len(ranks),
+        "master": f"{addr}:{port}",
+        "new": any(r["new"] for r in results),
+    }
+
+
+class _Silent:
+    """A rank that did not answer in time."""
+
+
+def _each(futures: list[Any], within: float) -> list[Any]:
+    """Each future's value, its ActorError or SupervisionError, or a ``_Silent`` when
+    it did not finish ``within`` seconds of now."""
+    from monarch_kernel.errors import ActorError, SupervisionError
+
+    deadline = time.monotonic() + within
+    out: list[Any] = []
+    for f in futures:
+        try:
+            out.append(f.get(timeout=max(0.1, deadline - time.monotonic())))
+        except TimeoutError:
+            out.append(_Silent())
+        except (ActorError, SupervisionError) as e:
+            out.append(e)
+    return out
+
+
+def _raise_for(
+    procs: Any,
+    backend: str,
+    ranks: list[int],
+    results: list[Any],
+    silent_what: str,
+    timeout: float,
+    where: str,
+) -> None:
+    """A DistributedSetupError naming each rank that was silent or failed, if any."""
+    silent = [r for r, res in zip(ranks, results) if isinstance(res, _Silent)]
+    failed = [(r, res) for r, res in zip(ranks, results) if isinstance(res, BaseException)]
+    if not silent and not failed:
+        return
+    lines = [f"torch.distributed ({backend}) did not come up on mesh {procs.name!r}{where}:"]
+    if silent:
+        lines.append(f"  rank(s) {silent} {silent_what} within {timeout:g} s")
+    for r, e in failed:
+        exc = getattr(e, "exception", None) or e
+        text = str(exc).strip().splitlines()
+        lines.append(f"  rank {r}: {type(exc).__name__}: {text[0] if text else ''}")
+    lines.append(
+        "Fix the named ranks (%mesh stacks, procs.respawn()), then call setup_torch_distributed() again."
+    )
+    raise DistributedSetupError("\n".join(lines))
+
+
+__all__ = ["BACKENDS", "DIST_ACTOR", "DistributedSetupError", "TorchDistributed", "setup"]
