@@ -55,7 +55,9 @@ def test_placement_hands_out_one_gpu_per_proc_and_refuses_too_few():
     assert placement_env({"procs": 4}, gpus=["0"]) == {}
     assert placement_env({"gpus": 2}, gpus=["3", "5", "7"]) == {"MONARCH_GPUS": "3,5"}
     assert placement_env({"dp": 2, "gpus": 2}, gpus=list("0123")) == {"MONARCH_GPUS": "0,1,2,3"}
-    with pytest.raises(MeshSpecError, match=r"asks for 4 GPUs \(one per proc\), but this host has 2.*at most 2"):
+    with pytest.raises(
+        MeshSpecError, match=r"asks for 4 GPUs \(one per proc\), but this host has 2.*at most 2"
+    ):
         placement_env({"gpus": 4}, gpus=["0", "1"])
     with pytest.warns(GpuPlacementWarning, match="no NVIDIA GPU: they run on the CPU"):
         assert placement_env({"gpus": 2}, gpus=[]) == {"MONARCH_GPUS": ""}
@@ -156,7 +158,9 @@ def test_a_dead_rank_is_named_before_anything_waits(state_home):
         deadline = time.monotonic() + 10
         while procs.status()[1] != "dead" and time.monotonic() < deadline:
             time.sleep(0.05)
-        with pytest.raises(DistributedSetupError, match=r"rank\(s\) \[1\] are not alive \(dead\); procs.respawn"):
+        with pytest.raises(
+            DistributedSetupError, match=r"rank\(s\) \[1\] are not alive \(dead\); procs.respawn"
+        ):
             procs.setup_torch_distributed("gloo", timeout=5)
         procs.respawn()
         assert procs.setup_torch_distributed("gloo")["new"]
