@@ -54,12 +54,12 @@ def start_local_agent(
         "meta": meta,
         "state_file": state_file,
     }
-    with open(log_dir / "agent.log", "ab") as log:  # the child keeps its own copy
+    with open(log_dir / "agent.log", "ab") as log_file:  # the child keeps its own copy
         popen = subprocess.Popen(
             [sys.executable, "-m", "monarch_kernel.hosts._agent_main"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=log,
+            stderr=log_file,
             start_new_session=True,
             close_fds=True,
         )
