@@ -210,9 +210,11 @@ def test_bad_magic_arguments_raise_usage_error_with_the_fix(kernel, mesh):
     assert "--procs N" in usage("%mesh up nosuchmesh")
     assert "not both" in usage("%mesh up x --procs 1 --gpus 1")
     assert "KEY=VALUE" in usage("%mesh up x --procs 1 --env NOEQUALS")
+    assert "--torch-dist must be one of gloo, nccl, auto" in usage("%mesh up x --procs 1 --torch-dist mpi")
     assert "ranks 0 to 1" in usage("%%mesh --ranks 5\n1")
     help_text = kernel.kc.inspect("%mesh", reply=True)["content"]
     assert help_text["found"] and "push NAME=EXPR" in help_text["data"]["text/plain"]
+    assert "--torch-dist" in help_text["data"]["text/plain"]
 
 
 def test_the_stop_button_interrupts_a_mesh_cell_on_every_worker(kernel, mesh):

@@ -89,3 +89,20 @@ def test_the_debugging_notebook_shows_the_inspector_stacks_and_remote_pdb(jupyte
     assert "rank 0 has 0" in text[4] and "rank 1 has 10" in text[4]
     assert "('/data/missing.bin', 3)" in text[6]  # post-mortem locals
     assert "stopped debugging" in text[-1]
+
+
+def test_the_ddp_notebook_trains_changes_code_and_trains_on_the_same_processes(jupyter_path):
+    nb = _execute(ROOT / "notebooks" / "train_ddp.ipynb")
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    text = [_text(c) for c in code]
+    assert "torch.distributed set up: gloo, world size 4" in text[0] or "nccl, world size 4" in text[0]
+    assert all(f"rank {r} of 4" in text[1] for r in range(4))
+    first = [float(line.split("Out: ")[1]) for line in text[2].splitlines() if line.startswith("Out: ")]
+    again = [float(line.split("Out: ")[1]) for line in text[4].splitlines() if line.startswith("Out: ")]
+    assert len(first) == len(again) == 4 and max(again) < 0.2  # it learned (MSE starts near 0.5)
+    for i in (3, 5):  # the loss curves, plotted in the notebook
+        assert any("image/png" in o.get("data", {}) for o in code[i].outputs)
+    pids = [line for line in text[6].splitlines() if line.startswith("Out: ")]
+    assert len(pids) == 4 and all(line.endswith(", True)") for line in pids)  # the same processes
+    assert "shape (4, 1024, 32)" in text[8] and "weights equal on all ranks: True" in text[8]
+    assert "stopped train" in text[-1]
