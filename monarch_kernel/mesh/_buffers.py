@@ -30,6 +30,11 @@ HEADER = b"\x00MKX"
 
 #: The mesh token of the message being pickled (TransferBuffer registers under it).
 current_token: ContextVar[str | None] = ContextVar("monarch_current_token", default=None)
+#: How many receivers the message being pickled has, and where the ids of what its
+#: reducers register go (so that they end with the call, XFER-1).
+current_readers: ContextVar[tuple[int, list[int] | None]] = ContextVar(
+    "monarch_current_readers", default=(1, None)
+)
 #: This process's own mesh token, in a worker (set at start-up).
 process_token: list[str | None] = [None]
 
@@ -102,17 +107,15 @@ def reduce_tensor(t: Any) -> Any:
 
     device = str(t.device)
     src = t.detach()
+    token = current_token.get()
+    if src.device.type == "cuda" and token is not None and src.numel():
+        return _reduce_cuda(t, src, token)
     if src.device.type != "cpu":
         src = src.cpu()  # staged through host memory
-    shape, stride = tuple(src.shape), tuple(src.stride())
     if src.numel() == 0:
-        base = torch.empty(0, dtype=src.dtype)
-    elif src.is_contiguous():
-        base = src.reshape(-1)
-        stride = tuple(torch.empty(shape, dtype=torch.uint8).stride()) if shape else ()
+        base, shape, stride = torch.empty(0, dtype=src.dtype), tuple(src.shape), tuple(src.stride())
     else:
-        span = 1 + sum((n - 1) * s for n, s in zip(shape, stride))
-        base = torch.as_strided(src, (span,), (1,), src.storage_offset())
+        base, shape, stride = _span(src)
     raw: Any = base.view(torch.uint8).numpy() if base.numel() else bytearray()
     param = isinstance(t, torch.nn.Parameter)
     return rebuild_tensor, (
@@ -143,6 +146,108 @@ def rebuild_tensor(
     t = u8.view(dt).as_strided(shape, stride) if n else torch.empty(shape, dtype=dt)
     if device != "cpu" and torch.cuda.is_available():
         t = t.to(device)
+    if param:
+        return torch.nn.Parameter(t, requires_grad=grad)
+    return t.requires_grad_(grad) if grad else t
+
+
+def _span(src: Any) -> tuple[Any, tuple[int, ...], tuple[int, ...]]:
+    """The flat span of memory ``src`` covers, with the shape and strides that view it."""
+    import torch
+
+    shape, stride = tuple(src.shape), tuple(src.stride())
+    if src.is_contiguous():
+        return src.reshape(-1), shape, tuple(torch.empty(shape, dtype=torch.uint8, device="meta").stride())
+    span = 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+    return torch.as_strided(src, (span,), (1,), src.storage_offset()), shape, stride
+
+
+def _reduce_cuda(t: Any, src: Any, token: str) -> Any:
+    """GPU-1: a CUDA tensor travels as a CUDA IPC handle, for receivers that see its
+    GPU, and as a copy staged in pinned host memory and registered with the engine,
+    for those that do not. Each receiver takes one path and releases the staged copy
+    (read or not); the sender's GPU memory stays valid while a receiver maps it
+    (torch's CUDA IPC reference counting)."""
+    import torch
+    from torch.multiprocessing.reductions import reduce_tensor as torch_reduce
+
+    base, shape, stride = _span(src)
+    staged = torch.empty(base.numel() * base.element_size(), dtype=torch.uint8, pin_memory=True)
+    staged.copy_(base.view(torch.uint8))
+    readers, registered = current_readers.get()
+    desc = _native.xfer_register(staged.numpy(), token, readers, TTL)
+    if registered is not None:
+        registered.append(_native.xfer_id(desc))
+    try:
+        ipc: Any = torch_reduce(base)[1]
+        gpu = str(torch.cuda.get_device_properties(src.device).uuid)
+    except Exception:  # no IPC here (a driver or sharing strategy without it)
+        ipc, gpu = None, ""
+    dtype = str(src.dtype).removeprefix("torch.")
+    return rebuild_cuda, (
+        ipc,
+        gpu,
+        desc,
+        dtype,
+        shape,
+        stride,
+        t.requires_grad,
+        isinstance(t, torch.nn.Parameter),
+    )
+
+
+def _visible_cuda_index(gpu: str) -> int | None:
+    """This process's index of the GPU whose UUID is ``gpu``, or None if it cannot see it."""
+    import torch
+
+    if not gpu or not torch.cuda.is_available():
+        return None
+    for i in range(torch.cuda.device_count()):
+        if str(torch.cuda.get_device_properties(i).uuid) == gpu:
+            return i
+    return None
+
+
+def rebuild_cuda(
+    ipc: Any,
+    gpu: str,
+    desc: bytes,
+    dtype: str,
+    shape: tuple[int, ...],
+    stride: tuple[int, ...],
+    grad: bool,
+    param: bool,
+) -> Any:
+    import torch
+
+    from monarch_kernel.mesh._transfer_buffer import _token_of
+
+    token = _token_of(desc)
+    local = _visible_cuda_index(gpu)
+    t = None
+    if ipc is not None and local is not None:
+        try:
+            from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+            args = list(ipc)
+            args[6] = local  # the storage's device, in this process's numbering
+            shared = rebuild_cuda_tensor(*args)
+            t = shared.view(getattr(torch, dtype)).as_strided(shape, stride).clone()  # a copy of our own
+            del shared
+        except Exception:
+            t = None  # the staged copy below
+    if t is None:
+        buf = _native.xfer_fetch_new(desc, token, STREAMS)
+        u8 = torch.frombuffer(buf, dtype=torch.uint8)
+        host = u8.view(getattr(torch, dtype)).as_strided(shape, stride)
+        if local is not None:
+            t = host.to(f"cuda:{local}")
+        elif torch.cuda.is_available():
+            t = host.to("cuda")  # this proc's own GPU (one per proc with per_host={"gpus": N})
+        else:
+            t = host.clone()  # no GPU here: the tensor arrives on the CPU
+    else:
+        _native.xfer_release(desc, token)  # the staged copy was not needed
     if param:
         return torch.nn.Parameter(t, requires_grad=grad)
     return t.requires_grad_(grad) if grad else t

@@ -88,6 +88,7 @@ def dumps(
         return data, []
     buffers: list[pickle.PickleBuffer] = []
     reset = _buffers.current_token.set(token)
+    reset_readers = _buffers.current_readers.set((readers, registered))
     try:
         data = _cloudpickle_dumps(obj, buffers.append)
     except Exception as e:  # pickling runs arbitrary __reduce__ code
@@ -97,6 +98,7 @@ def dumps(
         ) from e
     finally:
         _buffers.current_token.reset(reset)
+        _buffers.current_readers.reset(reset_readers)
     raws: list[Any] = []
     for b in buffers:
         try:

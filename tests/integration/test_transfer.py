@@ -280,9 +280,48 @@ def test_without_a_token_large_buffers_stay_inline():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_a_cuda_tensor_arrives_on_the_same_device(store):
+    # The workers see the controller's GPUs: CUDA IPC there, and back (GPU-1).
     t = torch.arange(BIG, dtype=torch.float32, device="cuda")
     r = _one(store).echo.call_one(t).get(timeout=TIMEOUT)
-    assert r.device.type == "cuda" and torch.equal(r.cpu(), t.cpu())
+    assert r.device == t.device and torch.equal(r, t)
+    assert r.data_ptr() != t.data_ptr()  # a copy of its own, not the sender's memory
+    view = torch.arange(64 * 1024, dtype=torch.float64, device="cuda").reshape(256, 256)[::2, 1::3]
+    back = _one(store).echo.call_one(view).get(timeout=TIMEOUT)
+    assert back.device == view.device and torch.equal(back, view)
+    p = torch.nn.Parameter(torch.ones(BIG, device="cuda"))
+    got = _one(store).echo.call_one(p).get(timeout=TIMEOUT)
+    assert isinstance(got, torch.nn.Parameter) and got.requires_grad and got.is_cuda
+    assert _native.xfer_stats()["registered"] == 0  # the staged copies ended with the calls
+
+
+class Gpu(Actor):
+    @endpoint
+    def take(self, t: torch.Tensor) -> tuple[str, float, str]:
+        return str(t.device), float(t.sum().item()), str(torch.cuda.get_device_properties(t.device).uuid)
+
+    @endpoint
+    def make(self, n: int) -> torch.Tensor:
+        return torch.ones(n, device="cuda") * (1 + int(os.environ["MONARCH_RANK"]))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_gpu_procs_get_cuda_tensors_through_ipc_or_the_staged_copy(state_home):
+    # Rank 0 sees GPU 0 (the tensor's: IPC); rank 1 sees only GPU 1 (the staged copy,
+    # arriving on its own cuda:0). Replies come back over IPC to the right GPU.
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    try:
+        g = procs.spawn("gpu", Gpu)
+        t = torch.ones(BIG, device="cuda:0")
+        got = list(g.take.call(t).get(timeout=TIMEOUT).values())
+        assert [d for d, _s, _u in got] == ["cuda:0", "cuda:0"] and {s for _d, s, _u in got} == {float(BIG)}
+        uuids = [u for _d, _s, u in got]
+        assert uuids[0] == str(torch.cuda.get_device_properties(0).uuid) and uuids[1] != uuids[0]
+        made = list(g.make.call(BIG).get(timeout=TIMEOUT).values())
+        assert [m.device for m in made] == [torch.device("cuda:0"), torch.device("cuda:1")]
+        assert [float(m[0]) for m in made] == [1.0, 2.0]
+    finally:
+        procs.stop()
 
 
 def test_a_recorded_handshake_cannot_be_replayed():
