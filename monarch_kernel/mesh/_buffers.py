@@ -175,7 +175,8 @@ def _reduce_cuda(t: Any, src: Any, token: str) -> Any:
     staged = torch.empty(base.numel() * base.element_size(), dtype=torch.uint8, pin_memory=True)
     staged.copy_(base.view(torch.uint8))
     readers, registered = current_readers.get()
-    desc = _native.xfer_register(memoryview(staged.numpy()), token, readers, TTL)
+    raw: Any = staged.numpy()
+    desc = _native.xfer_register(raw, token, readers, TTL)
     if registered is not None:
         registered.append(_native.xfer_id(desc))
     try:
