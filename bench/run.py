@@ -221,6 +221,118 @@ class Tensors(Actor):
         return TransferBuffer(self.t)
 
 
+class Puller(Actor):
+    @endpoint
+    def pull(self, buf: object, n: int) -> float:
+        """Median seconds of ``buf.read_into`` (n tries) into touched memory."""
+        import torch
+
+        dst = torch.zeros(buf.nbytes // 4, dtype=torch.float32)
+        samples = []
+        for _ in range(n):
+            t = time.perf_counter()
+            buf.read_into(dst).get(timeout=120)
+            samples.append(time.perf_counter() - t)
+        return statistics.median(samples)
+
+    @endpoint
+    def rss(self) -> int:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+
+
+def loopback_tcp_bandwidth(nbytes: int = 1 << 30) -> float:
+    """Bytes/s of one loopback TCP socket: sendall of ``nbytes`` into recv_into."""
+    src = bytearray(nbytes)
+    dst = bytearray(nbytes)
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    got = [0.0]
+
+    def receive() -> None:
+        conn, _ = server.accept()
+        with conn:
+            view, n = memoryview(dst), 0
+            while n < nbytes:
+                k = conn.recv_into(view[n:], min(nbytes - n, 1 << 24))
+                if not k:
+                    break
+                n += k
+        got[0] = time.perf_counter()
+
+    samples = []
+    for _ in range(3):
+        th = threading.Thread(target=receive)
+        th.start()
+        with socket.create_connection(("127.0.0.1", port)) as c:
+            t = time.perf_counter()
+            c.sendall(src)
+        th.join()
+        samples.append(got[0] - t)
+    server.close()
+    return nbytes / statistics.median(samples)
+
+
+def tcp_path() -> float:
+    """Bytes/s of read_into of 1 GiB with the TCP path forced (MONARCH_TRANSFER_TCP=1 in
+    the reading worker), both ends on loopback."""
+    import torch
+
+    from monarch_kernel import TransferBuffer
+
+    procs = this_host().spawn_procs(per_host={"procs": 1}, env={"MONARCH_TRANSFER_TCP": "1"})
+    try:
+        t = torch.ones((1 << 30) // 4, dtype=torch.float32)
+        buf = TransferBuffer(t)
+        secs = procs.spawn("p", Puller).pull.call_one(buf, 3).get(timeout=300)
+        buf.drop()
+        return (1 << 30) / secs
+    finally:
+        procs.stop()
+
+
+def pickled_echo() -> float:
+    """Median seconds of the 64 MiB echo with the engine off: the tensor is pickled
+    into the gRPC messages both ways."""
+    import torch
+
+    from monarch_kernel.mesh import _buffers
+
+    off = str(1 << 40)
+    procs = this_host().spawn_procs(per_host={"procs": 1}, env={"MONARCH_TRANSFER_THRESHOLD": off})
+    old, _buffers.THRESHOLD = _buffers.THRESHOLD, 1 << 40
+    try:
+        a = procs.spawn("t", Tensors)
+        t = torch.randn(16 << 20)
+        return timed(lambda: a.echo.call_one(t).get(timeout=60), 5, warmup=2)
+    finally:
+        _buffers.THRESHOLD = old
+        procs.stop()
+
+
+def memory_growth(n: int = 100, nbytes: int = 256 << 20) -> tuple[float, float]:
+    """Resident-size growth (bytes) of the controller and the worker over ``n`` echoes
+    of ``nbytes``, after 5 echoes to warm the pools."""
+    import psutil
+    import torch
+
+    procs = this_host().spawn_procs(per_host={"procs": 1})
+    try:
+        a = procs.spawn("t", Tensors)
+        p = procs.spawn("p", Puller)
+        t = torch.ones(nbytes // 4, dtype=torch.float32)
+        for _ in range(5):
+            a.echo.call_one(t).get(timeout=60)
+        me = psutil.Process()
+        c0, w0 = me.memory_info().rss, p.rss.call_one().get()
+        for _ in range(n):
+            a.echo.call_one(t).get(timeout=60)
+        return me.memory_info().rss - c0, p.rss.call_one().get() - w0
+    finally:
+        procs.stop()
+
+
 def transfers() -> tuple[float, float]:
     """(median seconds of a 64 MiB float32 tensor echo through an endpoint,
     read_into bandwidth in bytes/s for 1 GiB), one host."""
@@ -250,6 +362,9 @@ def main() -> None:
     att = attach_seconds()
     kill = kill_to_error()
     echo64, read_bw = transfers()
+    pickled = pickled_echo()
+    tcp_bw, raw_tcp_bw = tcp_path(), loopback_tcp_bandwidth()
+    grow_ctl, grow_worker = memory_growth()
     us, ms = 1e6, 1e3
     rows = [
         # metric, value, unit, baseline name, baseline value, target
@@ -298,6 +413,24 @@ def main() -> None:
             (64 << 20) / mcp / 1e9,
             ">= 0.7 x memcpy",
         ),
+        (
+            "echo of 64 MiB pickled through gRPC (engine off)",
+            pickled * ms,
+            "ms",
+            "echo through the engine",
+            echo64 * ms,
+            "(comparison)",
+        ),
+        (
+            "read_into 1 GiB, TCP path forced (GB/s)",
+            tcp_bw / 1e9,
+            "GB/s",
+            "one loopback TCP socket",
+            raw_tcp_bw / 1e9,
+            ">= 0.8 x socket",
+        ),
+        ("RSS growth, controller, 100 echoes of 256 MiB", grow_ctl / 2**20, "MiB", "", float("nan"), "flat"),
+        ("RSS growth, worker, 100 echoes of 256 MiB", grow_worker / 2**20, "MiB", "", float("nan"), "flat"),
         ("memcpy 64 MiB", mcp * ms, "ms", "memcpy 64 MiB", mcp * ms, ""),
     ]
     w = max(len(r[0]) for r in rows)

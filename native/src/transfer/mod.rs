@@ -230,6 +230,13 @@ fn nonce() -> [u8; MAC_LEN] {
     n
 }
 
+/// `MONARCH_TRANSFER_TCP=1`: use the TCP path even on one host (to measure or test
+/// it; read once per process).
+fn force_tcp() -> bool {
+    static FORCE: OnceLock<bool> = OnceLock::new();
+    *FORCE.get_or_init(|| std::env::var("MONARCH_TRANSFER_TCP").is_ok_and(|v| v == "1"))
+}
+
 /// This process's engine, started (listening) on first use. The listening address
 /// is `MONARCH_TRANSFER_HOST` (default 127.0.0.1) on a free port.
 pub fn engine() -> &'static Engine {
@@ -658,7 +665,7 @@ impl Engine {
                 "the buffer belongs to another mesh".into(),
             ));
         }
-        let local = d.is_local() && vm_read_parallel(d.pid, d.ptr, dst).is_ok();
+        let local = d.is_local() && !force_tcp() && vm_read_parallel(d.pid, d.ptr, dst).is_ok();
         if local {
             self.stats.bytes_local.fetch_add(d.len, Ordering::Relaxed);
         } else {
