@@ -188,6 +188,26 @@ def test_a_tcp_fetch_works_where_direct_reads_are_not_possible(monkeypatch):
     assert _native.xfer_stats()["bytes_tcp"] - before == len(data)
 
 
+class Reader(Actor):
+    @endpoint
+    def read(self, buf: TransferBuffer) -> tuple[bytes, int]:
+        dst = bytearray(buf.nbytes)
+        buf.read_into(dst).get(timeout=TIMEOUT)
+        return bytes(dst[:64]) + bytes(dst[-64:]), _native.xfer_stats()["bytes_tcp"]
+
+
+def test_the_tcp_path_can_be_forced_on_one_host(state_home):
+    procs = this_host().spawn_procs(per_host={"procs": 1}, env={"MONARCH_TRANSFER_TCP": "1"})
+    try:
+        data = bytearray(random.randbytes(5 << 20))
+        buf = TransferBuffer(data)
+        ends, tcp_bytes = procs.spawn("r", Reader).read.call_one(buf).get(timeout=TIMEOUT)
+        assert ends == bytes(data[:64]) + bytes(data[-64:]) and tcp_bytes >= len(data)
+        buf.drop()
+    finally:
+        procs.stop()
+
+
 def test_a_wrong_token_is_refused_and_counted():
     desc = _native.xfer_register(bytearray(BIG), "right-token", 0)
     with pytest.raises(ValueError, match="another mesh"):
