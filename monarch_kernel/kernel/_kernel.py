@@ -12,7 +12,9 @@ On top of IPython it:
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 from typing import Any
 
 from ipykernel.ipkernel import IPythonKernel
@@ -37,6 +39,12 @@ def _meshes_line() -> str:
     return f"monarch: running meshes you can attach to: {names}; use  procs = %mesh attach NAME"
 
 
+def _idle_interrupt(signum: int, frame: Any) -> None:
+    from monarch_kernel.mesh._future import escalate_interrupted
+
+    threading.Thread(target=escalate_interrupted, name="monarch-escalate", daemon=True).start()
+
+
 class MonarchKernel(IPythonKernel):
     implementation = "monarch-kernel"
     implementation_version = "0.1.0"
@@ -56,6 +64,12 @@ class MonarchKernel(IPythonKernel):
         _future.slow_wait = slow_wait
         self._start_line: str | None = _meshes_line()
         self._banner_line = self._start_line
+
+    def post_handler_hook(self) -> None:
+        """While idle, an interrupt (ignored by ipykernel) still escalates remote calls
+        that an earlier interrupt did not stop (INTERRUPT-2)."""
+        super().post_handler_hook()
+        signal.signal(signal.SIGINT, _idle_interrupt)
 
     @property
     def banner(self) -> str:  # type: ignore[override]

@@ -7,6 +7,7 @@ asyncio loop: every notebook cell runs inside one.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -21,6 +22,24 @@ _UNSET: Any = object()
 slow_wait: Callable[[Sequence[Any], float | None, str], list[Any]] | None = None
 #: How long a wait runs before ``slow_wait`` takes over.
 SLOW_S = 1.0
+
+
+#: Calls interrupted once that had not replied then (INTERRUPT-2).
+_interrupted: list[Any] = []
+_interrupted_lock = threading.Lock()
+
+
+def escalate_interrupted() -> int:
+    """INTERRUPT-2, a second interrupt escalates: every call interrupted before that
+    still runs is cancelled again; its worker, if the call has not stopped 1 s later,
+    exits (it is then reported dead, and ``procs.respawn()`` restarts it). Returns
+    how many calls were still running."""
+    with _interrupted_lock:
+        still = [c for c in _interrupted if not c.done()]
+        _interrupted.clear()
+    for c in still:
+        c.cancel()
+    return len(still)
 
 
 def wait_calls(calls: Sequence[Any], timeout: float | None, what: str = "calls") -> list[Any]:
@@ -86,10 +105,14 @@ class Future(Generic[R]):
 
     def _cancel_remote(self) -> None:
         """Asks the workers to interrupt the calls that have not replied yet: a sync
-        endpoint gets KeyboardInterrupt, an async one is cancelled."""
-        for c in self._calls:
-            if not c.done():
-                c.cancel()
+        endpoint gets KeyboardInterrupt, an async one is cancelled. Calls interrupted
+        before that still run get their second interrupt (INTERRUPT-2)."""
+        escalate_interrupted()
+        with _interrupted_lock:
+            for c in self._calls:
+                if not c.done():
+                    c.cancel()
+                    _interrupted.append(c)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         try:

@@ -21,11 +21,14 @@ DISPATCH-3: no thread is left waiting in native code when the interpreter exits.
 from __future__ import annotations
 
 import atexit
+import collections
 import ctypes
 import functools
+import os
 import queue
 import sys
 import threading
+import time
 import traceback
 import weakref
 from collections.abc import Callable
@@ -50,6 +53,8 @@ FLUSH_MARK = "\x1d monarch flush"
 _HOOKS = frozenset({"__supervise__"})
 # How often an idle lane thread comes back to Python (to see it was stopped).
 _IDLE_WAKE_S = 0.5
+#: A worker's exit status when a second interrupt ended it (INTERRUPT-2), as a shell's 128 + SIGINT.
+EXIT_INTERRUPTED = 130
 
 
 @dataclass
@@ -80,7 +85,8 @@ def _stop_runners() -> None:
         r.stopped = True
         r.server.wake(r.lane)
     for r in runners:
-        r.thread.join(timeout=2 * _IDLE_WAKE_S)
+        if r.thread.ident is not None:  # one made but never started has nothing to stop
+            r.thread.join(timeout=2 * _IDLE_WAKE_S)
 
 
 class _LaneThread:
@@ -155,6 +161,8 @@ class Dispatcher:
         self.actors: dict[str, _Actor] = {}
         self.router = _LaneThread(server, "monarch-dispatch", self._route_guarded, lane=_LANE_LOOP)
         self._aloop: asyncio.AbstractEventLoop | None = None
+        #: How many cancels each recent call got (INTERRUPT-2), oldest first.
+        self._cancels: collections.OrderedDict[int, int] = collections.OrderedDict()
         _process_default[0] = Context(Instance(point, name="root"), message_rank=point)
 
     def start(self) -> None:
@@ -443,6 +451,40 @@ class Dispatcher:
                 a.runner.interrupt(call_id)
         if self._aloop is not None:
             self._aloop.call_soon_threadsafe(self._cancel_async, list(self.actors.values()), call_id)
+        n = self._cancels.pop(call_id, 0) + 1
+        self._cancels[call_id] = n
+        while len(self._cancels) > 1000:
+            self._cancels.popitem(last=False)
+        if n >= 2:
+            threading.Thread(
+                target=self._escalate, args=(call_id,), name="monarch-escalate", daemon=True
+            ).start()
+
+    def _running(self, call_id: int) -> str | None:
+        """``actor.method``-ish name of what runs call ``call_id`` here, if anything does."""
+        for a in list(self.actors.values()):
+            if (a.runner is not None and a.runner.running_call == call_id) or call_id in a.running:
+                return a.name
+        return None
+
+    def _escalate(self, call_id: int, grace: float = 1.0) -> None:
+        """INTERRUPT-2: a second interrupt of a call that still runs ``grace`` s later
+        ends this worker (a thread stuck in C code cannot be stopped otherwise); the
+        controller reports it dead, and ``procs.respawn()`` starts it again."""
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            if self._running(call_id) is None:
+                return
+            time.sleep(0.02)
+        actor = self._running(call_id)
+        if actor is None:
+            return
+        sys.stderr.write(
+            f"monarch: interrupted twice, actor {actor!r} of rank {self.point.rank} still ran its call: "
+            "this worker exits to stop it (procs.respawn() starts it again)\n"
+        )
+        sys.stderr.flush()
+        os._exit(EXIT_INTERRUPTED)
 
     @staticmethod
     def _cancel_async(actors: list[_Actor], call_id: int) -> None:

@@ -1,0 +1,76 @@
+"""INTERRUPT-2 on real workers: an interrupted wait cancels the remote call; a second
+interrupt ends a worker whose call still runs (a thread in a blocking C call cannot be
+stopped otherwise), and only that one."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from monarch_kernel import Actor, endpoint, this_host
+from monarch_kernel.mesh._future import escalate_interrupted
+
+TIMEOUT = 30
+
+
+class Sleeper(Actor):
+    @endpoint
+    def block(self, seconds: float) -> str:
+        time.sleep(seconds)  # one C call: KeyboardInterrupt waits for it to return
+        return "woke"
+
+    @endpoint
+    def spin(self, seconds: float) -> str:
+        end = time.time() + seconds
+        while time.time() < end:  # Python code: stops at the first interrupt
+            pass
+        return "done"
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def _interrupt_soon(delay: float = 0.5) -> threading.Timer:
+    t = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT))
+    t.start()
+    return t
+
+
+def _wait_for(cond, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return cond()
+
+
+def test_a_second_interrupt_ends_only_the_worker_whose_call_still_runs(state_home):
+    procs = this_host().spawn_procs(per_host={"procs": 2})
+    try:
+        s = procs.spawn("s", Sleeper)
+        pids = list(s.pid.call().get(timeout=TIMEOUT).values())
+        # rank 0 stops at the first interrupt; rank 1 sits in time.sleep(60)
+        spin, block = s.slice(procs=0).spin.call_one(60), s.slice(procs=1).block.call_one(60)
+        _interrupt_soon()
+        with pytest.raises(KeyboardInterrupt):
+            spin.get(timeout=TIMEOUT)
+        _interrupt_soon()
+        with pytest.raises(KeyboardInterrupt):
+            block.get(timeout=TIMEOUT)
+        time.sleep(1.5)
+        assert procs.status() == ["alive", "alive"]  # the first interrupt never kills
+        assert escalate_interrupted() == 1  # the second: only rank 1 still ran its call
+        assert _wait_for(lambda: procs.status() == ["alive", "dead"]), procs.status()
+        assert any("interrupted twice" in line for line in procs.logs(rank=1, tail=5)), procs.logs(rank=1)
+        assert s.slice(procs=0).pid.call_one().get(timeout=TIMEOUT) == pids[0]
+        assert procs.respawn() == [1]
+        assert s.slice(procs=1).spin.call_one(0).get(timeout=TIMEOUT) == "done"
+        assert escalate_interrupted() == 0  # nothing left to escalate
+    finally:
+        procs.stop()
