@@ -19,6 +19,9 @@ import time
 from collections.abc import Callable
 
 from monarch_kernel import Actor, SupervisionError, attach, endpoint, this_host
+from monarch_kernel.mesh._buffers import prefer_huge_pages
+
+prefer_huge_pages()  # as the kernel does at start (its baselines here run with it too)
 
 N_CALLS = int(os.environ.get("BENCH_CALLS", "2000"))
 

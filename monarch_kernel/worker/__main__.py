@@ -24,6 +24,9 @@ def main() -> None:
     from monarch_kernel.mesh import _placement
 
     _placement.apply_in_worker(rank, sizes)  # before any user code can initialise CUDA
+    from monarch_kernel.mesh._buffers import prefer_huge_pages
+
+    prefer_huge_pages()
     from monarch_kernel.worker import _output
 
     _output.install()

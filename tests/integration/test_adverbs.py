@@ -273,7 +273,9 @@ def test_flatten_calls_every_actor_under_the_new_dimension(places):
     assert vm.item(all=3)[0] == "{'all': 3/4}"
 
 
-@pytest.mark.filterwarnings("ignore::monarch_kernel.mesh._placement.GpuPlacementWarning")  # no GPU is fine here
+@pytest.mark.filterwarnings(
+    "ignore::monarch_kernel.mesh._placement.GpuPlacementWarning"
+)  # no GPU is fine here
 def test_a_two_dimensional_mesh_can_be_sliced_and_flattened():
     procs = this_host().spawn_procs(per_host={"hosts": 2, "gpus": 2})
     try:
