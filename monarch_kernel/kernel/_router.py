@@ -3,9 +3,10 @@
 Worker output reaches the kernel on the sessions' watch threads, each line with the
 origin of the call that printed it (the message id of the cell that made the call,
 see ``monarch_kernel._origin``). ROUTE-1: a line goes to the cell its origin names,
-as a stream message with that cell's request as parent, even after the cell has
-moved on; a line without a known origin goes to the cell running now, or, while the
-kernel is idle, waits for the next cell. ROUTE-2: a ``%%mesh`` cell *captures* its
+as a stream message with that cell's request as parent. ROUTE-4: once that cell has
+ended (front ends drop output sent to a finished request), and for a line without
+an origin, it goes to the cell running now, or, while the kernel is idle, waits for
+the next cell. ROUTE-2: a ``%%mesh`` cell *captures* its
 origin: its lines are queued for the cell's own display (one block per rank) instead.
 ROUTE-3: flush markers are never shown; they let a cell wait until it has seen all
 that its calls printed.
@@ -23,7 +24,7 @@ from typing import Any
 from monarch_kernel.worker._debug import PROMPT_MARK
 from monarch_kernel.worker._dispatcher import FLUSH_MARK
 
-# Cells remembered for late output (ROUTE-1).
+# Cells of this kernel, remembered: output of another origin is not ours (ROUTE-4).
 _MAX_PARENTS = 1000
 # Lines kept for the next cell while the kernel is idle.
 _MAX_PENDING = 1000
@@ -112,7 +113,9 @@ class Router:
                 origin = self.current  # `%mesh debug --rank R`: its output comes here
             elif origin and origin not in self._parents:
                 return  # another controller's call (or a cell long gone): not ours to show
-            parent = self._parents.get(origin) or self._parents.get(self.current)
+            elif origin != self.current:  # no origin, or its cell has ended (ROUTE-4)
+                origin = self.current
+            parent = self._parents.get(origin) if origin else None
             text = f"[{mesh} {line.rank}] {line.text}\n"
             if parent is None:
                 if len(self._pending) < _MAX_PENDING:

@@ -188,14 +188,33 @@ def test_what_an_endpoint_prints_shows_in_the_cell_that_called_it(kernel, mesh):
     now = kernel.run("talker.say.call('right away').get()")
     assert "[" in now.stdout and "right away" in now.stdout
     assert now.stdout.count("right away") == 2  # both ranks, before the cell ended
-    # A call whose output comes after its cell ended: it is sent with that cell's
-    # request as parent, while the next cell runs.
+    # A call whose output comes after its cell ended: front ends drop output sent to a
+    # finished request, so it shows in the cell running then (ROUTE-4).
     first = kernel.run("pending = talker.say.call('later', delay=1.5)")
     second = kernel.run("import time; time.sleep(3); 'second'")
+    assert "later" not in first.stdout
+    assert second.stdout.count("later") == 2
     late = [m for m in second.others if m["msg_type"] == "stream" and "later" in m["content"]["text"]]
-    assert len(late) == 2
-    assert all(m["parent_header"]["msg_id"] == first.msg_id for m in late)
-    assert "later" not in second.stdout
+    assert not late  # nothing went to the first cell's request
+
+
+def test_output_printed_while_the_kernel_is_idle_shows_in_the_next_cell(kernel, mesh):
+    define = kernel.run(
+        "from monarch_kernel import Actor, endpoint\n"
+        "class Late(Actor):\n"
+        "    @endpoint\n"
+        "    def later(self, s, text):\n"
+        "        import time\n"
+        "        time.sleep(s)\n"
+        "        print(text, flush=True)\n"
+        "late = procs.slice(procs=0).spawn('late', Late)\n"
+        "late.later.broadcast(1.0, 'printed while idle')"
+    )
+    assert define.error is None, define.traceback
+    assert "printed while idle" not in define.stdout
+    time.sleep(2.5)
+    nxt = kernel.run("1")
+    assert f"[{mesh} 0] printed while idle" in nxt.stdout  # kept for the next cell
 
 
 def test_bad_magic_arguments_raise_usage_error_with_the_fix(kernel, mesh):
