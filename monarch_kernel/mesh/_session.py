@@ -523,6 +523,9 @@ def _worker_env(env: Mapping[str, str] | None) -> dict[str, str]:
     return {
         "MONARCH_SYS_PATH": json.dumps([p for p in sys.path if p and os.path.isdir(p)]),
         "PYTHONUNBUFFERED": "1",
+        # A native abort's Rust backtrace would fill the log tail that a SupervisionError
+        # shows in place of its message; spawn_procs(env={"RUST_BACKTRACE": "1"}) keeps it.
+        "RUST_BACKTRACE": "0",
         **(env or {}),
     }
 

@@ -178,9 +178,10 @@ def own_procs2(state_home):
 
 @pytest.fixture
 def quiet_procs2(state_home):
-    """Two procs that a test may break, whose native aborts print no backtrace (so a
-    worker's last lines are its message, whatever RUST_BACKTRACE is here)."""
-    procs = this_host().spawn_procs(per_host={"procs": 2}, env={"RUST_BACKTRACE": "0"})
+    """Two procs that a test may break. Their native aborts print no Rust backtrace
+    by default, whatever RUST_BACKTRACE is here, so a worker's last lines are its
+    message (the memory-limit case checks that)."""
+    procs = this_host().spawn_procs(per_host={"procs": 2})
     yield procs
     procs.stop()
 
