@@ -104,8 +104,9 @@ class MeshCellRun:
     results = wait
 
     def cancel(self) -> None:
-        for f in self.futures:
-            f._cancel_remote()
+        from monarch_kernel.mesh._future import cancel_calls
+
+        cancel_calls([c for f in self.futures for c in f._calls])  # one interrupt for all ranks
 
     def __repr__(self) -> str:
         return f"<%%mesh run on {self.mesh!r} ranks {self.ranks}: {'done' if self.done() else 'running'}>"

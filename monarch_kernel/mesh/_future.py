@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -24,22 +25,44 @@ slow_wait: Callable[[Sequence[Any], float | None, str], list[Any]] | None = None
 SLOW_S = 1.0
 
 
-#: Calls interrupted once that had not replied then (INTERRUPT-2).
-_interrupted: list[Any] = []
+#: Calls interrupted once that had not replied then, with when (INTERRUPT-2).
+_interrupted: dict[int, tuple[Any, float]] = {}
 _interrupted_lock = threading.Lock()
+#: Cancels less than this apart are one interrupt (a cell cancels its calls one
+#: future at a time); a later one is a second interrupt.
+SAME_INTERRUPT_S = 0.5
+
+
+def cancel_calls(calls: Sequence[Any]) -> int:
+    """An interrupt: each of ``calls`` still running is cancelled once (a sync endpoint
+    gets KeyboardInterrupt, an async one is cancelled), and every call interrupted by an
+    earlier interrupt that still runs is cancelled again: INTERRUPT-2, a second
+    interrupt escalates (its worker exits if the call has not stopped 1 s later, is
+    reported dead, and ``procs.respawn()`` restarts it). Returns how many calls were
+    escalated."""
+    now = time.monotonic()
+    with _interrupted_lock:
+        for key, (c, _t) in list(_interrupted.items()):
+            if c.done():
+                del _interrupted[key]
+        again = [c for c, t in _interrupted.values() if now - t >= SAME_INTERRUPT_S]
+        for c in again:
+            del _interrupted[id(c)]
+        escalated = {id(c) for c in again}
+        first = []
+        for c in calls:
+            if not c.done() and id(c) not in _interrupted and id(c) not in escalated:
+                _interrupted[id(c)] = (c, now)
+                first.append(c)
+    for c in again + first:
+        c.cancel()
+    return len(again)
 
 
 def escalate_interrupted() -> int:
-    """INTERRUPT-2, a second interrupt escalates: every call interrupted before that
-    still runs is cancelled again; its worker, if the call has not stopped 1 s later,
-    exits (it is then reported dead, and ``procs.respawn()`` restarts it). Returns
-    how many calls were still running."""
-    with _interrupted_lock:
-        still = [c for c in _interrupted if not c.done()]
-        _interrupted.clear()
-    for c in still:
-        c.cancel()
-    return len(still)
+    """A second interrupt with no call to interrupt (the kernel is idle): escalates
+    what earlier interrupts did not stop (see :func:`cancel_calls`)."""
+    return cancel_calls([])
 
 
 def wait_calls(calls: Sequence[Any], timeout: float | None, what: str = "calls") -> list[Any]:
@@ -104,15 +127,9 @@ class Future(Generic[R]):
     result = get
 
     def _cancel_remote(self) -> None:
-        """Asks the workers to interrupt the calls that have not replied yet: a sync
-        endpoint gets KeyboardInterrupt, an async one is cancelled. Calls interrupted
-        before that still run get their second interrupt (INTERRUPT-2)."""
-        escalate_interrupted()
-        with _interrupted_lock:
-            for c in self._calls:
-                if not c.done():
-                    c.cancel()
-                    _interrupted.append(c)
+        """Asks the workers to interrupt the calls that have not replied yet (see
+        :func:`cancel_calls`)."""
+        cancel_calls(self._calls)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         try:

@@ -446,11 +446,14 @@ class Dispatcher:
         self._reply(token, result, f"{a.name}.{method}")
 
     def _cancel(self, call_id: int) -> None:
+        running = self._running(call_id) is not None  # only these count (INTERRUPT-2)
         for a in self.actors.values():
             if a.runner is not None:
                 a.runner.interrupt(call_id)
         if self._aloop is not None:
             self._aloop.call_soon_threadsafe(self._cancel_async, list(self.actors.values()), call_id)
+        if not running:
+            return
         n = self._cancels.pop(call_id, 0) + 1
         self._cancels[call_id] = n
         while len(self._cancels) > 1000:
