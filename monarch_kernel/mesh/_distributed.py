@@ -2,12 +2,14 @@
 
 DIST-1: the controller asks the mesh's first proc for a free port on its host, then
 every proc sets ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE`` and
-``LOCAL_RANK`` in its environment and calls ``init_process_group`` (env://) on the
-thread of a built-in actor, ``__torch_dist__``. The process group is process-wide, so
-``%%mesh`` cells and every actor on the proc use it afterwards. A proc already in a
-group of the same shape leaves it as it is (calling again is a no-op). A proc that
-does not join within ``timeout`` seconds is named in the error; so is one that
-raised.
+``LOCAL_RANK`` in its environment and calls ``init_process_group`` on the thread of a
+built-in actor, ``__torch_dist__``, through a TCPStore whose timeout bounds the join
+(collectives keep torch's default timeout). The process group is process-wide, so
+``%%mesh`` cells and every actor on the proc use it afterwards. If every proc is
+already in one group of this shape, nothing happens (calling again is a no-op);
+otherwise every proc leaves its group and joins a new one (after a respawn, say). A
+proc that does not answer or join within ``timeout`` seconds is named in the error;
+so is one that raised.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 from monarch_kernel.actor import Actor, endpoint
 from monarch_kernel.errors import DistributedSetupError
+from monarch_kernel.mesh._placement import GPUS_ENV
 
 #: The name of the built-in actor mesh that sets torch.distributed up.
 DIST_ACTOR = "__torch_dist__"
@@ -55,25 +58,26 @@ class TorchDistributed(Actor):
 
     @endpoint
     def init(self, backend: str, addr: str, port: int, ranks: list[int], timeout: float) -> dict[str, Any]:
+        """Joins a new group (leaving any this proc is in: the controller asks only
+        when some rank needs one, and then every rank joins the new one)."""
         import torch
         import torch.distributed as dist
 
         me = int(os.environ["MONARCH_RANK"])
         rank, world = ranks.index(me), len(ranks)
         if dist.is_initialized():
-            same = backend in ("auto", str(dist.get_backend()))
-            if same and dist.get_world_size() == world and dist.get_rank() == rank:
-                return {"backend": str(dist.get_backend()), "rank": rank, "world_size": world, "new": False}
-            dist.destroy_process_group()  # a group of another shape or backend: replaced
+            dist.destroy_process_group()
+        placed = bool(os.environ.get(GPUS_ENV))  # PLACE-1: this proc has a GPU of its own
         if backend == "auto":
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            backend = "nccl" if placed and torch.cuda.is_available() else "gloo"
         if backend == "nccl":
             if not torch.cuda.is_available():
                 raise RuntimeError(
                     "backend 'nccl' needs a GPU, and this proc has none "
                     f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); use 'gloo'"
                 )
-            torch.cuda.set_device(0)  # PLACE-1: the proc's one GPU
+            local = int(os.environ.get("LOCAL_RANK", rank))
+            torch.cuda.set_device(0 if placed else local % torch.cuda.device_count())
         os.environ.update(
             MASTER_ADDR=addr,
             MASTER_PORT=str(port),
@@ -82,17 +86,17 @@ class TorchDistributed(Actor):
             LOCAL_RANK=os.environ.get("LOCAL_RANK", str(rank)),
         )
         t = time.perf_counter()
-        dist.init_process_group(
-            backend,
-            init_method="env://",
-            rank=rank,
-            world_size=world,
-            timeout=datetime.timedelta(seconds=timeout),
+        # The join is bounded by the store's timeout; collectives keep torch's default
+        # timeout (a rank paused in pdb for a minute must not abort the group).
+        store = dist.TCPStore(
+            addr, port, world, is_master=rank == 0, timeout=datetime.timedelta(seconds=timeout)
         )
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world)
         return {
             "backend": backend,
             "rank": rank,
             "world_size": world,
+            "master": f"{addr}:{port}",
             "new": True,
             "s": time.perf_counter() - t,
         }
@@ -100,7 +104,8 @@ class TorchDistributed(Actor):
 
 def setup(procs: Any, backend: str, timeout: float) -> dict[str, Any]:
     """``ProcMesh.setup_torch_distributed``: see the module docstring."""
-    from monarch_kernel.mesh._shape import Point
+    from monarch_kernel.errors import SupervisionError
+    from monarch_kernel.mesh._shape import Point, Shape
 
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, not {backend!r}")
@@ -114,12 +119,22 @@ def setup(procs: Any, backend: str, timeout: float) -> dict[str, Any]:
             f"({', '.join(states[r] for r in down)}); procs.respawn() first"
         )
     session = procs._session("setup_torch_distributed()")
+    # The actor lives on every proc of the mesh; a slice's procs are picked by their
+    # rank in the whole mesh.
+    whole = Shape.of(session.sizes)
     if DIST_ACTOR in session.records:
         actors = procs.actors[DIST_ACTOR]
     else:
-        actors = procs.spawn(DIST_ACTOR, TorchDistributed)
+        from monarch_kernel.mesh._proc_mesh import ProcMesh
+
+        try:
+            actors = ProcMesh(session.ref, whole).spawn(DIST_ACTOR, TorchDistributed)
+        except SupervisionError as e:
+            raise DistributedSetupError(
+                f"torch.distributed on mesh {procs.name!r}: rank {e.rank} did not start its part: {e}"
+            ) from e
     ranks = list(procs._shape.ranks)
-    one = [actors.slice(**dict(Point(i, procs._shape.extent))) for i in range(len(ranks))]
+    one = [actors.slice(**dict(Point(r, whole.extent))) for r in ranks]
     # Where each rank stands (this also imports torch everywhere, the slow part).
     now = _each([a.state.call_one() for a in one], max(timeout, 5.0))
     _raise_for(procs, backend, ranks, now, "did not answer (busy, stopped or hung?)", timeout, "")
@@ -127,6 +142,7 @@ def setup(procs: Any, backend: str, timeout: float) -> dict[str, Any]:
         g is not None
         and g["rank"] == i
         and g["world_size"] == len(ranks)
+        and g["master"] == now[0]["master"]  # one group, not several of the same size
         and backend in ("auto", g["backend"])
         for i, g in enumerate(now)
     ):

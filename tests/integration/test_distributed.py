@@ -150,10 +150,12 @@ def test_a_rank_that_does_not_answer_is_named_within_the_timeout_then_setup_reco
     assert dist3.setup_torch_distributed("gloo")["world_size"] == 3
 
 
-def test_a_dead_rank_is_named_before_anything_waits(state_home):
+def test_a_dead_rank_is_named_before_anything_waits_and_a_respawn_rejoins(state_home):
     procs = this_host().spawn_procs(per_host={"procs": 2})
     try:
-        pid = procs.spawn("env", Env).slice(procs=1).pid.call_one().get()
+        a = procs.spawn("env", Env)
+        assert procs.setup_torch_distributed("gloo")["new"]
+        pid = a.slice(procs=1).pid.call_one().get()
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
         while procs.status()[1] != "dead" and time.monotonic() < deadline:
@@ -163,9 +165,24 @@ def test_a_dead_rank_is_named_before_anything_waits(state_home):
         ):
             procs.setup_torch_distributed("gloo", timeout=5)
         procs.respawn()
-        assert procs.setup_torch_distributed("gloo")["new"]
+        # rank 0 still has the old group; both join a new one
+        assert procs.setup_torch_distributed("gloo", timeout=20)["new"]
+        assert list(a.all_reduce.call(1.0).get(timeout=30).values()) == [2.0, 2.0]
     finally:
         procs.stop()
+
+
+def test_a_slice_gets_a_group_of_its_own_ranks(dist3):
+    a = dist3.spawn("env3", Env)
+    dist3.setup_torch_distributed("gloo")
+    part = dist3.slice(procs=slice(1, 3))
+    info = part.setup_torch_distributed("gloo")
+    assert info["world_size"] == 2 and info["new"]
+    envs = list(a.slice(procs=slice(1, 3)).env.call().get().values())
+    assert [e["RANK"] for e in envs] == ["0", "1"] and {e["WORLD_SIZE"] for e in envs} == {"2"}
+    assert list(a.slice(procs=slice(1, 3)).all_reduce.call(1.0).get(timeout=30).values()) == [2.0, 2.0]
+    assert dist3.setup_torch_distributed("gloo")["world_size"] == 3  # the whole mesh again
+    assert list(a.all_reduce.call(1.0).get(timeout=30).values()) == [3.0, 3.0, 3.0]
 
 
 # -- sharded tensors ---------------------------------------------------------------------
