@@ -461,7 +461,7 @@ class MeshMagics(Magics):
                     bar = Bar(len(run.ranks), f"%%mesh on {procs.name}")
                 if bar is not None:
                     bar.update(sum(f.done() for f in run.futures))
-                answer_prompts()
+                answer_prompts(drain=lambda: blocks.drain(q))
                 if deadline is not None and time.monotonic() > deadline:
                     run.cancel()
                     raise TimeoutError(

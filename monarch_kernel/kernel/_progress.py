@@ -64,15 +64,15 @@ def slow_wait(calls: Sequence[Any], timeout: float | None, what: str) -> list[An
         bar.close()
 
 
-def answer_prompts() -> None:
+def answer_prompts(drain: Any = None) -> None:
     """Remote debuggers waiting for a line ask the user now (from the main thread,
-    the one that may use the kernel's stdin)."""
+    the one that may use the kernel's stdin); ``drain()`` shows captured output first."""
     from IPython import get_ipython
 
     shell = get_ipython()
     router = getattr(getattr(shell, "kernel", None), "router", None)
     if router is not None:
-        router.answer_prompts(input)
+        router.answer_prompts(input, drain=drain)
 
 
 __all__ = ["Bar", "answer_prompts", "slow_wait"]

@@ -127,26 +127,32 @@ class Router:
                 return
         self._send(parent, line.stream, text)
 
-    def answer_prompts(self, ask: Any, stay: float = 2.0) -> None:
+    def answer_prompts(self, ask: Any, stay: float = 2.0, drain: Any = None) -> None:
         """Asks the user (``ask(prompt) -> line``, the kernel's stdin) for every
         debugger waiting now, and sends each answer to its worker.
 
         DEBUG-2: one rank at a time. After an answer that keeps its rank in pdb
         (anything but continue or quit), that rank's next prompt is waited for up to
         ``stay`` s before another rank is asked, so ranks stopping together are debugged
-        one after the other instead of in alternation."""
+        one after the other instead of in alternation. ``drain()``, if given, shows
+        what the debugger printed (a ``%%mesh`` cell's captured output) before each
+        question."""
         focus: tuple[str, int] | None = None
         while True:
-            item = self._next_prompt(focus, stay)
+            item = self._next_prompt(focus, stay, drain)
             if item is None:
                 return
             session, rank, _origin = item
+            if drain is not None:
+                drain()
             line = ask(f"[{session.name} {rank}] (Pdb) ")
             session.pdb_input(rank, line)
             leaves = line.strip().split(" ")[0] in _LEAVES_PDB
             focus = None if leaves else (session.name, rank)
 
-    def _next_prompt(self, focus: tuple[str, int] | None, stay: float) -> tuple[Any, int, str] | None:
+    def _next_prompt(
+        self, focus: tuple[str, int] | None, stay: float, drain: Any = None
+    ) -> tuple[Any, int, str] | None:
         """The focused rank's prompt (waiting up to ``stay`` s for it), else the oldest."""
         deadline = time.monotonic() + (stay if focus else 0.0)
         while True:
@@ -164,6 +170,8 @@ class Router:
                     return None
                 focus = None  # the focused rank went on running: take the oldest
                 continue
+            if drain is not None:
+                drain()
             time.sleep(0.02)
 
     def _take_all(self) -> list[tuple[Any, int, str]]:

@@ -99,9 +99,22 @@ class Endpoint(Generic[R]):
         origin = _origin.current()
         if origin:
             _origin.touched.add(mesh._proc.name)
-        calls = _native.call(
-            conns, local, mesh._labels, mesh._sizes, mesh._name, self._name, payload, buffers, oneway, origin
-        )
+        try:
+            calls = _native.call(
+                conns,
+                local,
+                mesh._labels,
+                mesh._sizes,
+                mesh._name,
+                self._name,
+                payload,
+                buffers,
+                oneway,
+                origin,
+            )
+        except BaseException:
+            _buffers.drop_now(regs)  # nothing was sent: nobody will read them
+            raise
         _buffers.drop_when_done(calls, regs)
         return calls
 

@@ -63,6 +63,12 @@ def send_remote(raws: list[Any], token: str, readers: int) -> tuple[bytes, list[
     return HEADER + struct.pack(f"<I{len(remote)}I", len(remote), *remote), out, remote, ids
 
 
+def drop_now(ids: list[int]) -> None:
+    """Ends the registrations ``ids`` at once (their message was never sent)."""
+    for i in ids:
+        _native.xfer_drop(i)
+
+
 def drop_when_done(calls: list[Any], ids: list[int]) -> None:
     """XFER-1 for calls: once every call has its reply (or failed), the receivers are
     done with the registrations ``ids``, released or not (a receiver that died never
@@ -74,8 +80,7 @@ def drop_when_done(calls: list[Any], ids: list[int]) -> None:
     def one_done() -> None:  # on a runtime thread, with the GIL (PY-1)
         remaining[0] -= 1
         if remaining[0] == 0:
-            for i in ids:
-                _native.xfer_drop(i)
+            drop_now(ids)
 
     for c in calls:
         c.add_done_callback(one_done)
@@ -152,8 +157,9 @@ def rebuild_tensor(
     n = memoryview(buf).nbytes
     u8 = torch.frombuffer(buf, dtype=torch.uint8) if n else torch.empty(0, dtype=torch.uint8)
     t = u8.view(dt).as_strided(shape, stride) if n else torch.empty(shape, dtype=dt)
-    if device != "cpu" and torch.cuda.is_available():
-        t = t.to(device)
+    if device.startswith("cuda") and torch.cuda.is_available():
+        index = device.partition(":")[2]
+        t = t.to(device if index and int(index) < torch.cuda.device_count() else "cuda")
     if param:
         return torch.nn.Parameter(t, requires_grad=grad)
     return t.requires_grad_(grad) if grad else t
@@ -187,11 +193,17 @@ def _reduce_cuda(t: Any, src: Any, token: str) -> Any:
     desc = _native.xfer_register(raw, token, readers, TTL)
     if registered is not None:
         registered.append(_native.xfer_id(desc))
-    try:
-        ipc: Any = torch_reduce(base)[1]
-        gpu = str(torch.cuda.get_device_properties(src.device).uuid)
-    except Exception:  # no IPC here (a driver or sharing strategy without it)
-        ipc, gpu = None, ""
+    ipc: Any = None
+    gpu = ""
+    if readers == 1:  # torch's IPC reference count is one per share: one receiver
+        try:
+            # A copy of the value now: the receiver maps it later, after the sender may
+            # have changed the tensor. Torch keeps the block until the receiver's count
+            # is released (it maps and frees it, or releases it unmapped).
+            ipc = torch_reduce(base.clone())[1]
+            gpu = str(torch.cuda.get_device_properties(src.device).uuid)
+        except Exception:  # no IPC here (a driver or sharing strategy without it)
+            ipc, gpu = None, ""
     dtype = str(src.dtype).removeprefix("torch.")
     return rebuild_cuda, (
         ipc,
@@ -203,6 +215,16 @@ def _reduce_cuda(t: Any, src: Any, token: str) -> Any:
         t.requires_grad,
         isinstance(t, torch.nn.Parameter),
     )
+
+
+def _release_ipc(ipc: Any) -> None:
+    """Gives back the sender's IPC reference count of a handle this process did not
+    map, so that the sender's CUDA memory is freed (torch frees it at zero)."""
+    try:
+        storage_cls, device, ref_handle, ref_offset = ipc[4], ipc[6], ipc[11], ipc[12]
+        storage_cls._release_ipc_counter(ref_handle, ref_offset, device=device)
+    except Exception:  # a torch without CUDA IPC: the sender keeps the block until it exits
+        pass
 
 
 def _visible_cuda_index(gpu: str) -> int | None:
@@ -241,10 +263,13 @@ def rebuild_cuda(
             args = list(ipc)
             args[6] = local  # the storage's device, in this process's numbering
             shared = rebuild_cuda_tensor(*args)
+            ipc = None  # mapped: freeing `shared` releases the sender's count
             t = shared.view(getattr(torch, dtype)).as_strided(shape, stride).clone()  # a copy of our own
             del shared
         except Exception:
             t = None  # the staged copy below
+    if ipc is not None:
+        _release_ipc(ipc)
     if t is None:
         buf = _native.xfer_fetch_new(desc, token, STREAMS)
         u8 = torch.frombuffer(buf, dtype=torch.uint8)

@@ -89,11 +89,16 @@ def placement_env(sizes: Mapping[str, int], gpus: list[str] | None = None) -> di
     return {GPUS_ENV: ",".join(gpus[:need])}
 
 
-def apply_in_worker(rank: int, sizes: list[int]) -> None:
-    """At a worker's start, before user code: ``LOCAL_RANK``, and the one GPU it sees."""
+def apply_in_worker(rank: int, dims: list[str], sizes: list[int]) -> None:
+    """At a worker's start, before user code: ``LOCAL_RANK``, and the one GPU it sees.
+    A mesh without a ``gpus`` dimension keeps the GPUs it inherited (a mesh spawned
+    from a GPU proc shares that proc's GPU), whatever ``MONARCH_GPUS`` it inherited."""
     per_host = math.prod(sizes) or 1
     local = rank % per_host
     os.environ["LOCAL_RANK"] = str(local)
+    if GPU_DIM not in dims:
+        os.environ.pop(GPUS_ENV, None)
+        return
     gpus = os.environ.get(GPUS_ENV)
     if gpus is not None:
         entries = gpus.split(",") if gpus else []

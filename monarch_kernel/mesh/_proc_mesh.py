@@ -20,7 +20,7 @@ from monarch_kernel.errors import (
     SerializationError,
 )
 from monarch_kernel.mesh._actor_mesh import ActorMesh, check_endpoint_names
-from monarch_kernel.mesh._buffers import HEADER, drop_when_done
+from monarch_kernel.mesh._buffers import HEADER, drop_now, drop_when_done
 from monarch_kernel.mesh._future import Future, wait_calls
 from monarch_kernel.mesh._proc_ref import ProcRef
 from monarch_kernel.mesh._serial import dumps, loads
@@ -118,7 +118,11 @@ class ProcMesh(MeshTrait):
         origin = _origin.current()
         if origin:
             _origin.touched.add(self._proc.name)
-        calls = [c.spawn_actor(name, payload, buffers, origin) for c in conns]
+        try:
+            calls = [c.spawn_actor(name, payload, buffers, origin) for c in conns]
+        except BaseException:
+            drop_now(regs)  # (some may have gone; their readers release what they read)
+            raise
         drop_when_done(calls, regs)
         replies = wait_calls(calls, SPAWN_TIMEOUT, f"spawn of {name} on {len(calls)} procs")
         for r, base in zip(replies, ranks):

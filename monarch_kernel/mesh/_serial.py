@@ -88,10 +88,12 @@ def dumps(
         return data, []
     buffers: list[pickle.PickleBuffer] = []
     reset = _buffers.current_token.set(token)
-    reset_readers = _buffers.current_readers.set((readers, registered))
+    by_reducers: list[int] = []  # what reducers registered while pickling (CUDA tensors)
+    reset_readers = _buffers.current_readers.set((readers, by_reducers))
     try:
         data = _cloudpickle_dumps(obj, buffers.append)
     except Exception as e:  # pickling runs arbitrary __reduce__ code
+        _buffers.drop_now(by_reducers)
         raise SerializationError(
             f"cannot pickle the {what}: {type(e).__name__}: {e}. Pass picklable values "
             "(plain data, tensors, arrays, classes or functions defined in a module or cell)."
@@ -106,13 +108,18 @@ def dumps(
         except BufferError:  # not contiguous: send a contiguous copy
             raws.append(memoryview(b).tobytes())
     remote: list[int] = []
+    ids: list[int] = []
     if token is not None:
         header, raws, remote, ids = _buffers.send_remote(raws, token, readers)
         data = header + data if header else data
-        if registered is not None:
-            registered.extend(ids)
     inline = sum(memoryview(r).nbytes for i, r in enumerate(raws) if i not in remote)
-    _check_size(len(data) + inline, what)
+    try:
+        _check_size(len(data) + inline, what)
+    except MessageTooLargeError:
+        _buffers.drop_now(by_reducers + ids)
+        raise
+    if registered is not None:
+        registered.extend(by_reducers + ids)
     return data, raws
 
 

@@ -254,7 +254,7 @@ def scatter(
         shards = torch.tensor_split(tensor, extent[mesh_dim], dim=dim)
         shard_of = [p[mesh_dim] for p in points]
     futures = [
-        getattr(mesh.slice(**dict(p)), endpoint._name).call_one(shards[k], *args, **kwargs)
+        getattr(mesh.slice(**dict(p)), endpoint._name).call_one(shards[k].contiguous(), *args, **kwargs)
         for p, k in zip(points, shard_of)
     ]
     shape = Shape(extent)

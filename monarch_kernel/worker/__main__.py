@@ -23,7 +23,7 @@ def main() -> None:
     rank = int(os.environ["MONARCH_RANK"])
     from monarch_kernel.mesh import _placement
 
-    _placement.apply_in_worker(rank, sizes)  # before any user code can initialise CUDA
+    _placement.apply_in_worker(rank, dims, sizes)  # before any user code can initialise CUDA
     from monarch_kernel.mesh._buffers import prefer_huge_pages
 
     prefer_huge_pages()

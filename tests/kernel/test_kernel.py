@@ -4,6 +4,7 @@ cell, interrupts that reach the workers, restart and reattach, idle failures."""
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import time
 import uuid
@@ -56,30 +57,44 @@ class Kernel:
             self.collect(out, timeout)
         return out
 
-    def collect(self, out: Outcome, timeout: float = TIMEOUT) -> Outcome:
-        deadline = time.monotonic() + timeout
-        while True:
-            msg = self.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
-            t, c = msg["msg_type"], msg["content"]
-            if msg["parent_header"].get("msg_id") != out.msg_id:
-                out.others.append(msg)
-                continue
-            out.raw.append(msg)
-            if t == "status" and c["execution_state"] == "idle":
-                break
-            if t == "stream":
-                out.streams.append((c["name"], c["text"]))
-            elif t in ("display_data", "update_display_data"):
-                out.html.append(c["data"].get("text/html", ""))
-                if "text/html" in c["data"]:  # progress bars (on a slow machine): kept apart
-                    continue
+    def _take(self, out: Outcome, msg: dict[str, Any]) -> bool:
+        """Files one iopub message into ``out``; True at its cell's idle status."""
+        t, c = msg["msg_type"], msg["content"]
+        if msg["parent_header"].get("msg_id") != out.msg_id:
+            out.others.append(msg)
+            return False
+        out.raw.append(msg)
+        if t == "status" and c["execution_state"] == "idle":
+            return True
+        if t == "stream":
+            out.streams.append((c["name"], c["text"]))
+        elif t in ("display_data", "update_display_data"):
+            out.html.append(c["data"].get("text/html", ""))
+            if "text/html" not in c["data"]:  # progress bars (on a slow machine): kept apart
                 out.displays.append(
                     (t, c["data"].get("text/plain", ""), c.get("transient", {}).get("display_id"))
                 )
-            elif t == "execute_result":
-                out.result = c["data"].get("text/plain")
-            elif t == "error":
-                out.error = c
+        elif t == "execute_result":
+            out.result = c["data"].get("text/plain")
+        elif t == "error":
+            out.error = c
+        return False
+
+    def peek(self, out: Outcome, seconds: float = 0.5) -> Outcome:
+        """Files what iopub brings for ``seconds`` into ``out`` (the cell still runs)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                msg = self.kc.get_iopub_msg(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            assert not self._take(out, msg), "the cell ended while peeking"
+        return out
+
+    def collect(self, out: Outcome, timeout: float = TIMEOUT) -> Outcome:
+        deadline = time.monotonic() + timeout
+        while not self._take(out, self.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))):
+            pass
         while True:  # the matching execute_reply
             reply = self.kc.get_shell_msg(timeout=TIMEOUT)
             if reply["parent_header"].get("msg_id") == out.msg_id:
@@ -487,14 +502,20 @@ def test_breakpoint_in_a_mesh_cell_asks_each_rank_in_turn(kernel, mesh):
     out = Outcome(msg_id)
     prompts: list[str] = []
     asked: set[str] = set()
-    for _ in range(4):  # each rank: print, then continue; ranks may ask in any order
+    for _ in range(4):  # each rank: print, then continue; either rank may come first
         prompt = kernel.kc.get_stdin_msg(timeout=TIMEOUT)["content"]["prompt"]
         prompts.append(prompt)
+        if prompt in asked:  # what `p` printed shows before the rank asks again
+            rank = int(prompt.split("]")[0].split()[-1])
+            kernel.peek(out, 0.5)
+            shown = [t for _k, t, _d in out.displays if t.startswith(f"[rank {rank}]")]
+            assert shown and shown[-1].splitlines()[-1] == str(100 + rank), shown
         kernel.kc.input("c" if prompt in asked else "p r + 100")
         asked.add(prompt)
     kernel.collect(out)
     assert out.error is None, out.traceback
     assert sorted(set(prompts)) == [f"[{mesh} 0] (Pdb) ", f"[{mesh} 1] (Pdb) "]
+    assert prompts[0] == prompts[1] and prompts[2] == prompts[3]  # one rank, then the other
     final = {d: t for _k, t, d in out.displays}  # each rank's block as it ended
     by_rank = {t.split("\n", 1)[0]: t for t in final.values()}
     assert "\n100\n" in by_rank["[rank 0]"] and "Out: 0" in by_rank["[rank 0]"]
