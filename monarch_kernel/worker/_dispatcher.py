@@ -163,6 +163,8 @@ class Dispatcher:
         self._aloop: asyncio.AbstractEventLoop | None = None
         #: How many cancels each recent call got (INTERRUPT-2), oldest first.
         self._cancels: collections.OrderedDict[int, int] = collections.OrderedDict()
+        #: Cancels of sync calls that had not started: they end without running.
+        self._early_cancels: collections.OrderedDict[int, bool] = collections.OrderedDict()
         _process_default[0] = Context(Instance(point, name="root"), message_rank=point)
 
     def start(self) -> None:
@@ -396,8 +398,10 @@ class Dispatcher:
             return
         reset = _current.set(self._message_context(a, where))
         reset_origin = _origin.set_context(where[3])
-        runner.running_call = call_id
         try:
+            runner.running_call = call_id  # in the try: a cancel from now on gets a reply
+            if self._early_cancels.pop(call_id, False):
+                raise KeyboardInterrupt("the call was interrupted before it started")
             args, kwargs = loads(payload, buffers, self.token)
             result = getattr(a.instance, method)(*args, **kwargs)
         except BaseException as e:  # DISPATCH-2, KeyboardInterrupt from a cancel included
@@ -452,7 +456,10 @@ class Dispatcher:
                 a.runner.interrupt(call_id)
         if self._aloop is not None:
             self._aloop.call_soon_threadsafe(self._cancel_async, list(self.actors.values()), call_id)
-        if not running:
+        if not running:  # queued behind another call (or not here yet): it will not run
+            self._early_cancels[call_id] = True
+            while len(self._early_cancels) > 1000:
+                self._early_cancels.popitem(last=False)
             return
         n = self._cancels.pop(call_id, 0) + 1
         self._cancels[call_id] = n

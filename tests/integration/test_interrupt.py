@@ -74,3 +74,25 @@ def test_a_second_interrupt_ends_only_the_worker_whose_call_still_runs(state_hom
         assert escalate_interrupted() == 0  # nothing left to escalate
     finally:
         procs.stop()
+
+
+def test_an_interrupt_also_ends_calls_still_queued_behind_the_running_one(state_home):
+    from monarch_kernel import ActorError
+    from monarch_kernel.mesh._future import cancel_calls
+
+    procs = this_host().spawn_procs(per_host={"procs": 1})
+    try:
+        s = procs.spawn("s", Sleeper)
+        running = s.spin.call_one(20)
+        queued = [s.spin.call_one(20) for _ in range(3)]  # one actor: they wait their turn
+        time.sleep(0.5)
+        t = time.monotonic()
+        cancel_calls([c for f in [running, *queued] for c in f._calls])  # what the stop button does
+        for f in [running, *queued]:
+            with pytest.raises(ActorError, match="KeyboardInterrupt"):
+                f.get(timeout=TIMEOUT)
+        assert time.monotonic() - t < 10  # not 4 x 20 s
+        assert s.spin.call_one(0).get(timeout=TIMEOUT) == "done"  # the actor goes on
+        assert procs.status() == ["alive"]
+    finally:
+        procs.stop()
