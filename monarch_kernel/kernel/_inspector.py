@@ -30,7 +30,13 @@ function render({ model, el }) {
     html += "<table><tr><th>rank</th><th>state</th><th>pid</th><th>CPU %</th><th>memory</th>";
     if (gpu) html += "<th>GPU %</th><th>GPU memory</th>";
     html += "<th>in flight</th><th>last error</th></tr>";
+    const columns = gpu ? 9 : 7;
+    let host = null;
     for (const p of procs) {
+      if (p.host && p.host !== host) {  // the grid: the procs of each host under its name
+        host = p.host;
+        html += `<tr class="monarch-host"><td colspan="${columns}"><b>host ${host}</b></td></tr>`;
+      }
       html += `<tr class="monarch-proc" data-rank="${p.rank}" style="cursor:pointer">` +
         `<td>${p.rank}</td><td class="monarch-proc-state" style="color:${colors[p.state] || "#000"}">${p.state}</td>` +
         `<td>${p.pid || ""}</td><td>${p.cpu ?? ""}</td><td>${p.rss ?? ""}</td>` +
@@ -147,7 +153,12 @@ class MeshInspector(anywidget.AnyWidget):  # type: ignore[misc]
         rows = []
         for r, state in enumerate(states):
             w = workers.get(r, {})
-            row: dict[str, Any] = {"rank": r, "state": state, "pid": w.get("pid", 0)}
+            row: dict[str, Any] = {
+                "rank": r,
+                "state": state,
+                "pid": w.get("pid", 0),
+                "host": w.get("host", ""),
+            }
             if state == "alive" and w.get("pid"):
                 row.update(self._proc_stats(int(w["pid"])))
                 try:

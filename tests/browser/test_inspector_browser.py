@@ -157,6 +157,9 @@ def test_the_inspector_shows_the_procs_and_a_killed_proc_turns_dead(lab, front_e
                 states = page.locator(".monarch-inspector .monarch-proc-state")
                 expect(states.nth(0)).to_have_text("alive", timeout=30_000)
                 expect(states.nth(1)).to_have_text("alive", timeout=30_000)
+                hosts = page.locator(".monarch-inspector .monarch-host")  # the grid: procs under their host
+                expect(hosts).to_have_count(1)
+                expect(hosts).to_contain_text(f"host {os.uname().nodename}")
                 pids = [int(rows.nth(i).locator("td").nth(2).inner_text()) for i in range(2)]
                 assert all(pid > 0 for pid in pids)
 
