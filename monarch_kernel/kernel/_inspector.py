@@ -139,17 +139,7 @@ class MeshInspector(anywidget.AnyWidget):  # type: ignore[misc]
         procs = self._procs
         states = procs.status()
         st = procs._proc.state()
-        session = None
-        try:
-            session = procs._session("inspector")
-        except Exception:
-            pass
-        workers: dict[int, dict[str, Any]] = {}
-        if session is not None:
-            try:
-                workers = {w["rank"]: w for w in session.client.list_workers()}
-            except Exception:
-                pass
+        workers = procs._workers()
         rows = []
         for r, state in enumerate(states):
             w = workers.get(r, {})

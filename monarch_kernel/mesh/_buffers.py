@@ -160,6 +160,13 @@ def rebuild_tensor(
     if device.startswith("cuda") and torch.cuda.is_available():
         index = device.partition(":")[2]
         t = t.to(device if index and int(index) < torch.cuda.device_count() else "cuda")
+    return _finish(t, grad, param)
+
+
+def _finish(t: Any, grad: bool, param: bool) -> Any:
+    """``t`` as the sender had it: a Parameter, or a tensor that requires grad."""
+    import torch
+
     if param:
         return torch.nn.Parameter(t, requires_grad=grad)
     return t.requires_grad_(grad) if grad else t
@@ -270,21 +277,14 @@ def rebuild_cuda(
             t = None  # the staged copy below
     if ipc is not None:
         _release_ipc(ipc)
-    if t is None:
-        buf = _native.xfer_fetch_new(desc, token, STREAMS)
-        u8 = torch.frombuffer(buf, dtype=torch.uint8)
-        host = u8.view(getattr(torch, dtype)).as_strided(shape, stride)
-        if local is not None:
-            t = host.to(f"cuda:{local}")
-        elif torch.cuda.is_available():
-            t = host.to("cuda")  # this proc's own GPU (one per proc with per_host={"gpus": N})
-        else:
-            t = host.clone()  # no GPU here: the tensor arrives on the CPU
-    else:
+    if t is not None:
         _native.xfer_release(desc, token)  # the staged copy was not needed
-    if param:
-        return torch.nn.Parameter(t, requires_grad=grad)
-    return t.requires_grad_(grad) if grad else t
+        return _finish(t, grad, param)
+    # The staged copy: onto the same GPU where this process sees it, else onto its own
+    # GPU (one per proc with per_host={"gpus": N}), else it stays on the CPU.
+    buf = _native.xfer_fetch_new(desc, token, STREAMS)
+    target = f"cuda:{local}" if local is not None else "cuda"
+    return rebuild_tensor(buf, dtype, shape, stride, grad, target, param)
 
 
 def reduce_bytes(b: bytes) -> Any:

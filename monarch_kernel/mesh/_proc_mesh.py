@@ -213,15 +213,21 @@ class ProcMesh(MeshTrait):
     def __repr__(self) -> str:
         return f"ProcMesh(name={self._proc.name!r}, shape={self._shape.extent})"
 
+    def _workers(self) -> dict[int, dict[str, Any]]:
+        """What the agent says of each worker, by rank; empty where this process does
+        not control the mesh or the agent does not answer (for views that show what
+        they can)."""
+        session = session_for(self._proc)
+        if session is None:
+            return {}
+        try:
+            return {w["rank"]: w for w in session.client.list_workers()}
+        except Exception:
+            return {}
+
     def _rows(self) -> list[tuple[str, str, str, str]]:
         """(rank, state, pid, restarts) of each proc of this (sliced) mesh."""
-        session = session_for(self._proc)
-        workers: dict[int, dict[str, Any]] = {}
-        if session is not None:
-            try:
-                workers = {w["rank"]: w for w in session.client.list_workers()}
-            except Exception:
-                pass
+        workers = self._workers()
         states = self.status()
         rows = []
         for r in self._shape.ranks:

@@ -209,12 +209,8 @@ def gather(values: Any, stack: bool = False, *, dim: int | None = None, mesh_dim
     items = list(values.items())
     if mesh_dim is None:
         return join([t for _, t in items])
-    labels = list(values._shape.labels)
-    if mesh_dim not in labels:
-        from monarch_kernel.errors import DimensionError
-
-        raise DimensionError(f"gather: the mesh has no dimension {mesh_dim!r}; its dimensions are {labels}")
-    rest = [label for label in labels if label != mesh_dim]
+    values._shape._check_dim(mesh_dim)
+    rest = [label for label in values._shape.labels if label != mesh_dim]
     groups: dict[tuple[int, ...], list[tuple[int, Any]]] = {}
     for point, t in items:
         groups.setdefault(tuple(point[label] for label in rest), []).append((point[mesh_dim], t))
@@ -245,12 +241,7 @@ def scatter(
         shards = torch.tensor_split(tensor, len(points), dim=dim)
         shard_of = list(range(len(points)))
     else:
-        if mesh_dim not in extent.labels:
-            from monarch_kernel.errors import DimensionError
-
-            raise DimensionError(
-                f"scatter: the mesh has no dimension {mesh_dim!r}; its dimensions are {extent.labels}"
-            )
+        mesh._shape._check_dim(mesh_dim)
         shards = torch.tensor_split(tensor, extent[mesh_dim], dim=dim)
         shard_of = [p[mesh_dim] for p in points]
     futures = [

@@ -210,7 +210,7 @@ def test_gather_joins_shards_over_the_mesh_or_one_mesh_dimension(state_home):
         per_dp = gather(values, dim=1, mesh_dim="tp")  # the tp shards of each dp replica
         assert per_dp.item(dp=0)[0].tolist() == [0, 0, 0, 1, 1, 1]
         assert per_dp.item(dp=1)[0].tolist() == [2, 2, 2, 3, 3, 3]
-        with pytest.raises(DimensionError, match="no dimension 'pp'"):
+        with pytest.raises(DimensionError, match="does not have dimension labeled 'pp'"):
             gather(values, dim=0, mesh_dim="pp")
         with pytest.raises(ValueError, match="needs dim=D"):
             gather(values, mesh_dim="tp")
