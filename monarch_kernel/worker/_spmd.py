@@ -21,6 +21,8 @@ from monarch_kernel.worker import _main_thread
 NAMESPACE: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
 #: Longest repr sent back for a cell's value.
 MAX_REPR = 10_000
+#: Where a cell's last expression puts its value (taken out again at once).
+_VALUE = "__monarch_cell_value__"
 
 
 def _register_source(filename: str, source: str) -> None:
@@ -30,19 +32,25 @@ def _register_source(filename: str, source: str) -> None:
 
 
 def run_cell(source: str, filename: str) -> str | None:
-    """Runs ``source`` in ``NAMESPACE``; the repr of its last expression, if any."""
+    """Runs ``source`` in ``NAMESPACE``; the repr of its last expression, if any.
+
+    The cell compiles to one code object: a last expression becomes an assignment to
+    a hidden name, so pdb's ``n`` on the line before steps onto it (a separate
+    ``eval`` ran in another frame, and ``n`` ended at ``--Return--``)."""
     tree = ast.parse(source, filename, "exec")
-    last: ast.expr | None = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
-        last = tree.body[-1].value
-        tree.body.pop()
+    has_value = bool(tree.body) and isinstance(tree.body[-1], ast.Expr)
+    if has_value:
+        last = tree.body[-1]
+        target = ast.Name(id=_VALUE, ctx=ast.Store())
+        tree.body[-1] = ast.copy_location(ast.Assign(targets=[target], value=last.value), last)
+        ast.fix_missing_locations(tree)
     _register_source(filename, source)
     code = compile(tree, filename, "exec")
-    expr = compile(ast.Expression(last), filename, "eval") if last is not None else None
 
     def go() -> Any:
+        NAMESPACE.pop(_VALUE, None)
         exec(code, NAMESPACE)
-        return eval(expr, NAMESPACE) if expr is not None else None
+        return NAMESPACE.pop(_VALUE, None) if has_value else None
 
     try:
         value = _main_thread.run(go)

@@ -522,6 +522,20 @@ def test_breakpoint_in_a_mesh_cell_asks_each_rank_in_turn(kernel, mesh):
     assert "\n101\n" in by_rank["[rank 1]"] and "Out: 3" in by_rank["[rank 1]"]
 
 
+def test_pdb_in_a_mesh_cell_stops_on_its_last_expression(kernel, mesh):
+    out = Outcome(kernel.kc.execute("%%mesh --ranks 0\nx = 5\nbreakpoint()\nx * 2", allow_stdin=True))
+    _answer_pdb(kernel, out, ["n", "p x + 100", "c"])
+    kernel.collect(out)
+    assert out.error is None, out.traceback
+    text = "\n".join(t for _k, t, _d in out.displays if t.startswith("[rank 0]"))
+    # pdb stops on the last line, in the cell's own frame, as in a script; `n` runs it
+    # and the cell returns (a separate eval used to stop at --Return-- of breakpoint()
+    # and then inside the worker's code, where the cell's names were not defined).
+    assert text.index("(3)<module>()\n-> x * 2") < text.index("--Return--"), text
+    assert "_spmd.py" not in text and "NameError" not in text, text
+    assert "105" in text and "Out: 10" in text
+
+
 def test_post_mortem_and_parked_breakpoints(kernel, mesh):
     failed = kernel.run(
         "%%mesh --ranks 1\nsecret = 'found me'\ndef boom():\n    local = 41\n    raise KeyError(local)\nboom()"
