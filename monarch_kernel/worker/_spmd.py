@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import ast
 import builtins
+import io
 import linecache
 import os
+import tokenize
 from typing import Any
 
 from monarch_kernel.actor import Actor, endpoint
@@ -23,12 +25,27 @@ NAMESPACE: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
 MAX_REPR = 10_000
 #: Where a cell's last expression puts its value (taken out again at once).
 _VALUE = "__monarch_cell_value__"
+_NOT_CODE = frozenset(
+    {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
+)
 
 
 def _register_source(filename: str, source: str) -> None:
     """Remote tracebacks show the cell's lines (linecache is what traceback reads)."""
     lines = source.splitlines(keepends=True)
     linecache.cache[filename] = (len(source), None, lines, filename)
+
+
+def _quiet(source: str) -> bool:
+    """IPython's rule: a cell whose last token is ``;`` shows no value."""
+    last = ""
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type not in _NOT_CODE:
+                last = tok.string
+    except (tokenize.TokenError, SyntaxError):
+        return False
+    return last == ";"
 
 
 def run_cell(source: str, filename: str) -> str | None:
@@ -38,7 +55,7 @@ def run_cell(source: str, filename: str) -> str | None:
     a hidden name, so pdb's ``n`` on the line before steps onto it (a separate
     ``eval`` ran in another frame, and ``n`` ended at ``--Return--``)."""
     tree = ast.parse(source, filename, "exec")
-    has_value = bool(tree.body) and isinstance(tree.body[-1], ast.Expr)
+    has_value = bool(tree.body) and isinstance(tree.body[-1], ast.Expr) and not _quiet(source)
     if has_value:
         last = tree.body[-1]
         target = ast.Name(id=_VALUE, ctx=ast.Store())

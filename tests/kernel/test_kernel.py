@@ -158,6 +158,9 @@ def test_mesh_cells_stream_one_block_per_rank_and_show_each_value(kernel, mesh):
     blocks = sorted(final.values())
     assert blocks == ["[rank 0]\nhello 0\nOut: 0", "[rank 1]\nhello 1\nOut: 10"]
     assert not out.stdout  # nothing leaked out of the blocks
+    quiet = kernel.run("%%mesh\nx = 7\nx * 2;  # a trailing ; hides the value, as in IPython")
+    assert quiet.error is None, quiet.traceback
+    assert "Out:" not in "".join(t for _k, t, _d in quiet.displays)
 
 
 def test_group_outputs_order_prefixes_lines_with_their_rank(kernel, mesh):
