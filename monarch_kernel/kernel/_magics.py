@@ -39,6 +39,7 @@ If ranks raise, their remote tracebacks are shown (the first few in full).
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 import time
 from typing import Any
@@ -426,7 +427,9 @@ class MeshMagics(Magics):
         kernel = getattr(self.shell, "kernel", None)
         router = getattr(kernel, "router", None)
         q = router.capture(origin) if router is not None and origin else None
-        filename = f"<%%mesh cell {origin[:8] or 'x'}>"
+        # Named by its content, as ipykernel names cells: one name per source, so a
+        # function from an earlier cell keeps its own lines in tracebacks and pdb.
+        filename = f"<%%mesh cell {hashlib.sha1(cell.encode()).hexdigest()[:8]}>"
         try:
             futures = [cells.slice(**_point(cells, r)).run.call_one(cell, filename) for r in ranks]
             run = MeshCellRun(procs.name, ranks, futures)

@@ -22,7 +22,7 @@ from monarch_kernel.errors import (
 )
 from monarch_kernel.mesh import _buffers
 from monarch_kernel.mesh._future import Future
-from monarch_kernel.mesh._serial import dumps, loads
+from monarch_kernel.mesh._serial import dumps, loads, loads_exception
 from monarch_kernel.mesh._shape import MeshTrait, Point, Shape
 from monarch_kernel.mesh._value_mesh import ValueMesh
 
@@ -50,10 +50,7 @@ def decode_reply(reply: Any, proc: ProcRef, base_rank: int, point: Point, what: 
                 "Return values whose classes the controller can import (or define them in the notebook)."
             ) from e
     if kind == _EXCEPTION:
-        try:
-            exc, formatted = loads(payload, buffers, proc.token)
-        except Exception:  # the exception's class is not importable here
-            exc, formatted = None, "(the remote exception could not be unpickled here)"
+        exc, formatted = loads_exception(payload, buffers, proc.token)
         raise ActorError(exc, f"Actor call {what} failed.", formatted, rank=proc.point(base_rank))
     if kind == _FENCED:
         raise proc.fenced(bytes(payload).decode("utf-8", "replace"), base_rank, what)

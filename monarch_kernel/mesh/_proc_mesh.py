@@ -23,7 +23,7 @@ from monarch_kernel.mesh._actor_mesh import ActorMesh, check_endpoint_names
 from monarch_kernel.mesh._buffers import HEADER, drop_now, drop_when_done
 from monarch_kernel.mesh._future import Future, wait_calls
 from monarch_kernel.mesh._proc_ref import ProcRef
-from monarch_kernel.mesh._serial import dumps, loads
+from monarch_kernel.mesh._serial import dumps, loads, loads_exception
 from monarch_kernel.mesh._shape import Extent, MeshTrait, Point, Shape
 
 if TYPE_CHECKING:
@@ -132,7 +132,7 @@ class ProcMesh(MeshTrait):
             if kind == _native.REPLY_FENCED:
                 raise self._proc.fenced(bytes(data).decode(), base, f"spawn of {name}")
             if kind == _native.REPLY_EXCEPTION:
-                exc, formatted = loads(data, bufs, self._proc.token)
+                exc, formatted = loads_exception(data, bufs, self._proc.token)
                 raise ActorError(
                     exc,
                     f"Actor {name} ({cls.__qualname__}) failed in __init__.",

@@ -132,6 +132,32 @@ def _check_size(size: int, what: str) -> None:
         )
 
 
+def dumps_exception(exc: BaseException | None, formatted: str) -> tuple[bytes, list[Any]]:
+    """A remote exception for its caller: its formatted traceback, and the exception
+    pickled on its own, so that the text arrives even where the exception cannot be
+    rebuilt (a class whose ``__init__`` takes other arguments than it gives
+    ``BaseException``, or one the caller cannot import)."""
+    inner: bytes | None = None
+    if exc is not None:
+        try:
+            inner = _cloudpickle_dumps(exc)
+        except Exception:  # the exception itself does not pickle: its text goes alone
+            inner = None
+    return dumps((formatted, inner), "exception")
+
+
+def loads_exception(data: Any, buffers: list[Any], token: str | None) -> tuple[BaseException | None, str]:
+    """Undoes :func:`dumps_exception`: (the exception, or None where it cannot be
+    rebuilt here, and the formatted traceback)."""
+    formatted, inner = loads(data, buffers, token)
+    if inner is None:
+        return None, formatted
+    try:
+        return pickle.loads(inner), formatted
+    except Exception as e:
+        return None, f"{formatted}(the exception could not be rebuilt here: {type(e).__name__}: {e})\n"
+
+
 def loads(data: Any, buffers: list[Any] | None = None, token: str | None = None) -> Any:
     """Unpickles a message; buffers that came through the transfer engine are pulled
     first, with ``token`` (default: this worker's own mesh token)."""

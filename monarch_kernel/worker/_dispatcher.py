@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from monarch_kernel import _native, _origin
 from monarch_kernel.actor import Context, Instance, _current, _process_default, endpoints_of, is_async_actor
-from monarch_kernel.mesh._serial import dumps, loads
+from monarch_kernel.mesh._serial import dumps, dumps_exception, loads
 from monarch_kernel.mesh._shape import Extent, Point
 
 if TYPE_CHECKING:
@@ -532,8 +532,5 @@ class Dispatcher:
         if not token:
             print(f"monarch: {what or 'a message'} raised:\n{formatted}", file=sys.stderr, flush=True)
             return
-        try:
-            data, raws = dumps((exc, formatted), "exception")
-        except Exception:  # the exception itself does not pickle: send its text
-            data, raws = dumps((None, formatted), "exception")
+        data, raws = dumps_exception(exc, formatted)
         self.server.reply(token, _native.REPLY_EXCEPTION, data, raws)

@@ -79,6 +79,23 @@ class Faulty(Actor):
         return "not an endpoint"
 
 
+class TwoArgError(Exception):
+    """Its __init__ takes other arguments than it gives Exception: pickle cannot rebuild it."""
+
+    def __init__(self, a: int, b: int) -> None:
+        super().__init__(f"{a}-{b} went wrong")
+
+
+class RaisesTwoArg(Actor):
+    def __init__(self, in_init: bool = False) -> None:
+        if in_init:
+            raise TwoArgError(3, 4)
+
+    @endpoint
+    def fail(self) -> None:
+        raise TwoArgError(1, 2)
+
+
 class BrokenInit(Actor):
     def __init__(self, fail_on: int) -> None:
         if current_rank()["procs"] == fail_on:
@@ -186,6 +203,23 @@ def test_a_constructor_that_raises_fails_the_spawn_with_actor_error(procs4):
     assert "BrokenInit" in text
     assert "__init__" in text
     assert info.value.rank is not None
+
+
+def test_an_exception_that_cannot_be_rebuilt_still_shows_its_remote_traceback(procs4):
+    mesh = procs4.spawn("two_arg", RaisesTwoArg)
+    try:
+        with pytest.raises(ActorError) as info:
+            mesh.slice(procs=1).fail.call_one().get(timeout=TIMEOUT)
+        text = str(info.value)
+        assert "TwoArgError: 1-2 went wrong" in text and "in fail" in text, text
+        assert "could not be rebuilt here" in text
+        assert info.value.exception is None
+    finally:
+        mesh.stop().get(timeout=TIMEOUT)
+    with pytest.raises(ActorError) as info:
+        procs4.spawn("two_arg_init", RaisesTwoArg, True)
+    text = str(info.value)
+    assert "TwoArgError: 3-4 went wrong" in text and "__init__" in text, text
 
 
 # -- bad calls -----------------------------------------------------------------------

@@ -188,6 +188,11 @@ def test_a_failing_mesh_cell_shows_each_ranks_remote_traceback_with_the_cells_li
     assert "raise ValueError('bad rank')" in tb  # the cell's own source line
     assert "_main_thread.py" not in tb and "_spmd.py" not in tb
     assert "1 of 2 ranks failed" in tb
+    # A function from an earlier %%mesh cell shows its own lines, not the later cell's.
+    kernel.run("%%mesh --ranks 0\ndef helper(x):\n    y = x + 1\n    return 1 / (x - x)")
+    later = kernel.run("%%mesh --ranks 0\na_variable = 5\nb_variable = 6\nc_variable = 7\nhelper(3)")
+    assert "return 1 / (x - x)" in later.traceback, later.traceback
+    assert "c_variable = 7" not in later.traceback
 
 
 def test_what_an_endpoint_prints_shows_in_the_cell_that_called_it(kernel, mesh):
