@@ -57,6 +57,7 @@ class MonarchKernel(IPythonKernel):
         self.router = Router(self._send_stream)
         _session.output_sink = self.router.on_line
         _session.failure_sink = self.router.on_failure
+        _session.notice_sink = self.router.on_notice
         self.shell.register_magics(MeshMagics)  # type: ignore[union-attr]
         from monarch_kernel.kernel._progress import slow_wait
         from monarch_kernel.mesh import _future

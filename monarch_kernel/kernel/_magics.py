@@ -481,7 +481,14 @@ class MeshMagics(Magics):
         if q is not None:
             try:
                 ranks = procs._session("%%mesh").flush(origin, timeout=2.0)
-                router.wait_marks(origin, procs.name, ranks, 2.0)
+                # Until the flush marks came: as long as output still arrives (a cell
+                # that printed a lot), then at most 2 s more.
+                quiet_since = time.monotonic()
+                while not router.wait_marks(origin, procs.name, ranks, 0.1):
+                    if blocks.drain(q):
+                        quiet_since = time.monotonic()
+                    elif time.monotonic() - quiet_since > 2.0:
+                        break
             except (MonarchKernelError, TimeoutError):
                 pass  # show what came; the results below are what matter
             blocks.drain(q)
@@ -532,37 +539,59 @@ def _point(cells: Any, rank: int) -> dict[str, int]:
 
 class _Blocks:
     """Live output of a ``%%mesh`` cell: one display per rank, updated in place, or
-    (``order``) lines as they come, prefixed with their rank."""
+    (``order``) lines as they come, prefixed with their rank.
+
+    An update sends the whole block again, so a rank's block that reaches
+    ``BLOCK_CHARS`` is left as it is and its output goes on in a new block
+    ("[rank R] (continued)"): what a cell sends stays proportional to what it prints,
+    and every line is kept."""
+
+    BLOCK_CHARS = 16 * 1024
 
     def __init__(self, ranks: list[int], group: str) -> None:
         self.group = group
         self.text: dict[int, list[str]] = {r: [] for r in ranks}
+        self.size: dict[int, int] = {r: 0 for r in ranks}
+        self.parts: dict[int, int] = {r: 0 for r in ranks}  # blocks a rank has filled
         self.handles: dict[int, Any] = {}
         self.values: dict[int, str] = {}
 
-    def drain(self, q: Any) -> None:
+    def drain(self, q: Any) -> int:
+        """Shows what came on ``q``; how many lines that was."""
         if q is None:
-            return
+            return 0
         changed: set[int] = set()
+        count = 0
         while True:
             try:
                 _mesh, rank, stream, text = q.get_nowait()
             except Exception:
                 break
+            count += 1
             if self.group == "order":
                 print(f"[rank {rank}] {text}")
                 continue
+            if self.size.get(rank, 0) + len(text) > self.BLOCK_CHARS and self.text.get(rank):
+                if rank in changed:
+                    self._show(rank)  # the full block, as it stays
+                    changed.discard(rank)
+                self.handles.pop(rank, None)
+                self.text[rank], self.size[rank] = [], 0
+                self.parts[rank] = self.parts.get(rank, 0) + 1
             self.text.setdefault(rank, []).append(text)
+            self.size[rank] = self.size.get(rank, 0) + len(text) + 1
             changed.add(rank)
         for r in sorted(changed):
             self._show(r)
+        return count
 
     def _render(self, rank: int) -> _Text:
         body = "\n".join(self.text.get(rank, []))
         value = self.values.get(rank)
         if value is not None:
             body = f"{body}\n{value}" if body else value
-        return _Text(f"[rank {rank}]\n{body}" if body else f"[rank {rank}]")
+        head = f"[rank {rank}]" + (" (continued)" if self.parts.get(rank) else "")
+        return _Text(f"{head}\n{body}" if body else head)
 
     def _show(self, rank: int) -> None:
         h = self.handles.get(rank)

@@ -24,7 +24,9 @@ class Bar:
 
     def __init__(self, total: int, what: str) -> None:
         self.total, self.what, self.start = total, what, time.monotonic()
-        self.handle = display(self._html(0), display_id=True)
+        first = self._html(0)
+        self.shown = first.data
+        self.handle = display(first, display_id=True)
 
     def _html(self, done: int) -> HTML:
         secs = time.monotonic() - self.start + 1.0
@@ -34,8 +36,11 @@ class Bar:
         )
 
     def update(self, done: int) -> None:
-        if self.handle is not None:
-            self.handle.update(self._html(done))
+        """Redraws the bar if what it says changed (at most once a second, or a step)."""
+        html_now = self._html(done)
+        if self.handle is not None and html_now.data != self.shown:
+            self.shown = html_now.data
+            self.handle.update(html_now)
 
     def close(self) -> None:
         if self.handle is not None:

@@ -214,6 +214,15 @@ class Router:
             with self._lock:
                 self._attached -= {(m, rank) for m in meshes}
 
+    def on_notice(self, text: str) -> None:
+        """A line from monarch itself: to the cell running now, or the next one."""
+        with self._lock:
+            parent = self._parents.get(self.current) if self.current else None
+            if parent is None:
+                self._pending.append(("stderr", text))
+                return
+        self._send(parent, "stderr", text)
+
     def on_failure(self, failure: Any) -> None:
         with self._lock:
             parent = self._parents.get(self.current)

@@ -100,6 +100,8 @@ output_sink: Callable[[Session, Any], None] | None = None
 #: Where failures that no ``on_failure`` callback or ``__supervise__`` hook handled
 #: go instead of a line on stderr (the kernel shows them in the notebook).
 failure_sink: Callable[[MeshFailure], None] | None = None
+#: Where monarch's own notices about a mesh's output go (the kernel: the running cell).
+notice_sink: Callable[[str], None] | None = None
 
 
 class Session:
@@ -173,6 +175,16 @@ class Session:
     def _on_event(self, ev: Any) -> None:
         if ev.HasField("worker_exited"):
             self._worker_died(ev.worker_exited, notify=True)
+        elif ev.HasField("dropped") and not self.closed:  # this watcher fell behind the workers
+            text = (
+                f"monarch: mesh {self.name!r}: {ev.dropped} lines of worker output were not shown "
+                "here (they came faster than the notebook took them); procs.logs() or %mesh logs "
+                "has every line.\n"
+            )
+            if notice_sink is not None:
+                notice_sink(text)
+            else:
+                sys.stderr.write(text)
         elif ev.HasField("log") and not self.closed:
             line = ev.log
             if output_sink is not None:

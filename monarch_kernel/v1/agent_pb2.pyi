@@ -108,12 +108,14 @@ class WatchRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class AgentEvent(_message.Message):
-    __slots__ = ("worker_exited", "log")
+    __slots__ = ("worker_exited", "log", "dropped")
     WORKER_EXITED_FIELD_NUMBER: _ClassVar[int]
     LOG_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
     worker_exited: WorkerInfo
     log: LogLine
-    def __init__(self, worker_exited: _Optional[_Union[WorkerInfo, _Mapping]] = ..., log: _Optional[_Union[LogLine, _Mapping]] = ...) -> None: ...
+    dropped: int
+    def __init__(self, worker_exited: _Optional[_Union[WorkerInfo, _Mapping]] = ..., log: _Optional[_Union[LogLine, _Mapping]] = ..., dropped: _Optional[int] = ...) -> None: ...
 
 class ShutdownRequest(_message.Message):
     __slots__ = ("epoch",)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -121,6 +122,13 @@ class Speaker(Actor):
     @endpoint
     def say(self, text: str) -> None:
         print(f"{text} from rank {_rank()}", flush=True)
+
+    @endpoint
+    def flood(self, lines: int) -> None:
+        pad = "." * 200  # long lines: the transport's buffers hold fewer of them
+        for i in range(lines):
+            print(pad, "flood", i)
+        sys.stdout.flush()
 
 
 # -- helpers -------------------------------------------------------------------------
@@ -450,6 +458,29 @@ def test_stream_logs_gives_new_lines_of_one_rank_as_they_come(own_procs2):
     assert ours[0].startswith(f"[{own_procs2.name} 0] ping ")
     assert ours[0].endswith(" from rank 0")
     assert not any("from rank 1" in ln for ln in lines)
+
+
+def test_a_controller_that_falls_behind_is_told_how_many_lines_it_missed(own_procs2, monkeypatch):
+    from monarch_kernel.mesh import _session
+
+    gate, notices, shown = threading.Event(), [], []
+
+    def stuck_sink(session: Any, line: Any) -> None:  # a notebook too busy to take output
+        gate.wait(WITHIN)
+        shown.append(line.text)
+
+    monkeypatch.setattr(_session, "output_sink", stuck_sink)
+    monkeypatch.setattr(_session, "notice_sink", notices.append)
+    mesh = own_procs2.spawn("speaker", Speaker)
+    mesh.slice(procs=0).flood.call_one(120_000).get(timeout=TIMEOUT)  # more than the agent keeps
+    gate.set()
+    assert _wait_for(lambda: notices), f"no notice; {len(shown)} lines shown"
+    said = re.search(r"(\d+) lines of worker output were not shown", notices[0])
+    assert said and int(said.group(1)) > 0, notices
+    assert "%mesh logs" in notices[0]
+    # Every line is still in the log file.
+    assert _wait_for(lambda: own_procs2.logs(rank=0, tail=1)[0].endswith(" flood 119999"), every=0.2)
+    assert mesh.say.call("after").get(timeout=TIMEOUT) is not None  # the mesh goes on
 
 
 def test_a_plain_script_prints_worker_output_with_mesh_and_rank(state_home):

@@ -163,6 +163,23 @@ def test_mesh_cells_stream_one_block_per_rank_and_show_each_value(kernel, mesh):
     assert "Out:" not in "".join(t for _k, t, _d in quiet.displays)
 
 
+def test_a_mesh_cell_that_prints_a_lot_keeps_every_line_and_sends_it_about_once(kernel, mesh):
+    n = 30_000
+    out = kernel.run(f"%%mesh\nfor i in range({n}):\n    print('line', i)", timeout=120)
+    assert out.error is None, out.traceback
+    final: dict[str, str] = {}  # each block as it ended, in the order the blocks began
+    for _type, text, display_id in out.displays:
+        final[display_id] = text
+    for rank in (0, 1):
+        blocks = [t for t in final.values() if t.startswith(f"[rank {rank}]")]
+        assert len(blocks) > 1 and all(b.startswith(f"[rank {rank}] (continued)\n") for b in blocks[1:])
+        lines = [ln for b in blocks for ln in b.split("\n")[1:]]
+        assert lines == [f"line {i}" for i in range(n)]  # none lost, none twice, in order
+    sent = sum(len(t) for _t, t, _d in out.displays)
+    printed = 2 * sum(len(f"line {i}\n") for i in range(n))
+    assert sent < 4 * printed, (sent, printed)  # a block is re-sent only while it is small
+
+
 def test_group_outputs_order_prefixes_lines_with_their_rank(kernel, mesh):
     out = kernel.run("%%mesh --group-outputs order --ranks 1\nprint('only me')")
     assert out.stdout == "[rank 1] only me\n"

@@ -11,12 +11,13 @@
 
 pub mod process;
 
+use crate::proto::v1::agent_event;
 use crate::proto::v1::host_agent_server::{HostAgent, HostAgentServer};
 use crate::proto::v1::{
     ActorRecord, AgentEvent, AgentPingReply, AgentPingRequest, AttachReply, AttachRequest,
     ForgetActorRequest, ListWorkersReply, ListWorkersRequest, LogsReply, LogsRequest,
     RecordActorReply, RespawnWorkersRequest, ShutdownReply, ShutdownRequest, SpawnWorkersReply,
-    SpawnWorkersRequest, WatchRequest,
+    SpawnWorkersRequest, WatchRequest, WorkerState,
 };
 use crate::rpc::auth::TokenCheck;
 use process::Workers;
@@ -28,6 +29,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::{broadcast, watch, Notify};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
+
+/// Events (log lines, exits) buffered for a watcher that is behind; past that it is
+/// told how many it missed (`dropped`), never left to guess. About 64K lines.
+const EVENTS_BUFFERED: usize = 1 << 16;
 
 /// Errors of the agent.
 #[derive(Debug, thiserror::Error)]
@@ -200,7 +205,17 @@ impl HostAgent for Service {
                 tokio::select! {
                     ev = events.recv() => match ev {
                         Ok(ev) => if tx.send(Ok(ev)).await.is_err() { return },
-                        Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                        Err(broadcast::error::RecvError::Lagged(n)) => {
+                            // Never silent: say how many went, and send the exits
+                            // again (a controller treats a repeated exit as known).
+                            let mut again = vec![AgentEvent { event: Some(agent_event::Event::Dropped(n)) }];
+                            again.extend(agent.workers.list().into_iter()
+                                .filter(|w| w.state == WorkerState::Exited as i32)
+                                .map(|w| AgentEvent { event: Some(agent_event::Event::WorkerExited(w)) }));
+                            for ev in again {
+                                if tx.send(Ok(ev)).await.is_err() { return }
+                            }
+                        }
                         Err(broadcast::error::RecvError::Closed) => return,
                     },
                     _ = tx.closed() => return,
@@ -310,7 +325,7 @@ pub fn start(
     std::fs::create_dir_all(&cfg.log_dir)?;
     let addr = listener.local_addr()?.to_string();
     listener.set_nonblocking(true)?;
-    let (events, _) = broadcast::channel(4096);
+    let (events, _) = broadcast::channel(EVENTS_BUFFERED);
     let agent = Arc::new(Agent {
         workers: Workers::new(cfg.name.clone(), cfg.token.clone(), cfg.log_dir.clone()),
         cfg,
