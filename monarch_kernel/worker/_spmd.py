@@ -55,9 +55,9 @@ def run_cell(source: str, filename: str) -> str | None:
     a hidden name, so pdb's ``n`` on the line before steps onto it (a separate
     ``eval`` ran in another frame, and ``n`` ended at ``--Return--``)."""
     tree = ast.parse(source, filename, "exec")
-    has_value = bool(tree.body) and isinstance(tree.body[-1], ast.Expr) and not _quiet(source)
-    if has_value:
-        last = tree.body[-1]
+    last = tree.body[-1] if tree.body else None
+    has_value = isinstance(last, ast.Expr) and not _quiet(source)
+    if isinstance(last, ast.Expr) and has_value:
         target = ast.Name(id=_VALUE, ctx=ast.Store())
         tree.body[-1] = ast.copy_location(ast.Assign(targets=[target], value=last.value), last)
         ast.fix_missing_locations(tree)
