@@ -161,6 +161,7 @@ class Dispatcher:
         self.actors: dict[str, _Actor] = {}
         self.router = _LaneThread(server, "monarch-dispatch", self._route_guarded, lane=_LANE_LOOP)
         self._aloop: asyncio.AbstractEventLoop | None = None
+        self._aloop_thread: threading.Thread | None = None
         #: How many cancels each recent call got (INTERRUPT-2), oldest first.
         self._cancels: collections.OrderedDict[int, int] = collections.OrderedDict()
         #: Cancels of sync calls that had not started: they end without running.
@@ -180,9 +181,15 @@ class Dispatcher:
 
             def run() -> None:
                 asyncio.set_event_loop(loop)
-                loop.run_forever()
+                while True:  # a break-in (_break_async) that missed its task must not end the loop
+                    try:
+                        loop.run_forever()
+                        return
+                    except BaseException:
+                        traceback.print_exc()
 
-            threading.Thread(target=run, name="monarch-asyncio", daemon=True).start()
+            self._aloop_thread = threading.Thread(target=run, name="monarch-asyncio", daemon=True)
+            self._aloop_thread.start()
         return self._aloop
 
     # -- routing (routing thread) --------------------------------------------------------
@@ -455,7 +462,12 @@ class Dispatcher:
             if a.runner is not None:
                 a.runner.interrupt(call_id)
         if self._aloop is not None:
-            self._aloop.call_soon_threadsafe(self._cancel_async, list(self.actors.values()), call_id)
+            actors = list(self.actors.values())
+            self._aloop.call_soon_threadsafe(self._cancel_async, actors, call_id)
+            if any(call_id in a.running for a in actors):
+                threading.Thread(
+                    target=self._break_async, args=(actors, call_id), name="monarch-cancel", daemon=True
+                ).start()
         if not running:  # queued behind another call (or not here yet): it will not run
             self._early_cancels[call_id] = True
             while len(self._early_cancels) > 1000:
@@ -495,6 +507,28 @@ class Dispatcher:
         )
         sys.stderr.flush()
         os._exit(EXIT_INTERRUPTED)
+
+    def _break_async(self, actors: list[_Actor], call_id: int, grace: float = 0.2) -> None:
+        """A cancelled async call whose code does not await (a Python loop) holds the
+        event loop, so ``task.cancel()`` never runs. If it still runs ``grace`` s later
+        and is the loop's current task, CancelledError is raised in it, as the stop
+        button raises KeyboardInterrupt in a sync endpoint (a KeyboardInterrupt would
+        end the event loop itself)."""
+        import asyncio
+
+        time.sleep(grace)
+        loop, thread = self._aloop, self._aloop_thread
+        task = next((a.running[call_id] for a in actors if call_id in a.running), None)
+        if loop is None or thread is None or thread.ident is None or task is None or task.done():
+            return
+        try:
+            current = asyncio.current_task(loop)
+        except RuntimeError:
+            return
+        if current is task:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(thread.ident), ctypes.py_object(asyncio.CancelledError)
+            )
 
     @staticmethod
     def _cancel_async(actors: list[_Actor], call_id: int) -> None:

@@ -4,6 +4,7 @@ stopped otherwise), and only that one."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
@@ -32,6 +33,24 @@ class Sleeper(Actor):
 
     @endpoint
     def pid(self) -> int:
+        return os.getpid()
+
+
+class AsyncSpinner(Actor):
+    @endpoint
+    async def spin(self, seconds: float) -> str:
+        end = time.time() + seconds
+        while time.time() < end:  # never awaits: the event loop is held
+            pass
+        return "done"
+
+    @endpoint
+    async def nap(self, seconds: float) -> str:
+        await asyncio.sleep(seconds)
+        return "rested"
+
+    @endpoint
+    async def pid(self) -> int:
         return os.getpid()
 
 
@@ -93,6 +112,28 @@ def test_an_interrupt_also_ends_calls_still_queued_behind_the_running_one(state_
                 f.get(timeout=TIMEOUT)
         assert time.monotonic() - t < 10  # not 4 x 20 s
         assert s.spin.call_one(0).get(timeout=TIMEOUT) == "done"  # the actor goes on
+        assert procs.status() == ["alive"]
+    finally:
+        procs.stop()
+
+
+def test_an_interrupt_stops_an_async_endpoint_that_never_awaits(state_home):
+    from monarch_kernel import ActorError
+    from monarch_kernel.mesh._future import cancel_calls
+
+    procs = this_host().spawn_procs(per_host={"procs": 1})
+    try:
+        a = procs.spawn("a", AsyncSpinner)
+        pid = a.pid.call_one().get(timeout=TIMEOUT)
+        running = a.spin.call_one(60)
+        time.sleep(0.5)
+        cancel_calls(running._calls)  # what the stop button does, once
+        with pytest.raises(ActorError, match="CancelledError"):
+            running.get(timeout=TIMEOUT)
+        # The event loop is free again, in the same worker: async actors go on.
+        assert a.nap.call_one(0.1).get(timeout=TIMEOUT) == "rested"
+        assert a.spin.call_one(0).get(timeout=TIMEOUT) == "done"
+        assert a.pid.call_one().get(timeout=TIMEOUT) == pid
         assert procs.status() == ["alive"]
     finally:
         procs.stop()
