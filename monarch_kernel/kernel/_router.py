@@ -21,7 +21,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from monarch_kernel.worker._debug import PROMPT_MARK
+from monarch_kernel.worker._debug import INPUT_MARK, PROMPT_MARK
 from monarch_kernel.worker._dispatcher import FLUSH_MARK
 
 # Cells of this kernel, remembered: output of another origin is not ours (ROUTE-4).
@@ -46,6 +46,8 @@ class Router:
         self._failures: list[Any] = []
         #: (mesh, rank) whose output goes to the running cell (`%mesh debug --rank`).
         self._attached: set[tuple[str, int]] = set()
+        #: The question of a rank waiting in input() (not pdb), by (mesh, rank).
+        self._questions: dict[tuple[str, int], str] = {}
         #: Debuggers waiting for a line: (session, rank, origin), oldest first (DEBUG-1).
         self.prompts: queue.SimpleQueue[tuple[Any, int, str]] = queue.SimpleQueue()
 
@@ -96,7 +98,10 @@ class Router:
 
     def on_line(self, session: Any, line: Any) -> None:
         mesh, origin = session.name, line.origin
-        if line.text == PROMPT_MARK:
+        if line.text == PROMPT_MARK or line.text.startswith(INPUT_MARK):
+            if line.text != PROMPT_MARK:  # input(): its own question instead of pdb's
+                with self._lock:
+                    self._questions[(mesh, line.rank)] = line.text[len(INPUT_MARK) :]
             self.prompts.put((session, line.rank, origin))
             return
         if line.text == FLUSH_MARK:
@@ -145,10 +150,16 @@ class Router:
             session, rank, _origin = item
             if drain is not None:
                 drain()
-            line = ask(f"[{session.name} {rank}] (Pdb) ")
+            question = self._question(session.name, rank)
+            line = ask(f"[{session.name} {rank}] {question or '(Pdb) '}")
             session.pdb_input(rank, line)
-            leaves = line.strip().split(" ")[0] in _LEAVES_PDB
+            leaves = question is not None or line.strip().split(" ")[0] in _LEAVES_PDB
             focus = None if leaves else (session.name, rank)
+
+    def _question(self, mesh: str, rank: int) -> str | None:
+        """The input() question ``rank`` waits with (None: it waits in pdb)."""
+        with self._lock:
+            return self._questions.pop((mesh, rank), None)
 
     def _next_prompt(
         self, focus: tuple[str, int] | None, stay: float, drain: Any = None
@@ -208,7 +219,8 @@ class Router:
                 if r != rank:
                     self.prompts.put((session, r, origin))
                     continue
-                session.pdb_input(rank, ask(f"[{session.name} {rank}] (Pdb) "))
+                question = self._question(session.name, rank)
+                session.pdb_input(rank, ask(f"[{session.name} {rank}] {question or '(Pdb) '}"))
                 deadline = time.monotonic() + quiet
         finally:
             with self._lock:

@@ -19,6 +19,8 @@ from typing import Any
 from monarch_kernel import _origin
 
 PROMPT_MARK = "\x1d monarch pdb input"
+#: ``input(prompt)`` in a worker writes this, then the prompt, on a line of its own.
+INPUT_MARK = "\x1d monarch input "
 
 _waiting: queue.Queue[queue.Queue[str]] = queue.Queue()  # threads waiting for a line, in order
 
@@ -33,6 +35,21 @@ class _Input:
         sys.stdout.write(f"{PROMPT_MARK}\n" if at_line_start else f"\n{PROMPT_MARK}\n")
         sys.stdout.flush()
         return answer.get()
+
+
+def remote_input(prompt: object = "") -> str:
+    """``input()`` of a worker: the question goes to the notebook cell that made the
+    call (an ``input_request`` labelled with mesh and rank, as pdb's), and the answer
+    comes back through the same path as pdb's."""
+    if not _origin.current():  # nobody to ask: do not block a call no one watches
+        raise EOFError("input() in a worker needs a notebook cell to answer it; no cell made this call")
+    answer: queue.Queue[str] = queue.Queue(maxsize=1)
+    _waiting.put(answer)
+    text = " ".join(str(prompt).splitlines())
+    at_line_start = getattr(sys.stdout, "at_line_start", False)
+    sys.stdout.write(f"{INPUT_MARK}{text}\n" if at_line_start else f"\n{INPUT_MARK}{text}\n")
+    sys.stdout.flush()
+    return answer.get().removesuffix("\n")
 
 
 def feed(line: str) -> bool:
@@ -81,7 +98,10 @@ def breakpointhook(*args: Any, **kwargs: Any) -> None:
 
 
 def install() -> None:
+    import builtins
+
     sys.breakpointhook = breakpointhook
+    builtins.input = remote_input
 
 
-__all__ = ["PROMPT_MARK", "RemotePdb", "breakpointhook", "feed", "install"]
+__all__ = ["INPUT_MARK", "PROMPT_MARK", "RemotePdb", "breakpointhook", "feed", "install", "remote_input"]

@@ -561,6 +561,17 @@ def test_pdb_in_a_mesh_cell_stops_on_its_last_expression(kernel, mesh):
     assert "105" in text and "Out: 10" in text
 
 
+def test_input_in_a_mesh_cell_asks_the_notebook(kernel, mesh):
+    out = Outcome(
+        kernel.kc.execute("%%mesh --ranks 1\nname = input('your name? ')\nname.upper()", allow_stdin=True)
+    )
+    prompts = _answer_pdb(kernel, out, ["ada"])
+    kernel.collect(out)
+    assert out.error is None, out.traceback
+    assert prompts == [f"[{mesh} 1] your name? "]
+    assert "Out: 'ADA'" in "".join(t for _k, t, _d in out.displays)
+
+
 def test_post_mortem_and_parked_breakpoints(kernel, mesh):
     failed = kernel.run(
         "%%mesh --ranks 1\nsecret = 'found me'\ndef boom():\n    local = 41\n    raise KeyError(local)\nboom()"
