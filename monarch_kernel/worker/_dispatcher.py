@@ -555,7 +555,8 @@ class Dispatcher:
         tb = exc.__traceback__
         # Drop the dispatcher's own frame: the user's code starts at the next one,
         # unless the code that raised said where it starts (REMOTE_TB).
-        start = getattr(exc, "__monarch_tb__", None) or (tb.tb_next if tb else None)
+        # (None there: no frame of it is the user's, as for a SyntaxError in a cell.)
+        start = exc.__monarch_tb__ if hasattr(exc, "__monarch_tb__") else (tb.tb_next if tb else None)
         if hasattr(exc, "__monarch_tb__"):
             del exc.__monarch_tb__  # a traceback does not pickle
         if start is not None and not isinstance(exc, KeyboardInterrupt):

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
+import inspect
 import io
 import linecache
 import os
@@ -25,6 +27,8 @@ NAMESPACE: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
 MAX_REPR = 10_000
 #: Where a cell's last expression puts its value (taken out again at once).
 _VALUE = "__monarch_cell_value__"
+#: The event loop of cells with top-level await (made on first use).
+_LOOP: list[Any] = [None]
 _NOT_CODE = frozenset(
     {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
 )
@@ -48,25 +52,52 @@ def _quiet(source: str) -> bool:
     return last == ";"
 
 
+def _run_coroutine(coro: Any) -> Any:
+    """Runs a cell with top-level ``await`` in the worker's own event loop (one per
+    worker, kept between cells, as IPython keeps one); an interrupt cancels it."""
+    import asyncio
+
+    if _LOOP[0] is None:
+        _LOOP[0] = asyncio.new_event_loop()
+    loop = _LOOP[0]
+    task = loop.create_task(coro)
+    try:
+        return loop.run_until_complete(task)
+    except BaseException:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                loop.run_until_complete(task)
+        raise
+
+
 def run_cell(source: str, filename: str) -> str | None:
     """Runs ``source`` in ``NAMESPACE``; the repr of its last expression, if any.
 
     The cell compiles to one code object: a last expression becomes an assignment to
     a hidden name, so pdb's ``n`` on the line before steps onto it (a separate
     ``eval`` ran in another frame, and ``n`` ended at ``--Return--``)."""
-    tree = ast.parse(source, filename, "exec")
-    last = tree.body[-1] if tree.body else None
-    has_value = isinstance(last, ast.Expr) and not _quiet(source)
-    if isinstance(last, ast.Expr) and has_value:
-        target = ast.Name(id=_VALUE, ctx=ast.Store())
-        tree.body[-1] = ast.copy_location(ast.Assign(targets=[target], value=last.value), last)
-        ast.fix_missing_locations(tree)
     _register_source(filename, source)
-    code = compile(tree, filename, "exec")
+    try:
+        tree = ast.parse(source, filename, "exec")
+        last = tree.body[-1] if tree.body else None
+        has_value = isinstance(last, ast.Expr) and not _quiet(source)
+        if isinstance(last, ast.Expr) and has_value:
+            target = ast.Name(id=_VALUE, ctx=ast.Store())
+            tree.body[-1] = ast.copy_location(ast.Assign(targets=[target], value=last.value), last)
+            ast.fix_missing_locations(tree)
+        # Top-level await is allowed, as in IPython: such a cell compiles to a coroutine.
+        code = compile(tree, filename, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    except SyntaxError as e:
+        e.__monarch_tb__ = None  # type: ignore[attr-defined]  # the cell's error, not this code's
+        raise
 
     def go() -> Any:
         NAMESPACE.pop(_VALUE, None)
-        exec(code, NAMESPACE)
+        if code.co_flags & inspect.CO_COROUTINE:
+            _run_coroutine(eval(code, NAMESPACE))
+        else:
+            exec(code, NAMESPACE)
         return NAMESPACE.pop(_VALUE, None) if has_value else None
 
     try:

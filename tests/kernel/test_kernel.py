@@ -180,6 +180,16 @@ def test_a_mesh_cell_that_prints_a_lot_keeps_every_line_and_sends_it_about_once(
     assert sent < 4 * printed, (sent, printed)  # a block is re-sent only while it is small
 
 
+def test_a_mesh_cell_may_await_at_top_level_and_a_syntax_error_shows_only_the_cell(kernel, mesh):
+    out = kernel.run("%%mesh\nimport asyncio\nawait asyncio.sleep(0.05)\nawait asyncio.sleep(0, 'awaited')")
+    assert out.error is None, out.traceback
+    texts = sorted({d: t for _k, t, d in out.displays}.values())
+    assert texts == ["[rank 0]\nOut: 'awaited'", "[rank 1]\nOut: 'awaited'"]
+    bad = kernel.run("%%mesh --ranks 0\nx = (1,\n")
+    assert "SyntaxError" in bad.traceback
+    assert "_spmd.py" not in bad.traceback and "_main_thread.py" not in bad.traceback, bad.traceback
+
+
 def test_group_outputs_order_prefixes_lines_with_their_rank(kernel, mesh):
     out = kernel.run("%%mesh --group-outputs order --ranks 1\nprint('only me')")
     assert out.stdout == "[rank 1] only me\n"
