@@ -50,7 +50,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 
 from monarch_kernel import _origin
-from monarch_kernel.errors import ActorError, MeshNotFoundError, MonarchKernelError
+from monarch_kernel.errors import ActorError, MeshNotFoundError, MeshSpecError, MonarchKernelError
 from monarch_kernel.mesh._distributed import BACKENDS
 
 _HELP = __doc__
@@ -196,6 +196,9 @@ class MeshMagics(Magics):
     @argument("--env", action="append", default=[], metavar="K=V", help="environment of the workers")
     @argument("--idle-timeout", type=float, help="seconds the mesh waits for a controller (default 24 h)")
     @argument(
+        "--replace", action="store_true", help="stop a running mesh of this name with another size first"
+    )
+    @argument(
         "--torch-dist",
         metavar="BACKEND",
         help="set up torch.distributed on the procs: gloo, nccl or auto (nccl where they have GPUs)",
@@ -232,9 +235,20 @@ class MeshMagics(Magics):
             raise UsageError("%mesh up: --procs / --gpus must be at least 1")
         existed = args.name in _sessions
         t = time.perf_counter()
-        procs = this_host().spawn_procs(
-            per_host=per_host, name=args.name, env=env or None, idle_timeout=args.idle_timeout
-        )
+        try:
+            procs = this_host().spawn_procs(
+                per_host=per_host,
+                name=args.name,
+                env=env or None,
+                idle_timeout=args.idle_timeout,
+                replace=args.replace,
+            )
+        except MeshSpecError as e:
+            raise UsageError(
+                f"%mesh up {args.name}: {e}".replace("Pass replace=True", "Add --replace").replace(
+                    f"attach({args.name!r})", f"%mesh up {args.name} (no size)"
+                )
+            ) from None
         self.default = args.name
         n = len(procs._proc.state().ref.addrs)
         verb = "using" if existed else "up"
@@ -319,7 +333,11 @@ class MeshMagics(Magics):
     def _mesh_logs(self, rest: str) -> None:
         """The last lines the workers printed."""
         args = parse_argstring(self._mesh_logs, rest)
-        for line in self._procs(args.name).logs(rank=args.rank, tail=args.n):
+        try:
+            lines = self._procs(args.name).logs(rank=args.rank, tail=args.n)
+        except (ValueError, IndexError) as e:
+            raise UsageError(f"%mesh logs: {e}".replace("tail=", "-n ")) from None
+        for line in lines:
             print(line)
 
     @magic_arguments()

@@ -16,6 +16,7 @@ from monarch_kernel import _native, _origin
 from monarch_kernel.actor import EndpointProperty, endpoints_of
 from monarch_kernel.errors import (
     ActorError,
+    MeshIndexError,
     MeshSpecError,
     SerializationError,
     UnknownEndpointError,
@@ -149,6 +150,8 @@ class Endpoint(Generic[R]):
 
     def choose(self, *args: Any, **kwargs: Any) -> Future[R]:
         """Calls one actor of the mesh, chosen at random."""
+        if not len(self._mesh._shape):
+            raise MeshIndexError(f"{self._what}.choose(): the mesh is empty (its slice selects no actors)")
         return self._one(random.randrange(len(self._mesh._shape)), args, kwargs)
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:

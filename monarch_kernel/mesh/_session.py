@@ -33,6 +33,7 @@ from typing import Any
 from monarch_kernel import _native
 from monarch_kernel.control import AgentClient
 from monarch_kernel.errors import (
+    MeshIndexError,
     MeshNotFoundError,
     MeshOwnershipError,
     MeshSpecError,
@@ -507,11 +508,25 @@ class Session:
                 out.append(f"(rank {r} did not answer: {e})")
         return out
 
+    def _check_rank(self, rank: int | None, what: str) -> None:
+        n = len(self.state.ref.addrs)
+        if rank is not None and not 0 <= rank < n:
+            raise MeshIndexError(
+                f"{what}: rank {rank} is out of range; mesh {self.name!r} has ranks 0 to {n - 1}"
+            )
+
     def logs(self, rank: int | None, tail: int) -> list[str]:
+        self._check_rank(rank, "logs()")
+        if tail < 0:
+            raise ValueError(f"logs(): tail={tail} must be 0 or more (the number of last lines)")
         return self.client.logs(rank=rank, tail=tail)
 
     def stream_logs(self, rank: int | None = None) -> Iterator[str]:
         """New output lines as they come, ``[mesh rank] text``, until the iterator is closed."""
+        self._check_rank(rank, "stream_logs()")
+        return self._stream_logs(rank)
+
+    def _stream_logs(self, rank: int | None) -> Iterator[str]:
         stream = self.client.watch()
         try:
             for ev in stream:

@@ -225,6 +225,18 @@ def test_an_exception_that_cannot_be_rebuilt_still_shows_its_remote_traceback(pr
 # -- bad calls -----------------------------------------------------------------------
 
 
+def test_logs_of_a_rank_out_of_range_and_choose_on_an_empty_slice_say_what_is_wrong(faulty, procs4):
+    with pytest.raises(MeshIndexError, match="rank 4 is out of range.*ranks 0 to 3"):
+        procs4.logs(rank=4)
+    with pytest.raises(MeshIndexError, match="rank -1 is out of range"):
+        procs4.stream_logs(rank=-1)  # at once, not when the iterator is first read
+    with pytest.raises(ValueError, match="tail=-3 must be 0 or more"):
+        procs4.logs(tail=-3)
+    with pytest.raises(MeshIndexError, match="choose\\(\\): the mesh is empty"):
+        faulty.slice(procs=slice(1, 1)).ping.choose()
+
+
+
 def test_an_unknown_endpoint_raises_unknown_endpoint_error_listing_the_endpoints(faulty):
     with pytest.raises(UnknownEndpointError, match="no_such_thing") as info:
         _ = faulty.no_such_thing

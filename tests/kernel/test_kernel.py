@@ -424,6 +424,17 @@ def test_use_ls_slice_noblock_and_timeout(kernel, mesh):
         slow = kernel.run("%%mesh --timeout 1\nimport time\ntime.sleep(30)")
         assert slow.error is not None and slow.error["ename"] == "TimeoutError"
         assert kernel.run("%%mesh\n'still usable'").error is None
+        # Another size for a running name: the error names the flag that does it.
+        resized = kernel.run(f"%mesh up {other} --procs 2")
+        assert "Add --replace" in resized.stderr, resized.stderr  # a UsageError: on stderr
+        assert "replace=True" not in resized.stderr
+        assert "2 procs" in kernel.run(f"%mesh up {other} --procs 2 --replace").stdout
+        assert kernel.run(f"%mesh use {mesh}").error is None
+        # Bad ranks and counts for %mesh logs say what is wrong.
+        bad_rank = kernel.run(f"%mesh logs {mesh} --rank 5")
+        assert "rank 5 is out of range" in bad_rank.stderr and "0 to 1" in bad_rank.stderr, bad_rank.stderr
+        bad_n = kernel.run(f"%mesh logs {mesh} -n -3")
+        assert "-n -3 must be 0 or more" in bad_n.stderr, bad_n.stderr
     finally:
         kernel.run(f"%mesh down {other}")
 
