@@ -236,7 +236,6 @@ def test_logs_of_a_rank_out_of_range_and_choose_on_an_empty_slice_say_what_is_wr
         faulty.slice(procs=slice(1, 1)).ping.choose()
 
 
-
 def test_an_unknown_endpoint_raises_unknown_endpoint_error_listing_the_endpoints(faulty):
     with pytest.raises(UnknownEndpointError, match="no_such_thing") as info:
         _ = faulty.no_such_thing
