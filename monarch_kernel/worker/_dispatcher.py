@@ -388,9 +388,11 @@ class Dispatcher:
             reset = _origin.set_context(where[3])
             try:
                 for stream in (sys.stdout, sys.stderr):
-                    # On a line of its own, even after output without a newline.
-                    fresh = getattr(stream, "at_line_start", True)
-                    stream.write(f"{'' if fresh else chr(10)}{FLUSH_MARK}\n")
+                    # On a line of its own, after every thread's unfinished line.
+                    end_lines = getattr(stream, "end_lines", None)
+                    if end_lines is not None:
+                        end_lines()
+                    stream.write(f"{FLUSH_MARK}\n")
                     stream.flush()
             finally:
                 _origin.reset(reset)

@@ -4,6 +4,7 @@ reports beside the line; everything else passes through unchanged."""
 
 from __future__ import annotations
 
+import atexit
 import io
 import sys
 import threading
@@ -15,42 +16,83 @@ TAG_START, TAG_END = "\x1e", "\x1f"
 
 
 class TaggedStream(io.TextIOBase):
-    """Wraps a text stream; prefixes each line started while an origin is set."""
+    """Wraps a text stream; prefixes each line started while an origin is set.
+
+    OUTPUT-1: lines are assembled per thread and written whole, so a line printed in
+    pieces (``print`` writes its arguments one by one) is never mixed with another
+    thread's, and each line keeps its own thread's origin. ``flush()`` writes the
+    calling thread's unfinished line as it is (a progress bar's ``\\r`` updates);
+    if another thread then writes, that line is ended first."""
 
     def __init__(self, raw: Any) -> None:
         self._raw = raw
-        self._at_line_start = True
         self._lock = threading.Lock()
+        self._partial: dict[int, tuple[str, str]] = {}  # thread -> (origin, unfinished line)
+        self._open: tuple[int, str] | None = None  # (thread, origin) of a line left open in raw
 
     def write(self, s: str) -> int:
         if not isinstance(s, str):
             raise TypeError(f"write() argument must be str, not {type(s).__name__}")
+        if not s:
+            return 0
         origin = _origin.current()
+        me = threading.get_ident()
         with self._lock:
-            if not origin or not s:
-                if s:
-                    self._raw.write(s)
-                    self._at_line_start = s.endswith("\n")
-                return len(s)
-            tag = f"{TAG_START}{origin}{TAG_END}"
-            out = []
-            for piece in s.splitlines(keepends=True):
-                if self._at_line_start:
-                    out.append(tag)
-                out.append(piece)
-                self._at_line_start = piece.endswith("\n")
-            self._raw.write("".join(out))
+            held_origin, held = self._partial.pop(me, (origin, ""))
+            if held and held_origin != origin:  # the call changed mid-line: end it
+                self._put(me, held_origin, held + "\n")
+                held = ""
+            text = held + s
+            cut = text.rfind("\n") + 1
+            if cut:
+                self._put(me, origin, text[:cut])
+            if cut < len(text):
+                self._partial[me] = (origin, text[cut:])
         return len(s)
+
+    def _put(self, me: int, origin: str, text: str) -> None:
+        """Writes ``text`` (thread ``me``'s) to the raw stream, each line tagged."""
+        tag = f"{TAG_START}{origin}{TAG_END}" if origin else ""
+        out = []
+        continues = self._open == (me, origin)  # its own line, left open by flush()
+        if self._open is not None and not continues:
+            out.append("\n")  # another thread's open line ends here
+        lines = text.split("\n")  # only \n ends a line (splitlines would also cut at \x1d, \x1e)
+        pieces = [ln + "\n" for ln in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
+        for i, piece in enumerate(pieces):
+            if tag and not (i == 0 and continues):
+                out.append(tag)
+            out.append(piece)
+        self._open = None if text.endswith("\n") else (me, origin)
+        self._raw.write("".join(out))
+
+    def end_lines(self) -> None:
+        """Ends every unfinished line, every thread's (before a marker line)."""
+        with self._lock:
+            for t, (origin, text) in list(self._partial.items()):
+                self._put(t, origin, text + "\n")
+            self._partial.clear()
+            if self._open is not None:
+                self._raw.write("\n")
+                self._open = None
 
     @property
     def at_line_start(self) -> bool:
-        return self._at_line_start
+        """Whether this thread's next write starts a line."""
+        me = threading.get_ident()
+        with self._lock:
+            return me not in self._partial and (self._open is None or self._open[0] != me)
 
     def writelines(self, lines: Any) -> None:
         for line in lines:
             self.write(line)
 
     def flush(self) -> None:
+        me = threading.get_ident()
+        with self._lock:
+            held = self._partial.pop(me, None)
+            if held is not None:
+                self._put(me, *held)
         self._raw.flush()
 
     def fileno(self) -> int:
@@ -81,3 +123,12 @@ def install() -> None:
         sys.stdout = TaggedStream(sys.stdout)
     if not isinstance(sys.stderr, TaggedStream):
         sys.stderr = TaggedStream(sys.stderr)
+    atexit.register(_end_lines_at_exit)
+
+
+def _end_lines_at_exit() -> None:
+    """Every thread's unfinished line reaches the log before the worker exits."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, TaggedStream):
+            stream.end_lines()
+            stream.flush()

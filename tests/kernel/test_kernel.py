@@ -190,6 +190,24 @@ def test_a_mesh_cell_may_await_at_top_level_and_a_syntax_error_shows_only_the_ce
     assert "_spmd.py" not in bad.traceback and "_main_thread.py" not in bad.traceback, bad.traceback
 
 
+def test_lines_printed_by_two_threads_of_a_mesh_cell_stay_whole_and_go_where_they_belong(kernel, mesh):
+    out = kernel.run(
+        "%%mesh\nimport threading\n"
+        "def bg():\n    for i in range(3000):\n        print('bg', i, 'end')\n"
+        "t = threading.Thread(target=bg)\nt.start()\n"
+        "for i in range(3000):\n    print('fg', i, 'end')\nt.join()",
+        timeout=120,
+    )
+    assert out.error is None, out.traceback
+    final = {d: t for _k, t, d in out.displays}
+    for rank in (0, 1):
+        block = [ln for t in final.values() if t.startswith(f"[rank {rank}]") for ln in t.split("\n")[1:]]
+        assert block == [f"fg {i} end" for i in range(3000)]  # the cell's own lines, whole
+        # The thread has no call of its own: its lines come as the cell's stream, whole too.
+        bg = [ln for ln in out.stdout.splitlines() if ln.startswith(f"[{mesh} {rank}] ")]
+        assert bg == [f"[{mesh} {rank}] bg {i} end" for i in range(3000)], bg[:5]
+
+
 def test_group_outputs_order_prefixes_lines_with_their_rank(kernel, mesh):
     out = kernel.run("%%mesh --group-outputs order --ranks 1\nprint('only me')")
     assert out.stdout == "[rank 1] only me\n"
