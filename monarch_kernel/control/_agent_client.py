@@ -58,7 +58,9 @@ class AgentClient:
                 ("grpc.keepalive_timeout_ms", 3000),
                 ("grpc.keepalive_permit_without_calls", 1),
                 ("grpc.http2.max_pings_without_data", 0),
-                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                # Attach brings every actor record (constructor arguments included):
+                # no cap but memory, as the agent's own side (authenticated peers only).
+                ("grpc.max_receive_message_length", -1),
                 ("grpc.enable_http_proxy", 0),
             ],
         )

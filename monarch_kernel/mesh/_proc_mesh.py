@@ -145,7 +145,9 @@ class ProcMesh(MeshTrait):
         if session is not None:  # so that attach() and respawn() find it
             if payload[:4] == HEADER:  # the record keeps its own copy, for later controllers
                 payload, buffers = dumps((cls, args, kwargs), what)
-            session.record_actor(name, payload, buffers, pickle.dumps(self._shape))
+            session.record_actor(
+                name, payload, buffers, pickle.dumps(self._shape), hasattr(cls, "__supervise__")
+            )
         return ActorMesh(name, cls, self._proc, self._shape)
 
     def setup_torch_distributed(self, backend: str = "auto", timeout: float = 60.0) -> dict[str, Any]:

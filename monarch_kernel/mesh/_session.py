@@ -140,6 +140,8 @@ class Session:
         self.state.dead.clear()
         self.state.changed()
         #: Actor meshes by name: (payload, buffers, pickled shape) as recorded by the agent.
+        #: Whether each actor mesh's class defines __supervise__ (where known).
+        self._supervised: dict[str, bool] = {}
         self.records: dict[str, tuple[bytes, list[bytes], bytes]] = {
             a.name: (a.payload, list(a.buffers), a.shape) for a in actors
         }
@@ -265,12 +267,16 @@ class Session:
 
         any_hook = False
         for name, (payload, buffers, shape_blob) in list(self.records.items()):
+            supervised = self._supervised.get(name)
             try:
-                cls = loads(payload, buffers)[0]
+                if supervised is None:  # a record from another controller: look once
+                    supervised = self._supervised[name] = hasattr(loads(payload, buffers)[0], "__supervise__")
+                if not supervised:
+                    continue
                 shape = loads(shape_blob)
             except Exception:
                 continue
-            if not hasattr(cls, "__supervise__") or failure.rank not in shape.ranks:
+            if failure.rank not in shape.ranks:
                 continue
             local = [i for i, r in enumerate(shape.ranks) if r not in self.state.dead and r != failure.rank]
             if not local:
@@ -370,11 +376,26 @@ class Session:
 
     # -- commands ------------------------------------------------------------------------
 
-    def record_actor(self, name: str, payload: bytes, buffers: list[Any], shape_blob: bytes) -> None:
+    def record_actor(
+        self, name: str, payload: bytes, buffers: list[Any], shape_blob: bytes, supervised: bool | None = None
+    ) -> None:
+        """Keeps the actor mesh's record here and with the agent (for attach and
+        respawn). ``supervised``: whether its class defines ``__supervise__``, when
+        known, so that a failure need not unpickle the constructor's arguments."""
         bufs = [bytes(b) for b in buffers]
         self.records.pop(name, None)
         self.records[name] = (payload, bufs, shape_blob)
-        self.client.record_actor(name, payload, bufs, shape_blob, self.epoch)
+        self._supervised.pop(name, None)
+        if supervised is not None:
+            self._supervised[name] = supervised
+        try:
+            self.client.record_actor(name, payload, bufs, shape_blob, self.epoch)
+        except MonarchKernelError as e:  # the actors run; only a later attach() misses them
+            print(
+                f"monarch: actor mesh {name!r} runs, but the agent could not keep its record ({e}); "
+                "a later attach() or respawn() will not re-create it",
+                file=sys.stderr,
+            )
 
     def forget_actor(self, name: str, ranks: list[int]) -> None:
         """Forgets actor mesh ``name`` once it is stopped on every rank it spans (a

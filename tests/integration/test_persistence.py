@@ -332,6 +332,30 @@ def test_spawning_an_actor_mesh_under_a_used_name_replaces_it_and_runs_cleanup()
         _stop(name)
 
 
+class Holder(Actor):
+    """Keeps what its constructor got (large constructor arguments)."""
+
+    def __init__(self, blob: bytes) -> None:
+        self.n = len(blob)
+
+    @endpoint
+    def held(self) -> int:
+        return self.n
+
+
+def test_actor_meshes_with_large_constructor_arguments_are_recorded_and_reattached():
+    name = _name()
+    procs = this_host().spawn_procs(per_host={"procs": 1}, name=name)
+    try:
+        for i in range(2):  # 2 x 40 MiB of records: above 4 MiB each, 64 MiB in all
+            procs.spawn(f"h{i}", Holder, bytes(40 << 20))
+        again = attach(name)
+        assert sorted(again.actors) == ["h0", "h1"]
+        assert again.actors["h1"].held.call().get(timeout=TIMEOUT).values() == [40 << 20]
+    finally:
+        _stop(name)
+
+
 def test_a_corrupt_or_stale_state_file_is_reported_and_removed():
     bad = _registry.path_of("corrupt-one")
     bad.write_text("{not json")

@@ -317,7 +317,36 @@ def test_stopping_the_mesh_prints_no_failure_line(state_home, capfd):
     assert "monarch:" not in err, err
 
 
-def test_supervise_hook_of_surviving_actors_hears_of_a_dead_rank(own_procs2):
+def _unpickled_in(path: str) -> str:
+    with open(path, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    return path
+
+
+class Tripwire:
+    """Notes the pid of every process that unpickles it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _unpickled_in, (self.path,)
+
+
+class Armed(Actor):
+    def __init__(self, wire: str) -> None:
+        self.wire = wire
+
+    @endpoint
+    def ping(self) -> int:
+        return _rank()
+
+
+def test_supervise_hook_of_surviving_actors_hears_of_a_dead_rank(own_procs2, tmp_path):
+    # A failure does not unpickle the constructor arguments of actor meshes in the
+    # controller (they may be large, or do things when unpickled).
+    wire = tmp_path / "unpickled-by"
+    own_procs2.spawn("armed", Armed, Tripwire(str(wire)))
     mesh = own_procs2.spawn("watcher", Watcher)
     rank0 = mesh.slice(procs=0)
     assert rank0.events.call_one().get(timeout=TIMEOUT) == []
@@ -325,6 +354,7 @@ def test_supervise_hook_of_surviving_actors_hears_of_a_dead_rank(own_procs2):
     os.kill(pid, signal.SIGKILL)
     seen = _wait_for(lambda: rank0.events.call_one().get(timeout=TIMEOUT), every=0.1)
     assert seen == [("dead", 1)]
+    assert str(os.getpid()) not in wire.read_text().split(), "the controller unpickled them"
 
 
 # -- respawn -------------------------------------------------------------------------

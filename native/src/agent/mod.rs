@@ -338,7 +338,10 @@ pub fn start(
         actors: Mutex::new(Vec::new()),
     });
     let svc = tonic::service::interceptor::InterceptedService::new(
-        HostAgentServer::new(Service(agent.clone())),
+        // Records carry constructor arguments: the same limit as actor messages
+        // (tonic's default is 4 MiB).
+        HostAgentServer::new(Service(agent.clone()))
+            .max_decoding_message_size(crate::rpc::MAX_MESSAGE_BYTES),
         auth,
     );
     let done = Arc::new(Notify::new());
