@@ -48,7 +48,15 @@ def main() -> None:
     from monarch_kernel.mesh import _buffers
 
     _buffers.process_token[0] = token
-    Dispatcher(server, point, token).start()
+    dispatcher = Dispatcher(server, point, token)
+    dispatcher.start()
+    import signal
+    import threading
+
+    def on_term(_sig: int, _frame: object) -> None:  # STOP-1: actors clean up, then exit
+        threading.Thread(target=dispatcher.exit_cleanly, name="monarch-exit", daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_term)
     # The main thread runs SPMD code (MAIN-1); the process lives until the agent stops
     # it or goes away (AGENT-1).
     from monarch_kernel.worker import _main_thread

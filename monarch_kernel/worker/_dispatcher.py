@@ -162,6 +162,7 @@ class Dispatcher:
         self.router = _LaneThread(server, "monarch-dispatch", self._route_guarded, lane=_LANE_LOOP)
         self._aloop: asyncio.AbstractEventLoop | None = None
         self._aloop_thread: threading.Thread | None = None
+        self._async_cleanups: list[asyncio.Task[None]] = []  # __cleanup__ of async actors
         #: How many cancels each recent call got (INTERRUPT-2), oldest first.
         self._cancels: collections.OrderedDict[int, int] = collections.OrderedDict()
         #: Cancels of sync calls that had not started: they end without running.
@@ -328,7 +329,41 @@ class Dispatcher:
         if hook is not None:
             import asyncio
 
-            asyncio.get_running_loop().create_task(self._guard(hook(None), f"{a.name}.__cleanup__"))
+            task = asyncio.get_running_loop().create_task(self._guard(hook(None), f"{a.name}.__cleanup__"))
+            self._async_cleanups.append(task)
+
+    def exit_cleanly(self, grace: float = 1.5) -> None:
+        """STOP-1: the agent stops a worker with SIGTERM (the mesh stopped, its idle
+        timeout passed), then SIGKILL 2 s later. Meanwhile every actor's
+        ``__cleanup__`` runs, on its own thread or event loop after the message it
+        is handling, as when it is stopped or replaced; then the worker exits."""
+        deadline = time.monotonic() + grace
+        ended = threading.Event()
+
+        def stop_all() -> None:  # on the routing thread, which owns the table
+            for name in list(self.actors):
+                a = self.actors.pop(name)
+                self.server.route(name, None)
+                self._cleanup(a)
+            ended.set()
+
+        self.router.submit(stop_all)
+        ended.wait(grace)
+        for runner in list(_runners):
+            if runner is not self.router and runner.thread.ident is not None:
+                runner.thread.join(max(0.0, deadline - time.monotonic()))
+        if self._aloop is not None:  # the cleanups scheduled above come first in its queue
+            scheduled = threading.Event()
+            self._aloop.call_soon_threadsafe(scheduled.set)
+            scheduled.wait(max(0.0, deadline - time.monotonic()))
+        while any(not t.done() for t in self._async_cleanups) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for stream in (sys.stdout, sys.stderr):
+            end_lines = getattr(stream, "end_lines", None)
+            if end_lines is not None:
+                end_lines()
+            stream.flush()
+        os._exit(0)
 
     async def _guard(self, coro: Any, what: str) -> None:
         try:

@@ -332,6 +332,46 @@ def test_spawning_an_actor_mesh_under_a_used_name_replaces_it_and_runs_cleanup()
         _stop(name)
 
 
+class Notes(Actor):
+    """Its __cleanup__ writes a line to a file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    @endpoint
+    def ping(self) -> int:
+        return os.getpid()
+
+    def __cleanup__(self, exc: object) -> None:
+        with open(self.path, "a") as f:
+            f.write(f"sync {os.getpid()}\n")
+
+
+class AsyncNotes(Actor):
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    @endpoint
+    async def ping(self) -> int:
+        return os.getpid()
+
+    async def __cleanup__(self, exc: object) -> None:
+        with open(self.path, "a") as f:
+            f.write(f"async {os.getpid()}\n")
+
+
+def test_stopping_the_mesh_runs_every_actors_cleanup(tmp_path):
+    notes = tmp_path / "cleanups"
+    procs = this_host().spawn_procs(per_host={"procs": 2})
+    pids = _pids(procs)
+    procs.spawn("s", Notes, str(notes)).ping.call().get(timeout=TIMEOUT)
+    procs.spawn("a", AsyncNotes, str(notes)).ping.call().get(timeout=TIMEOUT)
+    procs.stop()
+    lines = sorted(notes.read_text().splitlines())
+    assert lines == sorted(f"{kind} {pid}" for kind in ("async", "sync") for pid in pids)
+    assert not still_alive(pids)
+
+
 class Holder(Actor):
     """Keeps what its constructor got (large constructor arguments)."""
 
