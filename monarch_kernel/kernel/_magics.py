@@ -40,8 +40,11 @@ If ranks raise, their remote tracebacks are shown (the first few in full).
 from __future__ import annotations
 
 import hashlib
+import io
+import keyword
 import shlex
 import time
+import tokenize
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -388,14 +391,11 @@ class MeshMagics(Magics):
 
     def _mesh_push(self, rest: str) -> None:
         """%mesh push NAME=EXPR ...: evaluate here, set in every worker's namespace."""
-        pairs = shlex.split(rest)
-        if not pairs or any("=" not in p for p in pairs):
+        pairs = _assignments(rest)
+        if not pairs:
             raise UsageError("%mesh push NAME=EXPR [NAME=EXPR ...] (EXPR is evaluated in this notebook)")
         values = {}
-        for p in pairs:
-            name, expr = p.split("=", 1)
-            if not name.isidentifier():
-                raise UsageError(f"%mesh push: {name!r} is not a variable name")
+        for name, expr in pairs:
             values[name] = self.shell.ev(expr)  # type: ignore[union-attr]
         cells = self._cells(self._procs(None))
         cells.push.call(values).get()
@@ -546,6 +546,37 @@ def _show(procs: Any) -> None:
         display(MeshInspector(procs))
     except ImportError:
         display(procs)
+
+
+def _assignments(text: str) -> list[tuple[str, str]]:
+    """``a=1 b='x y' c={'k': [1, 2]}`` as [(name, expression source)]: a new pair
+    starts at each ``NAME=`` outside brackets, so expressions keep their quotes,
+    spaces and commas (Python's own tokenizer reads them)."""
+    try:
+        toks = [t for t in tokenize.generate_tokens(io.StringIO(text.strip()).readline)]
+    except (tokenize.TokenError, SyntaxError) as e:
+        raise UsageError(f"%mesh push: cannot read {text!r}: {e}") from None
+    depth, starts = 0, []  # (start of NAME, end of "=", NAME)
+    for i, t in enumerate(toks):
+        if t.type == tokenize.OP and t.string in "([{":
+            depth += 1
+        elif t.type == tokenize.OP and t.string in ")]}":
+            depth -= 1
+        elif t.type == tokenize.NAME and depth == 0 and i + 1 < len(toks):
+            nxt = toks[i + 1]
+            if nxt.type == tokenize.OP and nxt.string == "=":
+                starts.append((t.start[1], nxt.end[1], t.string))
+    line = text.strip()
+    if not starts or starts[0][0] != 0:
+        return []
+    pairs = []
+    for k, (_begin, eq_end, name) in enumerate(starts):
+        end = starts[k + 1][0] if k + 1 < len(starts) else len(line)
+        expr = line[eq_end:end].strip().rstrip(",").strip()
+        if not expr or keyword.iskeyword(name):
+            raise UsageError(f"%mesh push: {name}= needs a value (NAME=EXPR)")
+        pairs.append((name, expr))
+    return pairs
 
 
 def _point(cells: Any, rank: int) -> dict[str, int]:

@@ -6,6 +6,7 @@ asyncio loop: every notebook cell runs inside one.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -158,8 +159,9 @@ class Future(Generic[R]):
 
         def one_done() -> None:  # runs on a runtime thread (PY-1)
             remaining[0] -= 1
-            if remaining[0] == 0:
-                loop.call_soon_threadsafe(wake)
+            if remaining[0] == 0 and not loop.is_closed():
+                with contextlib.suppress(RuntimeError):  # closed since (an await that timed out)
+                    loop.call_soon_threadsafe(wake)
 
         for c in self._calls:
             c.add_done_callback(one_done)

@@ -4,6 +4,8 @@ and what an endpoint sees of where it runs, on real workers."""
 from __future__ import annotations
 
 import asyncio
+import sys
+import time
 import warnings
 from typing import Any
 
@@ -178,6 +180,19 @@ def test_futures_can_be_awaited_in_async_code(counter):
     assert every.values() == [2, 2, 2, 2]
     assert one == 12
     assert many == [2, 2, 2, 12]
+
+
+def test_an_await_that_timed_out_leaves_no_error_when_the_reply_comes_later(counter, monkeypatch):
+    ignored: list[str] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: ignored.append(repr(u.exc_value)))
+
+    async def main() -> None:
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(counter.slice(procs=2).nap.call_one(0.5), 0.05)
+
+    asyncio.run(main())  # its loop is closed before the reply arrives
+    time.sleep(1.0)
+    assert ignored == []
 
 
 def test_awaiting_a_future_that_is_already_done_gives_its_value(counter):

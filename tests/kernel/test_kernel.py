@@ -221,6 +221,12 @@ def test_the_mesh_namespace_persists_and_push_and_pull_reach_it(kernel, mesh):
     assert pulled.result is not None and pulled.result.count("84") == 2
     missing = kernel.run("%mesh pull nope")
     assert missing.error is not None and "nope" in missing.traceback
+    # Expressions keep their quotes, spaces and commas (train is a notebook variable).
+    kernel.run("train = 5")
+    pushed = kernel.run("%mesh push mode='train' cfg={'lr': 0.1, 'n': [1, 2]} path=\"/tmp/my file\"")
+    assert pushed.error is None and not pushed.stderr, pushed.stderr + pushed.traceback
+    seen = kernel.run("%%mesh --ranks 0\n(mode, cfg['n'], path)")
+    assert "Out: ('train', [1, 2], '/tmp/my file')" in "".join(t for _k, t, _d in seen.displays)
 
 
 def test_a_failing_mesh_cell_shows_each_ranks_remote_traceback_with_the_cells_lines(kernel, mesh):
