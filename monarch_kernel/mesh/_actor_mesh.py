@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 
 R = TypeVar("R")
 
+#: Longest a call waits for its receivers to pull its large buffers (XFER-2).
+SEND_WAIT_S = 60.0
 _RESULT = _native.REPLY_RESULT
 _EXCEPTION = _native.REPLY_EXCEPTION
 _FENCED = _native.REPLY_FENCED
@@ -91,8 +93,9 @@ class Endpoint(Generic[R]):
         if len(local) != len(conns):
             conns = [conns[i] for i in local]
         regs: list[int] = []
+        live: list[int] = []
         payload, buffers = dumps(
-            (args, kwargs), f"arguments of {self._what}", mesh._proc.token, len(local), regs
+            (args, kwargs), f"arguments of {self._what}", mesh._proc.token, len(local), regs, live
         )
         origin = _origin.current()
         if origin:
@@ -114,6 +117,9 @@ class Endpoint(Generic[R]):
             _buffers.drop_now(regs)  # nothing was sent: nobody will read them
             raise
         _buffers.drop_when_done(calls, regs)
+        # XFER-2: what the receivers get is what the buffers hold now, not after a
+        # later in-place change: they pull as the call arrives, and this waits for it.
+        _buffers.wait_read(live, calls, limit=SEND_WAIT_S)
         return calls
 
     def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[R]]:

@@ -15,6 +15,7 @@ import os
 import pickle
 import struct
 import sys
+import time
 from contextvars import ContextVar
 from typing import Any
 
@@ -84,6 +85,21 @@ def drop_when_done(calls: list[Any], ids: list[int]) -> None:
 
     for c in calls:
         c.add_done_callback(one_done)
+
+
+def wait_read(ids: list[int], calls: list[Any] | None = None, limit: float | None = None) -> None:
+    """XFER-2: returns once the receivers have read the registrations ``ids`` (they
+    pull a message's buffers as it arrives), so that the sender may then change the
+    memory without changing what it sent; or once ``calls`` have all ended (a
+    receiver that died never reads), or after ``limit`` seconds."""
+    if not ids:
+        return
+    deadline = None if limit is None else time.monotonic() + limit
+    while not _native.xfer_wait_gone(ids, 0.1):  # an interrupt gets in between waits
+        if calls is not None and all(c.done() for c in calls):
+            return
+        if deadline is not None and time.monotonic() > deadline:
+            return
 
 
 def receive_remote(data: Any, buffers: list[Any], token: str | None) -> tuple[Any, list[Any]]:

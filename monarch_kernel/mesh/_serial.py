@@ -74,13 +74,20 @@ def _is_plain(obj: Any, depth: int = 0) -> bool:
 
 
 def dumps(
-    obj: Any, what: str, token: str | None = None, readers: int = 1, registered: list[int] | None = None
+    obj: Any,
+    what: str,
+    token: str | None = None,
+    readers: int = 1,
+    registered: list[int] | None = None,
+    live: list[int] | None = None,
 ) -> tuple[bytes, list[Any]]:
     """Pickles ``obj``; ``what`` names it in errors ("arguments of counter.incr").
 
     With the mesh ``token``, buffers of at least ``_buffers.THRESHOLD`` bytes go
     through the transfer engine, registered for ``readers`` receivers (their ids are
-    appended to ``registered``); there is no size limit on those but memory.
+    appended to ``registered``); there is no size limit on those but memory. Those
+    that are the sender's own memory, not a copy (all but staged CUDA tensors), are
+    also appended to ``live``: the sender waits for them to be read (XFER-2).
     """
     if _is_plain(obj):
         data = pickle.dumps(obj, protocol=5)
@@ -120,6 +127,8 @@ def dumps(
         raise
     if registered is not None:
         registered.extend(by_reducers + ids)
+    if live is not None:
+        live.extend(ids)
     return data, raws
 
 

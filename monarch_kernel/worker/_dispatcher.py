@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from monarch_kernel import _native, _origin
 from monarch_kernel.actor import Context, Instance, _current, _process_default, endpoints_of, is_async_actor
+from monarch_kernel.mesh._buffers import wait_read
 from monarch_kernel.mesh._serial import dumps, dumps_exception, loads
 from monarch_kernel.mesh._shape import Extent, Point
 
@@ -53,6 +54,8 @@ FLUSH_MARK = "\x1d monarch flush"
 _HOOKS = frozenset({"__supervise__"})
 # How often an idle lane thread comes back to Python (to see it was stopped).
 _IDLE_WAKE_S = 0.5
+#: Longest an actor waits for its caller to pull a large return value (XFER-2).
+REPLY_WAIT_S = 10.0
 #: A worker's exit status when a second interrupt ended it (INTERRUPT-2), as a shell's 128 + SIGINT.
 EXIT_INTERRUPTED = 130
 
@@ -456,7 +459,9 @@ class Dispatcher:
             runner.running_call = None
             _origin.reset(reset_origin)
             _current.reset(reset)
-        self._reply(token, result, f"{a.name}.{method}")
+        # XFER-2: the actor's next message may change what it returned; the caller
+        # pulls it as the reply arrives, and this waits for that.
+        wait_read(self._reply(token, result, f"{a.name}.{method}"), limit=REPLY_WAIT_S)
 
     @staticmethod
     def _enqueue(a: _Actor, msg: tuple[Any, ...]) -> None:
@@ -483,6 +488,8 @@ class Dispatcher:
     async def _run_async_call(
         self, a: _Actor, token: int, method: str, payload: bytes, buffers: list[Any], where: Any
     ) -> None:
+        import asyncio
+
         _current.set(self._message_context(a, where))
         _origin.set_context(where[3])  # this task's own context
         try:
@@ -491,7 +498,9 @@ class Dispatcher:
         except BaseException as e:  # DISPATCH-2, CancelledError from a cancel included
             self._reply_exception(token, e, f"{a.name}.{method}")
             return
-        self._reply(token, result, f"{a.name}.{method}")
+        live = self._reply(token, result, f"{a.name}.{method}")
+        if live:  # as for sync actors (XFER-2), without holding up the event loop
+            await asyncio.get_running_loop().run_in_executor(None, wait_read, live, None, REPLY_WAIT_S)
 
     def _cancel(self, call_id: int) -> None:
         running = self._running(call_id) is not None  # only these count (INTERRUPT-2)
@@ -577,15 +586,20 @@ class Dispatcher:
 
     # -- replies -------------------------------------------------------------------------
 
-    def _reply(self, token: int, value: Any, what: str) -> None:
+    def _reply(self, token: int, value: Any, what: str) -> list[int]:
+        """Sends ``value`` back; the registrations of its large buffers that are this
+        process's own memory, which the actor should not change before the caller
+        has pulled them (XFER-2: see ``wait_read``)."""
         if not token:
-            return
+            return []
+        live: list[int] = []
         try:
-            data, raws = dumps(value, f"return value of {what}", self.token, 1)
+            data, raws = dumps(value, f"return value of {what}", self.token, 1, live=live)
         except Exception as e:
             self._reply_exception(token, e, what)
-            return
+            return []
         self.server.reply(token, _native.REPLY_RESULT, data, raws)
+        return live
 
     def _reply_exception(self, token: int, exc: BaseException | None, what: str | None) -> None:
         assert exc is not None

@@ -74,6 +74,18 @@ class Store(Actor):
     def exit_during(self, x: object) -> None:
         os._exit(7)
 
+    @endpoint
+    def nap(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    @endpoint
+    def kept_value(self) -> object:
+        return self.kept
+
+    @endpoint
+    def bump(self) -> None:
+        self.kept.add_(1)  # type: ignore[attr-defined]
+
 
 @pytest.fixture(scope="module")
 def store(procs2):
@@ -175,6 +187,26 @@ def test_concurrent_transfers_do_not_mix(store):
     for th in threads:
         th.join()
     assert results == [True] * 6
+
+
+def test_a_call_carries_its_tensors_as_they_were_when_it_was_made(store):
+    one = _one(store)
+    busy = one.nap.call_one(0.5)  # the call below waits its turn behind this one
+    t = torch.zeros(BIG)
+    queued = one.summed.call_one(t)
+    t.fill_(1.0)  # after the call was made: the worker must not see it
+    busy.get(timeout=TIMEOUT)
+    assert queued.get(timeout=TIMEOUT) == 0.0
+
+
+def test_a_return_value_is_what_the_endpoint_returned_even_if_the_actor_changes_it_next(store):
+    one = _one(store)
+    one.keep.call_one(torch.zeros(BIG)).get(timeout=TIMEOUT)
+    before = one.kept_value.call_one()  # not waited for yet
+    one.bump.call_one().get(timeout=TIMEOUT)  # changes the kept tensor in place
+    assert float(before.get(timeout=TIMEOUT).sum()) == 0.0
+    assert one.kept_sum.call_one().get(timeout=TIMEOUT) == float(BIG)
+    assert _native.xfer_stats()["registered"] == 0
 
 
 def test_a_tcp_fetch_works_where_direct_reads_are_not_possible(monkeypatch):

@@ -159,6 +159,9 @@ impl RecvBuffer {
 #[pyfunction]
 #[pyo3(signature = (d, token, streams=4))]
 fn xfer_fetch_new(py: Python<'_>, d: &[u8], token: &str, streams: usize) -> PyResult<RecvBuffer> {
+    if let Some(region) = crate::transfer::take_prefetched(d) {
+        return Ok(RecvBuffer { region }); // pulled when its message arrived (XFER-2)
+    }
     let d = desc(d)?;
     let region = crate::transfer::recv::Region::new(d.len as usize)
         .map_err(|e| TransferError::new_err(format!("cannot allocate {} bytes: {e}", d.len)))?;
@@ -210,6 +213,14 @@ fn xfer_drop(py: Python<'_>, id: u64) -> bool {
     py.detach(|| engine().drop_id(id))
 }
 
+/// Waits (without the GIL) until registrations `ids` of this process have ended,
+/// at most `timeout` seconds; True if they all did (XFER-2).
+#[pyfunction]
+fn xfer_wait_gone(py: Python<'_>, ids: Vec<u64>, timeout: f64) -> bool {
+    let t = std::time::Duration::from_secs_f64(timeout.max(0.0));
+    py.detach(|| engine().wait_gone(&ids, t))
+}
+
 /// This process's engine: address, live registrations and counters.
 #[pyfunction]
 fn xfer_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
@@ -238,6 +249,7 @@ pub fn register_python_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(xfer_write, m)?)?;
     m.add_function(wrap_pyfunction!(xfer_release, m)?)?;
     m.add_function(wrap_pyfunction!(xfer_drop, m)?)?;
+    m.add_function(wrap_pyfunction!(xfer_wait_gone, m)?)?;
     m.add_function(wrap_pyfunction!(xfer_stats, m)?)?;
     Ok(())
 }

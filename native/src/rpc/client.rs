@@ -130,6 +130,7 @@ impl WorkerConn {
         let (tx, rx) = mpsc::unbounded_channel::<Call>();
         let pending = Arc::new(Mutex::new(Pending::default()));
         let (mut c2, p2, addr2) = (client.clone(), pending.clone(), addr.to_string());
+        let token2: Arc<str> = Arc::from(token);
         rt.spawn(async move {
             let resp = c2.messages(Batched::new(rx, |calls| Calls { calls })).await;
             let mut inbound = match resp {
@@ -141,9 +142,21 @@ impl WorkerConn {
                     Ok(Some(batch)) => {
                         for reply in batch.replies {
                             let slot = lock(&p2).calls.remove(&reply.call_id);
-                            if let Some(slot) = slot {
+                            let Some(slot) = slot else { continue };
+                            if !reply.payload.starts_with(crate::transfer::HEADER) {
                                 slot.complete(Ok(reply));
+                                continue;
                             }
+                            // XFER-2: the reply's buffers now, not when it is unpickled.
+                            let t = token2.clone();
+                            tokio::task::spawn_blocking(move || {
+                                crate::transfer::prefetch(
+                                    &reply.payload,
+                                    &reply.buffers,
+                                    t.as_bytes(),
+                                );
+                                slot.complete(Ok(reply));
+                            });
                         }
                     }
                     Ok(None) => {

@@ -324,6 +324,8 @@ impl Inbox {
 struct Service {
     inbox: Arc<Inbox>,
     auth: TokenCheck,
+    /// The mesh token: buffers of arriving calls are pulled with it (XFER-2).
+    token: Arc<str>,
 }
 
 fn fenced(call_id: u64, message: String) -> Reply {
@@ -394,6 +396,7 @@ impl Worker for Service {
         let mut calls = req.into_inner();
         let (tx, rx) = mpsc::unbounded_channel();
         let inbox = self.inbox.clone();
+        let token = self.token.clone();
         tokio::spawn(async move {
             loop {
                 let batch = tokio::select! {
@@ -410,6 +413,14 @@ impl Worker for Service {
                             let _ = tx.send(fenced(c.call_id, m));
                         }
                         continue;
+                    }
+                    if c.payload.starts_with(crate::transfer::HEADER) {
+                        // XFER-2: its buffers now, in arrival order, before it queues.
+                        let (p, b, t) = (c.payload.clone(), c.buffers.clone(), token.clone());
+                        let _ = tokio::task::spawn_blocking(move || {
+                            crate::transfer::prefetch(&p, &b, t.as_bytes())
+                        })
+                        .await;
                     }
                     let sink = (!c.oneway).then(|| Sink::Stream(tx.clone(), c.call_id));
                     let it = Incoming {
@@ -491,6 +502,7 @@ impl WorkerHost {
         let svc = WorkerServer::new(Service {
             inbox: inbox.clone(),
             auth: auth.clone(),
+            token: Arc::from(token),
         })
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);

@@ -195,6 +195,8 @@ pub struct Engine {
     host: [u8; 16],
     pidns: u64,
     table: Mutex<HashMap<u64, Arc<Entry>>>,
+    /// Notified whenever registrations end ([`Engine::wait_gone`]).
+    ended: std::sync::Condvar,
     tokens: Mutex<HashMap<[u8; MAC_LEN], Vec<u8>>>,
     next_id: AtomicU64,
     pool: Mutex<ConnPool>,
@@ -257,6 +259,7 @@ pub fn engine() -> &'static Engine {
             host: boot_id(),
             pidns: pidns(),
             table: Mutex::new(HashMap::new()),
+            ended: std::sync::Condvar::new(),
             tokens: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(first.max(1)),
             pool: Mutex::new(HashMap::new()),
@@ -337,7 +340,27 @@ impl Engine {
     /// Ends registration `id` now. True if it was registered.
     pub fn drop_id(&self, id: u64) -> bool {
         let e = lock(&self.table).remove(&id);
+        self.ended.notify_all();
         e.is_some() // dropped here, outside the lock
+    }
+
+    /// Waits until none of `ids` is registered (each was read by all its readers,
+    /// dropped or expired), at most `timeout`. True if they all ended.
+    pub fn wait_gone(&self, ids: &[u64], timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut t = lock(&self.table);
+        while ids.iter().any(|i| t.contains_key(i)) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            t = self
+                .ended
+                .wait_timeout(t, left)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+        true
     }
 
     /// How many registrations are live.
@@ -357,6 +380,9 @@ impl Engine {
                 .collect();
             ids.into_iter().filter_map(|id| t.remove(&id)).collect()
         };
+        if !gone.is_empty() {
+            self.ended.notify_all();
+        }
         drop(gone);
     }
 
@@ -377,6 +403,7 @@ impl Engine {
                 return match t.remove(&id) {
                     Some(gone) => {
                         drop(t);
+                        self.ended.notify_all();
                         drop(gone);
                         Status::Ok
                     }
@@ -388,6 +415,7 @@ impl Engine {
             }
             t.remove(&id)
         };
+        self.ended.notify_all();
         drop(gone); // the keep-alive goes outside the lock (it may take the GIL)
         Status::Ok
     }
@@ -742,6 +770,72 @@ impl Engine {
     }
 }
 
+/// How a message whose buffers went through the engine starts (Python's
+/// `_buffers.HEADER`), then a little-endian u32 count and that many u32 indices of
+/// the buffers that are descriptors.
+pub const HEADER: &[u8; 4] = b"\x00MKX";
+
+/// The descriptor indices of a message's `payload`, if it has [`HEADER`].
+fn header_indices(payload: &[u8]) -> Option<Vec<usize>> {
+    let rest = payload.strip_prefix(HEADER.as_slice())?;
+    let count = u32::from_le_bytes(rest.get(..4)?.try_into().ok()?) as usize;
+    let list = rest.get(4..4usize.checked_add(count.checked_mul(4)?)?)?;
+    Some(
+        list.chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize)
+            .collect(),
+    )
+}
+
+/// Buffers pulled when their message arrived, by descriptor, until taken.
+type Prefetched = HashMap<Vec<u8>, (Instant, recv::Region)>;
+
+fn prefetched() -> &'static Mutex<Prefetched> {
+    static P: OnceLock<Mutex<Prefetched>> = OnceLock::new();
+    P.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// How long a pulled buffer waits for its message to be unpickled (as long as a
+/// sender keeps a registration).
+const PREFETCH_KEEP: Duration = Duration::from_secs(300);
+
+/// XFER-2: pulls the buffers of a message as it arrives (a call, on the worker; a
+/// reply, on the caller), before it waits its turn, so that the sender's memory is
+/// read at once and its registrations end: the sender waits for that before it
+/// goes on (`Engine::wait_gone`), so what a message carries is what its buffers held
+/// when it was sent. Blocking; errors are left for the unpickler to meet again.
+pub fn prefetch(payload: &[u8], buffers: &[bytes::Bytes], token: &[u8]) {
+    let Some(indices) = header_indices(payload) else {
+        return;
+    };
+    let streams = std::env::var("MONARCH_TRANSFER_STREAMS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4usize);
+    for i in indices {
+        let Some(raw) = buffers.get(i) else { continue };
+        let Ok(d) = Descriptor::decode(raw) else {
+            continue;
+        };
+        let Ok(region) = recv::Region::new(d.len as usize) else {
+            continue;
+        };
+        // SAFETY: the region is ours, `len` bytes long.
+        let dst = unsafe { std::slice::from_raw_parts_mut(region.ptr(), region.len()) };
+        if engine().fetch(&d, token, dst, streams).is_ok() {
+            let now = Instant::now();
+            let mut p = lock(prefetched());
+            p.retain(|_, (at, _)| now.duration_since(*at) < PREFETCH_KEEP);
+            p.insert(raw.to_vec(), (now, region));
+        }
+    }
+}
+
+/// The buffer [`prefetch`] pulled for descriptor `desc`, if it did.
+pub fn take_prefetched(desc: &[u8]) -> Option<recv::Region> {
+    lock(prefetched()).remove(desc).map(|(_, r)| r)
+}
+
 /// Runs `f(offset, part)` for `parts` consecutive parts of `dst`, each on its own
 /// thread; the first error, or `None` if a thread panicked.
 fn in_parts<E: Send>(
@@ -820,6 +914,21 @@ mod tests {
         let (ptr, len) = (data.as_ptr() as usize, data.len());
         // SAFETY: the Vec is moved into the keep-alive; its heap buffer does not move.
         unsafe { engine().register(ptr, len, false, token, readers, None, Box::new(data)) }
+    }
+
+    #[test]
+    fn header_indices_are_read_and_truncated_headers_refused() {
+        let mut p = HEADER.to_vec();
+        p.extend(2u32.to_le_bytes());
+        p.extend(1u32.to_le_bytes());
+        p.extend(3u32.to_le_bytes());
+        assert_eq!(header_indices(&p), Some(vec![1, 3]));
+        assert_eq!(header_indices(&p[..p.len() - 1]), None);
+        let mut huge = HEADER.to_vec();
+        huge.extend(u32::MAX.to_le_bytes());
+        assert_eq!(header_indices(&huge), None);
+        assert_eq!(header_indices(b"\x80\x05plain pickle"), None);
+        assert!(take_prefetched(b"nothing was pulled for this").is_none());
     }
 
     #[test]
