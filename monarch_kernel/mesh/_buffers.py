@@ -121,11 +121,16 @@ def receive_remote(data: Any, buffers: list[Any], token: str | None) -> tuple[An
 
 
 def is_tensor(obj: Any) -> bool:
+    """A dense tensor whose bytes can travel out of band (sparse, quantized and
+    nested tensors keep torch's own pickling, in the message)."""
     torch = sys.modules.get("torch")
     return (
         torch is not None
         and isinstance(obj, torch.Tensor)
         and type(obj) in (torch.Tensor, torch.nn.Parameter)
+        and obj.layout == torch.strided
+        and not obj.is_quantized
+        and not obj.is_nested
     )
 
 
@@ -136,6 +141,8 @@ def reduce_tensor(t: Any) -> Any:
 
     device = str(t.device)
     src = t.detach()
+    if src.is_conj() or src.is_neg():  # lazy conjugate/negative views: their values
+        src = src.resolve_conj().resolve_neg()
     token = current_token.get()
     if src.device.type == "cuda" and token is not None and src.numel():
         return _reduce_cuda(t, src, token)

@@ -51,8 +51,11 @@ def _byte_view(data: Any) -> tuple[memoryview, Any]:
         arr: Any = u8.numpy()
         return memoryview(arr), t
     view = memoryview(data)
-    if not view.contiguous:
-        raise ValueError("TransferBuffer needs a contiguous buffer")
+    if not view.c_contiguous:
+        raise ValueError(
+            "TransferBuffer needs a C-contiguous buffer (this one is strided or in Fortran order); "
+            "use numpy.ascontiguousarray(...) first"
+        )
     return view.cast("B") if view.ndim != 1 or view.format != "B" else view, data
 
 

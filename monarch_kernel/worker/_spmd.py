@@ -18,7 +18,7 @@ import os
 import tokenize
 from typing import Any
 
-from monarch_kernel.actor import Actor, endpoint
+from monarch_kernel.actor import Actor, _current, _process_default, endpoint
 from monarch_kernel.worker import _main_thread
 
 #: The persistent namespace of ``%%mesh`` cells in this worker.
@@ -122,7 +122,13 @@ class MeshCells(Actor):
 
     @endpoint
     def run(self, source: str, filename: str) -> str | None:
-        return run_cell(source, filename)
+        # SPMD code asks where it runs: current_rank() is this proc's rank in the
+        # whole mesh, as outside any actor (the message itself went to one proc).
+        reset = _current.set(_process_default[0])
+        try:
+            return run_cell(source, filename)
+        finally:
+            _current.reset(reset)
 
     @endpoint
     def push(self, values: dict[str, Any]) -> list[str]:

@@ -9,6 +9,7 @@ import signal
 import socket
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -187,6 +188,26 @@ def test_concurrent_transfers_do_not_mix(store):
     for th in threads:
         th.join()
     assert results == [True] * 6
+
+
+def test_lazy_views_and_other_tensor_kinds_arrive_as_they_are(store):
+    one = _one(store)
+    z = torch.randn(BIG, dtype=torch.complex64)
+    assert torch.equal(one.echo.call_one(z.conj()).get(timeout=TIMEOUT), z.conj().resolve_conj())
+    assert torch.equal(one.echo.call_one(-z).get(timeout=TIMEOUT), -z)
+    sparse = torch.eye(300).to_sparse()
+    back = one.echo.call_one(sparse).get(timeout=TIMEOUT)
+    assert back.is_sparse and torch.equal(back.to_dense(), torch.eye(300))
+    with warnings.catch_warnings():  # torch deprecates quantized dtypes; they still pickle
+        warnings.simplefilter("ignore", UserWarning)
+        q = torch.quantize_per_tensor(torch.randn(BIG), 0.1, 0, torch.qint8)
+    qback = one.echo.call_one(q).get(timeout=TIMEOUT)
+    assert qback.is_quantized and torch.equal(qback.int_repr(), q.int_repr())
+
+
+def test_a_transfer_buffer_of_fortran_order_memory_says_what_to_do():
+    with pytest.raises(ValueError, match="ascontiguousarray"):
+        TransferBuffer(np.asfortranarray(np.ones((300, 300))))
 
 
 def test_a_call_carries_its_tensors_as_they_were_when_it_was_made(store):

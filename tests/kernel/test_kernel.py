@@ -158,6 +158,13 @@ def test_mesh_cells_stream_one_block_per_rank_and_show_each_value(kernel, mesh):
     blocks = sorted(final.values())
     assert blocks == ["[rank 0]\nhello 0\nOut: 0", "[rank 1]\nhello 1\nOut: 10"]
     assert not out.stdout  # nothing leaked out of the blocks
+    ranks = kernel.run(
+        "%%mesh\nfrom monarch_kernel import current_rank, current_size\n(current_rank().rank, current_size())"
+    )
+    assert sorted({d: t for _k, t, d in ranks.displays}.values()) == [
+        "[rank 0]\nOut: (0, {'procs': 2})",
+        "[rank 1]\nOut: (1, {'procs': 2})",
+    ]
     quiet = kernel.run("%%mesh\nx = 7\nx * 2;  # a trailing ; hides the value, as in IPython")
     assert quiet.error is None, quiet.traceback
     assert "Out:" not in "".join(t for _k, t, _d in quiet.displays)

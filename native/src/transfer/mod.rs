@@ -714,7 +714,8 @@ impl Engine {
         match self.request(d, token, confirm, &[]) {
             Ok(()) => Ok(()),
             Err(e) if local => Err(XferError::Invalid(format!(
-                "the sender let go of the buffer during the transfer: {e}"
+                "the buffer is no longer there: it was dropped (by its owner or a holder) \
+                 or its sender let go of it during the transfer ({e})"
             ))),
             Err(_) => Ok(()), // the TCP read itself was served from a live registration
         }
