@@ -102,6 +102,13 @@ def is_async_actor(cls: type) -> bool:
     if not (isinstance(cls, type) and issubclass(cls, Actor)):
         raise MeshSpecError(f"{cls!r} must subclass monarch_kernel.Actor to spawn it.")
     eps = endpoints_of(cls)
+    gens = sorted(n for n, e in eps.items() if inspect.isasyncgenfunction(e._method))
+    if gens:
+        raise MeshSpecError(
+            f"{cls}: endpoint(s) {gens} are async generators, which an endpoint cannot be. Return a "
+            "list instead, or call the endpoint once per item (the adverb stream() yields one "
+            "Future per actor)."
+        )
     sync = sorted(n for n, e in eps.items() if not e.is_async)
     asyn = sorted(n for n, e in eps.items() if e.is_async)
     if sync and asyn:

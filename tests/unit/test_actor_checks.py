@@ -81,6 +81,21 @@ def test_an_actor_mixing_sync_and_async_endpoints_is_a_value_error():
         this_proc().spawn("mixed", Mixed)
 
 
+class AsyncGenerating(Actor):
+    @endpoint
+    async def ticks(self):
+        yield 1
+
+    @endpoint
+    async def ping(self):
+        return 1
+
+
+def test_an_async_generator_endpoint_is_refused_saying_what_to_do_instead():
+    with pytest.raises(MeshSpecError, match=r"\['ticks'\] are async generators.*Return a list"):
+        this_proc().spawn("gen", AsyncGenerating)
+
+
 def test_a_class_that_is_not_an_actor_is_refused():
     with pytest.raises(MeshSpecError, match="must subclass monarch_kernel.Actor"):
         this_proc().spawn("not_an_actor", NotAnActor)
