@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
+from collections.abc import Callable
 
 
 def main() -> None:
@@ -22,10 +24,60 @@ def main() -> None:
     sys.stdout.flush()
     # Nobody reads our stdout from now on: send it to the log like stderr.
     os.dup2(2, 1)
+    stop = threading.Event()
+    keeper = threading.Thread(
+        target=_keep_state_file,
+        args=(cfg.get("state_file", ""), cfg["token"], stop, lambda: agent.stopping),
+        daemon=True,
+    )
+    keeper.start()
     agent.wait()
+    stop.set()
+    keeper.join(5.0)
     _forget(cfg.get("state_file", ""), cfg["token"])
     _native.shutdown_runtime()
     os._exit(0)
+
+
+def _keep_state_file(
+    state_file: str, token: str, stop: threading.Event, stopping: Callable[[], bool], every: float = 1.0
+) -> None:
+    """REGISTRY-2: the state file is the only way to find a running mesh, so while
+    the agent runs it puts back a copy of its file if the file goes missing or is
+    corrupt (a controller removes a corrupt file; a person may delete one), instead
+    of running on unseen until its idle timeout. A file of another mesh of the same
+    name (another token) is left alone."""
+    if not state_file:
+        return
+    saved: bytes | None = None
+    while not stop.wait(every if saved is not None else 0.1):  # often until the first copy
+        try:
+            with open(state_file, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            data = None
+        except OSError:
+            continue
+        if data is not None:
+            try:
+                rec = json.loads(data)
+            except ValueError:
+                rec = None  # corrupt
+            if isinstance(rec, dict):
+                if rec.get("token") == token:
+                    saved = data
+                continue  # ours (kept), or another mesh's: left alone
+        if saved is None or stopping():
+            continue  # the controller has not written it yet, or removes it as the mesh stops
+        tmp = f"{state_file}.{os.getpid()}.restore"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(saved)
+            os.replace(tmp, state_file)
+            print(f"monarch agent: restored the state file {state_file}", file=sys.stderr, flush=True)
+        except OSError:
+            pass
 
 
 def _forget(state_file: str, token: str) -> None:

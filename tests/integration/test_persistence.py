@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 import sys
 import textwrap
 import uuid
@@ -428,6 +429,36 @@ def test_a_corrupt_or_stale_state_file_is_reported_and_removed():
             attach("corrupt-one")
         procs = this_host().spawn_procs(per_host={"procs": 1}, name="corrupt-one")
     procs.stop()
+
+
+def test_a_running_meshs_agent_puts_back_a_state_file_that_was_corrupted_or_deleted():
+    name = _name()
+    procs = this_host().spawn_procs(per_host={"procs": 1}, name=name)
+    try:
+        token = _registry.read(name).token
+        path = _registry.path_of(name)
+        time.sleep(1.0)  # the agent has read the file by now
+        for damage in (lambda: path.write_text("{not json"), path.unlink):
+            damage()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                back = _wait_until(lambda: (_registry.read(name) or None), 10.0)
+            assert back is not None and back.token == token
+            assert oct(path.stat().st_mode & 0o777) == "0o600"
+        assert name in [m.name for m in list_meshes()]
+    finally:
+        procs.stop()
+    assert _registry.read(name) is None  # a stopped mesh's file stays gone
+
+
+def _wait_until(fn, within: float):
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        got = fn()
+        if got:
+            return got
+        time.sleep(0.1)
+    return fn()
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

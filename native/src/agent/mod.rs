@@ -106,6 +106,11 @@ impl Agent {
         self.stopping.send_replace(true);
     }
 
+    /// True once the agent has begun to stop (its workers are stopped).
+    pub fn is_stopping(&self) -> bool {
+        *self.stopping.borrow()
+    }
+
     /// Resolves once the agent is stopping.
     pub async fn stopped(&self) {
         let mut rx = self.stopping.subscribe();

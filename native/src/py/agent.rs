@@ -19,6 +19,12 @@ impl PyAgent {
         self.handle.addr.clone()
     }
 
+    /// True once the agent has begun to stop (a shutdown, or its idle timeout).
+    #[getter]
+    fn stopping(&self) -> bool {
+        self.handle.agent.is_stopping()
+    }
+
     /// Blocks (GIL released) until the agent has stopped its workers and itself.
     fn wait(&self, py: Python<'_>) {
         py.detach(|| self.handle.wait(node::handle()));
