@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 import sys
 import textwrap
+import time
 import uuid
 import warnings
 
@@ -442,7 +442,7 @@ def test_a_running_meshs_agent_puts_back_a_state_file_that_was_corrupted_or_dele
             damage()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                back = _wait_until(lambda: (_registry.read(name) or None), 10.0)
+                back = _wait_until(lambda: _registry.read(name) or None, 10.0)
             assert back is not None and back.token == token
             assert oct(path.stat().st_mode & 0o777) == "0o600"
         assert name in [m.name for m in list_meshes()]
