@@ -556,13 +556,17 @@ def _assignments(text: str) -> list[tuple[str, str]]:
         toks = [t for t in tokenize.generate_tokens(io.StringIO(text.strip()).readline)]
     except (tokenize.TokenError, SyntaxError) as e:
         raise UsageError(f"%mesh push: cannot read {text!r}: {e}") from None
-    depth, starts = 0, []  # (start of NAME, end of "=", NAME)
+    depth, starts, in_lambda = 0, [], False  # (start of NAME, end of "=", NAME)
     for i, t in enumerate(toks):
         if t.type == tokenize.OP and t.string in "([{":
             depth += 1
         elif t.type == tokenize.OP and t.string in ")]}":
             depth -= 1
-        elif t.type == tokenize.NAME and depth == 0 and i + 1 < len(toks):
+        elif depth == 0 and t.string == "lambda":
+            in_lambda = True  # its parameters' defaults are not new pairs
+        elif depth == 0 and in_lambda and t.type == tokenize.OP and t.string == ":":
+            in_lambda = False
+        elif t.type == tokenize.NAME and depth == 0 and not in_lambda and i + 1 < len(toks):
             nxt = toks[i + 1]
             if nxt.type == tokenize.OP and nxt.string == "=":
                 starts.append((t.start[1], nxt.end[1], t.string))

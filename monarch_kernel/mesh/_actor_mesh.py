@@ -22,7 +22,7 @@ from monarch_kernel.errors import (
     UnknownEndpointError,
 )
 from monarch_kernel.mesh import _buffers
-from monarch_kernel.mesh._future import Future
+from monarch_kernel.mesh._future import Future, cancel_calls
 from monarch_kernel.mesh._serial import dumps, loads, loads_exception
 from monarch_kernel.mesh._shape import MeshTrait, Point, Shape
 from monarch_kernel.mesh._value_mesh import ValueMesh
@@ -118,8 +118,18 @@ class Endpoint(Generic[R]):
             raise
         _buffers.drop_when_done(calls, regs)
         # XFER-2: what the receivers get is what the buffers hold now, not after a
-        # later in-place change: they pull as the call arrives, and this waits for it.
-        _buffers.wait_read(live, calls, limit=SEND_WAIT_S)
+        # later in-place change: they pull as the call arrives, and this waits for it
+        # (a broadcast has no replies to say a receiver is gone: its deaths do).
+        if live:
+            st, ranks = mesh._proc.state(), [mesh._shape.ranks[i] for i in local]
+            try:
+                _buffers.wait_read(
+                    live, calls, SEND_WAIT_S, lambda: st.stopped or any(r in st.dead for r in ranks)
+                )
+            except BaseException:  # interrupted while the receivers pull: stop the calls too
+                if calls:
+                    cancel_calls(calls)
+                raise
         return calls
 
     def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[R]]:

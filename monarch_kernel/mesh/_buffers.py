@@ -16,6 +16,7 @@ import pickle
 import struct
 import sys
 import time
+from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
@@ -87,16 +88,24 @@ def drop_when_done(calls: list[Any], ids: list[int]) -> None:
         c.add_done_callback(one_done)
 
 
-def wait_read(ids: list[int], calls: list[Any] | None = None, limit: float | None = None) -> None:
+def wait_read(
+    ids: list[int],
+    calls: list[Any] | None = None,
+    limit: float | None = None,
+    gone: Callable[[], bool] | None = None,
+) -> None:
     """XFER-2: returns once the receivers have read the registrations ``ids`` (they
     pull a message's buffers as it arrives), so that the sender may then change the
-    memory without changing what it sent; or once ``calls`` have all ended (a
-    receiver that died never reads), or after ``limit`` seconds."""
+    memory without changing what it sent; or once ``calls`` (if any) have all ended,
+    or ``gone()`` says a receiver died (a dead receiver never reads), or after
+    ``limit`` seconds."""
     if not ids:
         return
     deadline = None if limit is None else time.monotonic() + limit
     while not _native.xfer_wait_gone(ids, 0.1):  # an interrupt gets in between waits
-        if calls is not None and all(c.done() for c in calls):
+        if calls and all(c.done() for c in calls):
+            return
+        if gone is not None and gone():
             return
         if deadline is not None and time.monotonic() > deadline:
             return
@@ -113,7 +122,8 @@ def receive_remote(data: Any, buffers: list[Any], token: str | None) -> tuple[An
         raise RuntimeError("a message with transferred buffers arrived where no mesh token is known")
     buffers = list(buffers)
     for i in indices:
-        buffers[i] = _native.xfer_fetch_new(bytes(buffers[i]), token, STREAMS)
+        if not isinstance(buffers[i], _native.RecvBuffer):  # (not pulled on arrival, XFER-2)
+            buffers[i] = _native.xfer_fetch_new(bytes(buffers[i]), token, STREAMS)
     return view[8 + 4 * count :], buffers
 
 

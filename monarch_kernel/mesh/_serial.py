@@ -105,6 +105,9 @@ def dumps(
             f"cannot pickle the {what}: {type(e).__name__}: {e}. Pass picklable values "
             "(plain data, tensors, arrays, classes or functions defined in a module or cell)."
         ) from e
+    except BaseException:  # an interrupt while pickling: what it registered ends too
+        _buffers.drop_now(by_reducers)
+        raise
     finally:
         _buffers.current_token.reset(reset)
         _buffers.current_readers.reset(reset_readers)

@@ -26,6 +26,7 @@ import ctypes
 import functools
 import os
 import queue
+import signal
 import sys
 import threading
 import time
@@ -333,7 +334,7 @@ class Dispatcher:
             import asyncio
 
             task = asyncio.get_running_loop().create_task(self._guard(hook(None), f"{a.name}.__cleanup__"))
-            self._async_cleanups.append(task)
+            self._async_cleanups = [t for t in self._async_cleanups if not t.done()] + [task]
 
     def exit_cleanly(self, grace: float = 1.5) -> None:
         """STOP-1: the agent stops a worker with SIGTERM (the mesh stopped, its idle
@@ -366,7 +367,13 @@ class Dispatcher:
             if end_lines is not None:
                 end_lines()
             stream.flush()
-        os._exit(0)
+        # Ends as SIGTERM would have, so that the agent reports the signal: the C
+        # handler goes back to the default (signal.signal works only on the main thread).
+        libc = ctypes.CDLL(None)
+        libc.signal(signal.SIGTERM, ctypes.c_void_p(0))  # SIG_DFL
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1.0)
+        os._exit(128 + signal.SIGTERM)
 
     async def _guard(self, coro: Any, what: str) -> None:
         try:
@@ -474,7 +481,9 @@ class Dispatcher:
         assert a.inbox is not None
         while True:
             token, call_id, method, payload, buffers, where = await a.inbox.get()
-            task = asyncio.ensure_future(self._run_async_call(a, token, method, payload, buffers, where))
+            task = asyncio.ensure_future(
+                self._run_async_call(a, token, call_id, method, payload, buffers, where)
+            )
             a.running[call_id] = task
             try:
                 await asyncio.shield(task)
@@ -486,7 +495,7 @@ class Dispatcher:
                 a.running.pop(call_id, None)
 
     async def _run_async_call(
-        self, a: _Actor, token: int, method: str, payload: bytes, buffers: list[Any], where: Any
+        self, a: _Actor, token: int, call_id: int, method: str, payload: bytes, buffers: list[Any], where: Any
     ) -> None:
         import asyncio
 
@@ -498,6 +507,7 @@ class Dispatcher:
         except BaseException as e:  # DISPATCH-2, CancelledError from a cancel included
             self._reply_exception(token, e, f"{a.name}.{method}")
             return
+        a.running.pop(call_id, None)  # replying: an interrupt must not cut into that
         live = self._reply(token, result, f"{a.name}.{method}")
         if live:  # as for sync actors (XFER-2), without holding up the event loop
             await asyncio.get_running_loop().run_in_executor(None, wait_read, live, None, REPLY_WAIT_S)
@@ -595,7 +605,7 @@ class Dispatcher:
         live: list[int] = []
         try:
             data, raws = dumps(value, f"return value of {what}", self.token, 1, live=live)
-        except Exception as e:
+        except BaseException as e:  # a reply always goes out (an interrupt landing here too)
             self._reply_exception(token, e, what)
             return []
         self.server.reply(token, _native.REPLY_RESULT, data, raws)

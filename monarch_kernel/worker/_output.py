@@ -13,6 +13,10 @@ from typing import Any
 from monarch_kernel import _origin
 
 TAG_START, TAG_END = "\x1e", "\x1f"
+#: An unfinished line of more pieces, or a piece longer, than this is written
+#: through as it is (OUTPUT-1), so a long run of writes without a newline stays cheap.
+_HOLD_PIECES = 256
+_HOLD_MAX = 8192
 
 
 class TaggedStream(io.TextIOBase):
@@ -27,7 +31,7 @@ class TaggedStream(io.TextIOBase):
     def __init__(self, raw: Any) -> None:
         self._raw = raw
         self._lock = threading.Lock()
-        self._partial: dict[int, tuple[str, str]] = {}  # thread -> (origin, unfinished line)
+        self._partial: dict[int, tuple[str, list[str]]] = {}  # thread -> (origin, unfinished line)
         self._open: tuple[int, str] | None = None  # (thread, origin) of a line left open in raw
 
     def write(self, s: str) -> int:
@@ -38,16 +42,22 @@ class TaggedStream(io.TextIOBase):
         origin = _origin.current()
         me = threading.get_ident()
         with self._lock:
-            held_origin, held = self._partial.pop(me, (origin, ""))
+            held_origin, held = self._partial.pop(me, (origin, []))
             if held and held_origin != origin:  # the call changed mid-line: end it
-                self._put(me, held_origin, held + "\n")
-                held = ""
-            text = held + s
-            cut = text.rfind("\n") + 1
+                self._put(me, held_origin, "".join(held) + "\n")
+                held = []
+            cut = s.rfind("\n") + 1
             if cut:
-                self._put(me, origin, text[:cut])
-            if cut < len(text):
-                self._partial[me] = (origin, text[cut:])
+                self._put(me, origin, "".join(held) + s[:cut])
+                held = []
+            if cut < len(s):
+                held.append(s[cut:])
+                # A progress line (\r) or a long one goes through as it is, unfinished.
+                if "\r" in s or len(held) > _HOLD_PIECES or len(s) > _HOLD_MAX:
+                    self._put(me, origin, "".join(held))
+                    held = []
+            if held:
+                self._partial[me] = (origin, held)
         return len(s)
 
     def _put(self, me: int, origin: str, text: str) -> None:
@@ -69,8 +79,8 @@ class TaggedStream(io.TextIOBase):
     def end_lines(self) -> None:
         """Ends every unfinished line, every thread's (before a marker line)."""
         with self._lock:
-            for t, (origin, text) in list(self._partial.items()):
-                self._put(t, origin, text + "\n")
+            for t, (origin, held) in list(self._partial.items()):
+                self._put(t, origin, "".join(held) + "\n")
             self._partial.clear()
             if self._open is not None:
                 self._raw.write("\n")
@@ -92,7 +102,7 @@ class TaggedStream(io.TextIOBase):
         with self._lock:
             held = self._partial.pop(me, None)
             if held is not None:
-                self._put(me, *held)
+                self._put(me, held[0], "".join(held[1]))
         self._raw.flush()
 
     def fileno(self) -> int:

@@ -3,6 +3,7 @@ odd sizes, views, concurrency, TransferBuffer, failures, hostile frames, leaks."
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import signal
@@ -218,6 +219,13 @@ def test_a_call_carries_its_tensors_as_they_were_when_it_was_made(store):
     t.fill_(1.0)  # after the call was made: the worker must not see it
     busy.get(timeout=TIMEOUT)
     assert queued.get(timeout=TIMEOUT) == 0.0
+    # The same for a broadcast, which has no reply to wait for.
+    busy = one.nap.call_one(0.5)
+    b = torch.zeros(BIG)
+    one.keep.broadcast(b)
+    b.fill_(1.0)
+    busy.get(timeout=TIMEOUT)
+    assert one.kept_sum.call_one().get(timeout=TIMEOUT) == 0.0
 
 
 def test_a_return_value_is_what_the_endpoint_returned_even_if_the_actor_changes_it_next(store):
@@ -228,6 +236,31 @@ def test_a_return_value_is_what_the_endpoint_returned_even_if_the_actor_changes_
     assert float(before.get(timeout=TIMEOUT).sum()) == 0.0
     assert one.kept_sum.call_one().get(timeout=TIMEOUT) == float(BIG)
     assert _native.xfer_stats()["registered"] == 0
+
+
+def test_what_was_pulled_for_replies_nobody_takes_is_freed(store):
+    one = _one(store)
+    one.keep.call_one(torch.ones(BIG)).get(timeout=TIMEOUT)
+    futures = [one.kept_value.call_one() for _ in range(3)]
+    assert _wait_for(lambda: all(f.done() for f in futures))
+    del futures  # never get(): their replies were pulled as they arrived, and go now
+    gc.collect()
+    assert _wait_for(lambda: _native.xfer_stats()["prefetched"] == 0)
+    late = one.kept_value.call_one()
+    del late  # dropped before its reply arrives: freed when it does
+    gc.collect()
+    time.sleep(0.5)
+    assert _wait_for(lambda: _native.xfer_stats()["prefetched"] == 0)
+    assert one.stats.call_one().get(timeout=TIMEOUT)["prefetched"] == 0
+
+
+def _wait_for(cond, within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return bool(cond())
 
 
 def test_a_tcp_fetch_works_where_direct_reads_are_not_possible(monkeypatch):

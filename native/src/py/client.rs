@@ -34,26 +34,37 @@ pub(crate) fn to_bytes_vec(py: Python<'_>, bufs: &[PyBuffer<u8>]) -> PyResult<Ve
         .collect()
 }
 
-/// Out-of-band buffers as writable bytearrays (tensors refuse read-only memory).
-pub(crate) fn buffers_to_py(py: Python<'_>, bufs: &[Bytes]) -> Vec<Py<PyByteArray>> {
+/// Out-of-band buffers as writable bytearrays (tensors refuse read-only memory); a
+/// buffer pulled as its message arrived (XFER-2) is the `RecvBuffer` it landed in,
+/// in place of its descriptor, so it lives as long as the message.
+pub(crate) fn buffers_to_py(
+    py: Python<'_>,
+    payload: &[u8],
+    bufs: &[Bytes],
+) -> PyResult<Vec<Py<PyAny>>> {
+    let fetched = crate::transfer::take_message(payload, bufs);
     bufs.iter()
-        .map(|b| PyByteArray::new(py, b).unbind())
+        .zip(fetched)
+        .map(|(b, f)| match f {
+            Some(region) => Ok(Py::new(py, super::transfer::RecvBuffer::new(region))?.into_any()),
+            None => Ok(PyByteArray::new(py, b).unbind().into_any()),
+        })
         .collect()
 }
 
-type PyReply = (i32, Py<PyBytes>, Vec<Py<PyByteArray>>);
+type PyReply = (i32, Py<PyBytes>, Vec<Py<PyAny>>);
 
-fn reply_to_py(py: Python<'_>, r: &Reply) -> PyReply {
-    (
+fn reply_to_py(py: Python<'_>, r: &Reply) -> PyResult<PyReply> {
+    Ok((
         r.kind,
         PyBytes::new(py, &r.payload).unbind(),
-        buffers_to_py(py, &r.buffers),
-    )
+        buffers_to_py(py, &r.payload, &r.buffers)?,
+    ))
 }
 
 fn outcome_to_py(py: Python<'_>, o: Outcome) -> PyResult<PyReply> {
     match o {
-        Ok(r) => Ok(reply_to_py(py, &r)),
+        Ok(r) => reply_to_py(py, &r),
         Err(e) => Err(to_py(e)),
     }
 }
@@ -80,6 +91,16 @@ fn wait_slot(py: Python<'_>, slot: &Arc<Slot>, deadline: Option<Instant>) -> PyR
 
 fn deadline(timeout: Option<f64>) -> Option<Instant> {
     timeout.map(|t| Instant::now() + Duration::from_secs_f64(t.max(0.0)))
+}
+
+impl Drop for PendingCall {
+    /// A reply that was never taken (its Future dropped without `get()`): what was
+    /// pulled for it ahead of time (XFER-2) is freed with it.
+    fn drop(&mut self) {
+        if let Some(Ok(r)) = self.slot.wait(Some(Duration::ZERO)) {
+            crate::transfer::discard_message(&r.payload, &r.buffers);
+        }
+    }
 }
 
 impl PendingCall {

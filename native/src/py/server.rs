@@ -9,7 +9,7 @@ use bytes::Bytes;
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyByteArray, PyBytes};
+use pyo3::types::PyBytes;
 use std::os::fd::FromRawFd;
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,7 +27,7 @@ type PyIncoming = (
     String,
     String,
     Py<PyBytes>,
-    Vec<Py<PyByteArray>>,
+    Vec<Py<PyAny>>,
     (u32, Vec<String>, Vec<u32>, String),
 );
 
@@ -66,7 +66,7 @@ impl PyWorkerServer {
     /// buffers, (rank, dims, sizes, origin))`. Does not block.
     #[pyo3(signature = (lane=LANE_LOOP))]
     fn take(&self, py: Python<'_>, lane: usize) -> PyResult<Vec<PyIncoming>> {
-        Ok(to_py_items(py, self.lane(lane)?.take()))
+        to_py_items(py, self.lane(lane)?.take())
     }
 
     /// Like `take`, but waits up to `timeout` seconds (GIL released) while `lane` is
@@ -75,7 +75,7 @@ impl PyWorkerServer {
         let lane = self.lane(lane)?;
         let t = Duration::from_secs_f64(timeout.max(0.0));
         let items = py.detach(|| lane.take_wait(t));
-        Ok(to_py_items(py, items))
+        to_py_items(py, items)
     }
 
     /// Wakes a `take_wait` on `lane`.
@@ -90,7 +90,7 @@ impl PyWorkerServer {
     }
 
     /// Closes `lane`; returns the items still queued in it.
-    fn close_lane(&self, py: Python<'_>, lane: usize) -> Vec<PyIncoming> {
+    fn close_lane(&self, py: Python<'_>, lane: usize) -> PyResult<Vec<PyIncoming>> {
         to_py_items(py, self.host.inbox.close_lane(lane))
     }
 
@@ -132,20 +132,20 @@ impl PyWorkerServer {
     }
 }
 
-fn to_py_items(py: Python<'_>, items: Vec<Incoming>) -> Vec<PyIncoming> {
+fn to_py_items(py: Python<'_>, items: Vec<Incoming>) -> PyResult<Vec<PyIncoming>> {
     items
         .into_iter()
         .map(|i| {
-            (
+            Ok((
                 i.token,
                 i.kind as u8,
                 i.call_id,
                 i.actor,
                 i.method,
                 PyBytes::new(py, &i.payload).unbind(),
-                buffers_to_py(py, &i.buffers),
+                buffers_to_py(py, &i.payload, &i.buffers)?,
                 (i.rank, i.dims, i.sizes, i.origin),
-            )
+            ))
         })
         .collect()
 }

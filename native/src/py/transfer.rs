@@ -117,6 +117,12 @@ pub struct RecvBuffer {
 
 // SAFETY: the region is plain memory owned by this object.
 unsafe impl Send for RecvBuffer {}
+
+impl RecvBuffer {
+    pub(crate) fn new(region: crate::transfer::recv::Region) -> Self {
+        RecvBuffer { region }
+    }
+}
 unsafe impl Sync for RecvBuffer {}
 
 #[pymethods]
@@ -228,6 +234,7 @@ fn xfer_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("addr", e.addr())?;
     d.set_item("registered", py.detach(|| e.registered()))?;
+    d.set_item("prefetched", crate::transfer::prefetched_count())?;
     let s = &e.stats;
     d.set_item("rejected_frames", s.rejected_frames.load(Ordering::Relaxed))?;
     d.set_item("denied", s.denied.load(Ordering::Relaxed))?;

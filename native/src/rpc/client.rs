@@ -155,7 +155,13 @@ impl WorkerConn {
                                     &reply.buffers,
                                     t.as_bytes(),
                                 );
+                                let (payload, buffers) =
+                                    (reply.payload.clone(), reply.buffers.clone());
                                 slot.complete(Ok(reply));
+                                if Arc::strong_count(&slot) == 1 {
+                                    // Nobody holds the call any more: nobody will unpickle it.
+                                    crate::transfer::discard_message(&payload, &buffers);
+                                }
                             });
                         }
                     }

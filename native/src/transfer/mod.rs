@@ -832,9 +832,32 @@ pub fn prefetch(payload: &[u8], buffers: &[bytes::Bytes], token: &[u8]) {
     }
 }
 
+/// How many pulled buffers wait for their message to be taken (tests, stats).
+pub fn prefetched_count() -> usize {
+    lock(prefetched()).len()
+}
+
 /// The buffer [`prefetch`] pulled for descriptor `desc`, if it did.
 pub fn take_prefetched(desc: &[u8]) -> Option<recv::Region> {
     lock(prefetched()).remove(desc).map(|(_, r)| r)
+}
+
+/// For each buffer of a message: the region [`prefetch`] pulled for it, taken out of
+/// the table (so that it lives with the message from now on), or `None`.
+pub fn take_message(payload: &[u8], buffers: &[bytes::Bytes]) -> Vec<Option<recv::Region>> {
+    let mut out: Vec<Option<recv::Region>> = buffers.iter().map(|_| None).collect();
+    for i in header_indices(payload).unwrap_or_default() {
+        if let (Some(slot), Some(raw)) = (out.get_mut(i), buffers.get(i)) {
+            *slot = take_prefetched(raw);
+        }
+    }
+    out
+}
+
+/// Frees what [`prefetch`] pulled for a message that will never be unpickled (a
+/// reply nobody waits for).
+pub fn discard_message(payload: &[u8], buffers: &[bytes::Bytes]) {
+    drop(take_message(payload, buffers));
 }
 
 /// Runs `f(offset, part)` for `parts` consecutive parts of `dst`, each on its own
