@@ -53,7 +53,13 @@ def main() -> None:
     import signal
     import threading
 
+    worker_pid = os.getpid()
+
     def on_term(_sig: int, _frame: object) -> None:  # STOP-1: actors clean up, then exit
+        if os.getpid() != worker_pid:  # a forked child (a DataLoader worker): ends as usual
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
         threading.Thread(target=dispatcher.exit_cleanly, name="monarch-exit", daemon=True).start()
 
     signal.signal(signal.SIGTERM, on_term)
