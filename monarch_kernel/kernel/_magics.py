@@ -501,11 +501,12 @@ class MeshMagics(Magics):
                 ranks = procs._session("%%mesh").flush(origin, timeout=2.0)
                 # Until the flush marks came: as long as output still arrives (a cell
                 # that printed a lot), then at most 2 s more.
-                quiet_since = time.monotonic()
+                quiet_since = until = time.monotonic()
+                until += 60.0  # a task that prints on and on does not hold the cell forever
                 while not router.wait_marks(origin, procs.name, ranks, 0.1):
                     if blocks.drain(q):
                         quiet_since = time.monotonic()
-                    elif time.monotonic() - quiet_since > 2.0:
+                    if time.monotonic() - quiet_since > 2.0 or time.monotonic() > until:
                         break
             except (MonarchKernelError, TimeoutError):
                 pass  # show what came; the results below are what matter
