@@ -31,8 +31,10 @@ class TaggedStream(io.TextIOBase):
     def __init__(self, raw: Any) -> None:
         self._raw = raw
         self._lock = threading.Lock()
-        self._partial: dict[int, tuple[str, list[str]]] = {}  # thread -> (origin, unfinished line)
-        self._open: tuple[int, str] | None = None  # (thread, origin) of a line left open in raw
+        self._partial: dict[
+            threading.Thread, tuple[str, list[str]]
+        ] = {}  # thread -> (origin, unfinished line)
+        self._open: tuple[threading.Thread, str] | None = None  # (thread, origin) of a line left open in raw
 
     def write(self, s: str) -> int:
         if not isinstance(s, str):
@@ -40,7 +42,7 @@ class TaggedStream(io.TextIOBase):
         if not s:
             return 0
         origin = _origin.current()
-        me = threading.get_ident()
+        me = threading.current_thread()  # (not its id: a new thread may reuse that)
         with self._lock:
             held_origin, held = self._partial.pop(me, (origin, []))
             if held and held_origin != origin:  # the call changed mid-line: end it
@@ -60,7 +62,7 @@ class TaggedStream(io.TextIOBase):
                 self._partial[me] = (origin, held)
         return len(s)
 
-    def _put(self, me: int, origin: str, text: str) -> None:
+    def _put(self, me: threading.Thread, origin: str, text: str) -> None:
         """Writes ``text`` (thread ``me``'s) to the raw stream, each line tagged."""
         tag = f"{TAG_START}{origin}{TAG_END}" if origin else ""
         out = []
@@ -89,7 +91,7 @@ class TaggedStream(io.TextIOBase):
     @property
     def at_line_start(self) -> bool:
         """Whether this thread's next write starts a line."""
-        me = threading.get_ident()
+        me = threading.current_thread()  # (not its id: a new thread may reuse that)
         with self._lock:
             return me not in self._partial and (self._open is None or self._open[0] != me)
 
@@ -98,7 +100,7 @@ class TaggedStream(io.TextIOBase):
             self.write(line)
 
     def flush(self) -> None:
-        me = threading.get_ident()
+        me = threading.current_thread()  # (not its id: a new thread may reuse that)
         with self._lock:
             held = self._partial.pop(me, None)
             if held is not None:
