@@ -169,15 +169,9 @@ fn xfer_fetch_new(py: Python<'_>, d: &[u8], token: &str, streams: usize) -> PyRe
         return Ok(RecvBuffer { region }); // pulled when its message arrived (XFER-2)
     }
     let d = desc(d)?;
-    let region = crate::transfer::recv::Region::new(d.len as usize)
-        .map_err(|e| TransferError::new_err(format!("cannot allocate {} bytes: {e}", d.len)))?;
-    let (ptr, len) = (region.ptr() as usize, region.len());
-    py.detach(|| {
-        // SAFETY: the region is ours, `len` bytes long.
-        let dst = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) };
-        engine().fetch(&d, token.as_bytes(), dst, streams)
-    })
-    .map_err(to_py)?;
+    let region = py
+        .detach(|| engine().fetch_new(&d, token.as_bytes(), streams))
+        .map_err(to_py)?;
     Ok(RecvBuffer { region })
 }
 

@@ -671,6 +671,23 @@ impl Engine {
         self.fetch_as(d, token, dst, streams, false)
     }
 
+    /// [`Engine::fetch`] into new memory: a pooled [`recv::Region`] of `d.len` bytes.
+    pub fn fetch_new(
+        &self,
+        d: &Descriptor,
+        token: &[u8],
+        streams: usize,
+    ) -> Result<recv::Region, XferError> {
+        let region = recv::Region::new(d.len as usize).map_err(|e| XferError::Io {
+            addr: d.addr.clone(),
+            reason: format!("cannot allocate {} bytes: {e}", d.len),
+        })?;
+        // SAFETY: the region is ours, `len` bytes long.
+        let dst = unsafe { std::slice::from_raw_parts_mut(region.ptr(), region.len()) };
+        self.fetch(d, token, dst, streams)?;
+        Ok(region)
+    }
+
     /// [`Engine::fetch`]; with `handle`, the registration is an explicit handle's
     /// ([`HANDLE`]) and is confirmed, not released, after the read.
     pub fn fetch_as(
@@ -818,12 +835,7 @@ pub fn prefetch(payload: &[u8], buffers: &[bytes::Bytes], token: &[u8]) {
         let Ok(d) = Descriptor::decode(raw) else {
             continue;
         };
-        let Ok(region) = recv::Region::new(d.len as usize) else {
-            continue;
-        };
-        // SAFETY: the region is ours, `len` bytes long.
-        let dst = unsafe { std::slice::from_raw_parts_mut(region.ptr(), region.len()) };
-        if engine().fetch(&d, token, dst, streams).is_ok() {
+        if let Ok(region) = engine().fetch_new(&d, token, streams) {
             let now = Instant::now();
             let mut p = lock(prefetched());
             p.retain(|_, (at, _)| now.duration_since(*at) < PREFETCH_KEEP);
