@@ -25,16 +25,22 @@ INPUT_MARK = "\x1d monarch input "
 _waiting: queue.Queue[queue.Queue[str]] = queue.Queue()  # threads waiting for a line, in order
 
 
+def _ask(mark: str) -> str:
+    """Writes ``mark`` on a line of its own and waits for the line the controller
+    sends back (through ``feed``)."""
+    answer: queue.Queue[str] = queue.Queue(maxsize=1)
+    _waiting.put(answer)
+    at_line_start = getattr(sys.stdout, "at_line_start", False)
+    sys.stdout.write(f"{mark}\n" if at_line_start else f"\n{mark}\n")
+    sys.stdout.flush()
+    return answer.get()
+
+
 class _Input:
     """pdb's stdin: each readline() asks the controller for a line."""
 
     def readline(self) -> str:
-        answer: queue.Queue[str] = queue.Queue(maxsize=1)
-        _waiting.put(answer)
-        at_line_start = getattr(sys.stdout, "at_line_start", False)
-        sys.stdout.write(f"{PROMPT_MARK}\n" if at_line_start else f"\n{PROMPT_MARK}\n")
-        sys.stdout.flush()
-        return answer.get()
+        return _ask(PROMPT_MARK)
 
 
 def remote_input(prompt: object = "") -> str:
@@ -43,13 +49,8 @@ def remote_input(prompt: object = "") -> str:
     comes back through the same path as pdb's."""
     if not _origin.current():  # nobody to ask: do not block a call no one watches
         raise EOFError("input() in a worker needs a notebook cell to answer it; no cell made this call")
-    answer: queue.Queue[str] = queue.Queue(maxsize=1)
-    _waiting.put(answer)
     text = " ".join(str(prompt).splitlines())
-    at_line_start = getattr(sys.stdout, "at_line_start", False)
-    sys.stdout.write(f"{INPUT_MARK}{text}\n" if at_line_start else f"\n{INPUT_MARK}{text}\n")
-    sys.stdout.flush()
-    return answer.get().removesuffix("\n")
+    return _ask(f"{INPUT_MARK}{text}").removesuffix("\n")
 
 
 def feed(line: str) -> bool:

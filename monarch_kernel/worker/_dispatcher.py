@@ -41,6 +41,7 @@ from monarch_kernel.actor import Context, Instance, _current, _process_default, 
 from monarch_kernel.mesh._buffers import wait_read
 from monarch_kernel.mesh._serial import dumps, dumps_exception, loads
 from monarch_kernel.mesh._shape import Extent, Point
+from monarch_kernel.worker import _output
 
 if TYPE_CHECKING:
     import asyncio
@@ -346,9 +347,7 @@ class Dispatcher:
 
         def stop_all() -> None:  # on the routing thread, which owns the table
             for name in list(self.actors):
-                a = self.actors.pop(name)
-                self.server.route(name, None)
-                self._cleanup(a)
+                self._stop_actor(0, name)  # (token 0: nobody to reply to)
             ended.set()
 
         self.router.submit(stop_all)
@@ -362,11 +361,7 @@ class Dispatcher:
             scheduled.wait(max(0.0, deadline - time.monotonic()))
         while any(not t.done() for t in self._async_cleanups) and time.monotonic() < deadline:
             time.sleep(0.01)
-        for stream in (sys.stdout, sys.stderr):
-            end_lines = getattr(stream, "end_lines", None)
-            if end_lines is not None:
-                end_lines()
-            stream.flush()
+        _output.end_lines()
         # Ends as SIGTERM would have, so that the agent reports the signal: the C
         # handler goes back to the default (signal.signal works only on the main thread).
         libc = ctypes.CDLL(None)
@@ -432,11 +427,8 @@ class Dispatcher:
         if method == "flush":
             reset = _origin.set_context(where[3])
             try:
+                _output.end_lines()  # the marker goes on a line of its own
                 for stream in (sys.stdout, sys.stderr):
-                    # On a line of its own, after every thread's unfinished line.
-                    end_lines = getattr(stream, "end_lines", None)
-                    if end_lines is not None:
-                        end_lines()
                     stream.write(f"{FLUSH_MARK}\n")
                     stream.flush()
             finally:

@@ -135,12 +135,13 @@ def install() -> None:
         sys.stdout = TaggedStream(sys.stdout)
     if not isinstance(sys.stderr, TaggedStream):
         sys.stderr = TaggedStream(sys.stderr)
-    atexit.register(_end_lines_at_exit)
+    atexit.register(end_lines)  # every thread's unfinished line reaches the log
 
 
-def _end_lines_at_exit() -> None:
-    """Every thread's unfinished line reaches the log before the worker exits."""
+def end_lines() -> None:
+    """Ends every thread's unfinished line on stdout and stderr, and flushes them
+    (before a marker line, or before the worker exits)."""
     for stream in (sys.stdout, sys.stderr):
         if isinstance(stream, TaggedStream):
             stream.end_lines()
-            stream.flush()
+        stream.flush()
