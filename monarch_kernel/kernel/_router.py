@@ -114,23 +114,29 @@ class Router:
             if q is not None:
                 q.put((mesh, line.rank, line.stream, line.text))
                 return
-            if (mesh, line.rank) in self._attached:
-                origin = self.current  # `%mesh debug --rank R`: its output comes here
-            elif origin and origin not in self._parents:
+            # (`%mesh debug --rank R`: the attached rank's output comes to the running cell.)
+            if (mesh, line.rank) not in self._attached and origin and origin not in self._parents:
                 return  # another controller's call (or a cell long gone): not ours to show
-            elif origin != self.current:  # no origin, or its cell has ended (ROUTE-4)
-                origin = self.current
-            parent = self._parents.get(origin) if origin else None
+            # To the running cell: its own output, output with no origin or whose cell has
+            # ended (ROUTE-4).
             text = f"[{mesh} {line.rank}] {line.text}\n"
-            if parent is None:
-                if len(self._pending) < _MAX_PENDING:
-                    self._pending.append((line.stream, text))
-                elif len(self._pending) == _MAX_PENDING:
-                    self._pending.append(
-                        ("stderr", "monarch: more worker output came while idle; see %mesh logs\n")
-                    )
-                return
-        self._send(parent, line.stream, text)
+            parent = self._running_or_keep(line.stream, text)
+        if parent is not None:
+            self._send(parent, line.stream, text)
+
+    def _running_or_keep(self, stream: str, text: str) -> dict[str, Any] | None:
+        """The request of the cell running now; while none runs, ``text`` waits for
+        the next one (up to ``_MAX_PENDING`` lines) and this returns None. Called
+        with the lock held."""
+        parent = self._parents.get(self.current) if self.current else None
+        if parent is None:
+            if len(self._pending) < _MAX_PENDING:
+                self._pending.append((stream, text))
+            elif len(self._pending) == _MAX_PENDING:
+                self._pending.append(
+                    ("stderr", "monarch: more worker output came while idle; see %mesh logs\n")
+                )
+        return parent
 
     def answer_prompts(self, ask: Any, stay: float = 2.0, drain: Any = None) -> None:
         """Asks the user (``ask(prompt) -> line``, the kernel's stdin) for every
@@ -150,16 +156,18 @@ class Router:
             session, rank, _origin = item
             if drain is not None:
                 drain()
-            question = self._question(session.name, rank)
-            line = ask(f"[{session.name} {rank}] {question or '(Pdb) '}")
+            question, label = self._question(session.name, rank)
+            line = ask(label)
             session.pdb_input(rank, line)
             leaves = question is not None or line.strip().split(" ")[0] in _LEAVES_PDB
             focus = None if leaves else (session.name, rank)
 
-    def _question(self, mesh: str, rank: int) -> str | None:
-        """The input() question ``rank`` waits with (None: it waits in pdb)."""
+    def _question(self, mesh: str, rank: int) -> tuple[str | None, str]:
+        """(The input() question ``rank`` waits with, None if it waits in pdb; the
+        label its input request shows)."""
         with self._lock:
-            return self._questions.pop((mesh, rank), None)
+            question = self._questions.pop((mesh, rank), None)
+        return question, f"[{mesh} {rank}] {question or '(Pdb) '}"
 
     def _next_prompt(
         self, focus: tuple[str, int] | None, stay: float, drain: Any = None
@@ -219,8 +227,7 @@ class Router:
                 if r != rank:
                     self.prompts.put((session, r, origin))
                     continue
-                question = self._question(session.name, rank)
-                session.pdb_input(rank, ask(f"[{session.name} {rank}] {question or '(Pdb) '}"))
+                session.pdb_input(rank, ask(self._question(session.name, rank)[1]))
                 deadline = time.monotonic() + quiet
         finally:
             with self._lock:
@@ -229,11 +236,9 @@ class Router:
     def on_notice(self, text: str) -> None:
         """A line from monarch itself: to the cell running now, or the next one."""
         with self._lock:
-            parent = self._parents.get(self.current) if self.current else None
-            if parent is None:
-                self._pending.append(("stderr", text))
-                return
-        self._send(parent, "stderr", text)
+            parent = self._running_or_keep("stderr", text)
+        if parent is not None:
+            self._send(parent, "stderr", text)
 
     def on_failure(self, failure: Any) -> None:
         with self._lock:
