@@ -4,11 +4,26 @@ module: pytest puts this folder on sys.path for the root conftest)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 # How long processes get to go away; generous for a busy 2-core machine.
 GONE_WITHIN = 8.0
+# How long to wait for something that should happen within about a second or three
+# (never asserted as a duration).
+WITHIN = 10.0
+
+
+def wait_for(predicate: Callable[[], Any], within: float = WITHIN, every: float = 0.05) -> Any:
+    """Polls ``predicate`` until it returns something true (returned) or ``within``
+    seconds pass (its last value is returned)."""
+    deadline = time.monotonic() + within
+    while True:
+        value = predicate()
+        if value or time.monotonic() >= deadline:
+            return value
+        time.sleep(every)
 
 
 def alive(pid: int) -> bool:

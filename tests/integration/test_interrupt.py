@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+from proc_helpers import wait_for
 
 from monarch_kernel import Actor, endpoint, this_host
 from monarch_kernel.mesh._future import escalate_interrupted
@@ -60,15 +61,6 @@ def _interrupt_soon(delay: float = 0.5) -> threading.Timer:
     return t
 
 
-def _wait_for(cond, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
-
-
 def test_a_second_interrupt_ends_only_the_worker_whose_call_still_runs(state_home):
     procs = this_host().spawn_procs(per_host={"procs": 2})
     try:
@@ -85,7 +77,7 @@ def test_a_second_interrupt_ends_only_the_worker_whose_call_still_runs(state_hom
         time.sleep(1.5)
         assert procs.status() == ["alive", "alive"]  # the first interrupt never kills
         assert escalate_interrupted() == 1  # the second: only rank 1 still ran its call
-        assert _wait_for(lambda: procs.status() == ["alive", "dead"]), procs.status()
+        assert wait_for(lambda: procs.status() == ["alive", "dead"]), procs.status()
         assert any("interrupted twice" in line for line in procs.logs(rank=1, tail=5)), procs.logs(rank=1)
         assert s.slice(procs=0).pid.call_one().get(timeout=TIMEOUT) == pids[0]
         assert procs.respawn() == [1]

@@ -13,7 +13,7 @@ import uuid
 import warnings
 
 import pytest
-from proc_helpers import still_alive
+from proc_helpers import still_alive, wait_for
 
 from monarch_kernel import (
     Actor,
@@ -442,23 +442,13 @@ def test_a_running_meshs_agent_puts_back_a_state_file_that_was_corrupted_or_dele
             damage()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                back = _wait_until(lambda: _registry.read(name) or None, 10.0)
+                back = wait_for(lambda: _registry.read(name))
             assert back is not None and back.token == token
             assert oct(path.stat().st_mode & 0o777) == "0o600"
         assert name in [m.name for m in list_meshes()]
     finally:
         procs.stop()
     assert _registry.read(name) is None  # a stopped mesh's file stays gone
-
-
-def _wait_until(fn, within: float):
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        got = fn()
-        if got:
-            return got
-        time.sleep(0.1)
-    return fn()
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -14,12 +14,11 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from proc_helpers import still_alive
+from proc_helpers import WITHIN, still_alive, wait_for
 
 from monarch_kernel import (
     Actor,
@@ -31,9 +30,6 @@ from monarch_kernel import (
 )
 
 TIMEOUT = 30
-# How long to wait for something that should happen within about a second or
-# three; generous for a busy 2-core machine (never asserted as a duration).
-WITHIN = 10.0
 MIB = 1024 * 1024
 
 
@@ -134,17 +130,6 @@ class Speaker(Actor):
 # -- helpers -------------------------------------------------------------------------
 
 
-def _wait_for(predicate: Callable[[], Any], within: float = WITHIN, every: float = 0.05) -> Any:
-    """Polls ``predicate`` until it returns something true (returned) or ``within``
-    seconds pass (its last value is returned)."""
-    deadline = time.monotonic() + within
-    while True:
-        value = predicate()
-        if value or time.monotonic() >= deadline:
-            return value
-        time.sleep(every)
-
-
 def _workers(procs) -> list[dict]:
     return procs._session("test").client.list_workers()
 
@@ -199,7 +184,7 @@ def quiet_procs2(state_home):
 
 def _die_by_kill(procs, mesh, pid: int):
     pending = mesh.slice(procs=1).sleep.call_one(60)
-    seen = _wait_for(lambda: any("goes to sleep" in ln for ln in procs.logs(rank=1, tail=5)))
+    seen = wait_for(lambda: any("goes to sleep" in ln for ln in procs.logs(rank=1, tail=5)))
     assert seen, f"rank 1 never started its call; its log: {procs.logs(rank=1, tail=5)}"
     os.kill(pid, signal.SIGKILL)
     return pending, ["rank 1 goes to sleep"]
@@ -352,7 +337,7 @@ def test_supervise_hook_of_surviving_actors_hears_of_a_dead_rank(own_procs2, tmp
     assert rank0.events.call_one().get(timeout=TIMEOUT) == []
     pid = _worker(own_procs2, 1)["pid"]
     os.kill(pid, signal.SIGKILL)
-    seen = _wait_for(lambda: rank0.events.call_one().get(timeout=TIMEOUT), every=0.1)
+    seen = wait_for(lambda: rank0.events.call_one().get(timeout=TIMEOUT), every=0.1)
     assert seen == [("dead", 1)]
     assert str(os.getpid()) not in wire.read_text().split(), "the controller unpickled them"
 
@@ -367,7 +352,7 @@ def test_respawn_restarts_a_dead_rank_with_its_actors_from_their_constructor(own
     assert counter.incr.call().get(timeout=TIMEOUT).values() == [14, 14]
     old_pid = counter.slice(procs=1).pid.call_one().get(timeout=TIMEOUT)
     os.kill(old_pid, signal.SIGKILL)
-    assert _wait_for(lambda: own_procs2.status() == ["alive", "dead"]), own_procs2.status()
+    assert wait_for(lambda: own_procs2.status() == ["alive", "dead"]), own_procs2.status()
 
     assert own_procs2.respawn() == [1]
 
@@ -395,7 +380,7 @@ def test_a_stopped_worker_is_unresponsive_then_recovers_on_sigcont(own_procs2):
     assert mesh.slice(procs=1).pid.call_one().get(timeout=TIMEOUT) == pid
     os.kill(pid, signal.SIGSTOP)
     try:
-        assert _wait_for(lambda: own_procs2.status()[1] == "unresponsive"), own_procs2.status()
+        assert wait_for(lambda: own_procs2.status()[1] == "unresponsive"), own_procs2.status()
         assert own_procs2.status() == ["alive", "unresponsive"]
         assert own_procs2.degraded
         hung = failures.wait_for("unresponsive")
@@ -409,7 +394,7 @@ def test_a_stopped_worker_is_unresponsive_then_recovers_on_sigcont(own_procs2):
         assert mesh.slice(procs=0).ping.call_one().get(timeout=TIMEOUT) == 0
     finally:
         os.kill(pid, signal.SIGCONT)
-    assert _wait_for(lambda: own_procs2.status() == ["alive", "alive"]), own_procs2.status()
+    assert wait_for(lambda: own_procs2.status() == ["alive", "alive"]), own_procs2.status()
     back = failures.wait_for("recovered")
     assert back is not None, failures.kinds()
     assert back.rank == 1
@@ -449,9 +434,9 @@ def test_a_killed_agent_loses_the_mesh_its_workers_and_later_calls(own_procs2):
 def test_logs_gives_the_last_lines_of_one_rank(own_procs2):
     mesh = own_procs2.spawn("speaker", Speaker)
     mesh.say.call("hello").get(timeout=TIMEOUT)
-    lines = _wait_for(lambda: [ln for ln in own_procs2.logs(rank=1, tail=5) if "hello from" in ln], every=0.1)
+    lines = wait_for(lambda: [ln for ln in own_procs2.logs(rank=1, tail=5) if "hello from" in ln], every=0.1)
     assert lines == ["hello from rank 1"]
-    both = _wait_for(lambda: sorted(ln for ln in own_procs2.logs(tail=100) if "hello from" in ln), every=0.1)
+    both = wait_for(lambda: sorted(ln for ln in own_procs2.logs(tail=100) if "hello from" in ln), every=0.1)
     assert both == ["hello from rank 0", "hello from rank 1"]
 
 
@@ -504,12 +489,12 @@ def test_a_controller_that_falls_behind_is_told_how_many_lines_it_missed(own_pro
     mesh = own_procs2.spawn("speaker", Speaker)
     mesh.slice(procs=0).flood.call_one(120_000).get(timeout=TIMEOUT)  # more than the agent keeps
     gate.set()
-    assert _wait_for(lambda: notices), f"no notice; {len(shown)} lines shown"
+    assert wait_for(lambda: notices), f"no notice; {len(shown)} lines shown"
     said = re.search(r"(\d+) lines of worker output were not shown", notices[0])
     assert said and int(said.group(1)) > 0, notices
     assert "%mesh logs" in notices[0]
     # Every line is still in the log file.
-    assert _wait_for(lambda: own_procs2.logs(rank=0, tail=1)[0].endswith(" flood 119999"), every=0.2)
+    assert wait_for(lambda: own_procs2.logs(rank=0, tail=1)[0].endswith(" flood 119999"), every=0.2)
     assert mesh.say.call("after").get(timeout=TIMEOUT) is not None  # the mesh goes on
 
 

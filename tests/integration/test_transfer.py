@@ -15,6 +15,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from proc_helpers import wait_for
 
 from monarch_kernel import (
     Actor,
@@ -247,22 +248,13 @@ def test_what_was_pulled_for_replies_nobody_takes_is_freed(store):
         time.sleep(0.05)
     del futures  # never get(): their replies were pulled as they arrived, and go now
     gc.collect()
-    assert _wait_for(lambda: _native.xfer_stats()["prefetched"] == 0)
+    assert wait_for(lambda: _native.xfer_stats()["prefetched"] == 0)
     late = one.kept_value.call_one()
     del late  # dropped before its reply arrives: freed when it does
     gc.collect()
     time.sleep(0.5)
-    assert _wait_for(lambda: _native.xfer_stats()["prefetched"] == 0)
+    assert wait_for(lambda: _native.xfer_stats()["prefetched"] == 0)
     assert one.stats.call_one().get(timeout=TIMEOUT)["prefetched"] == 0
-
-
-def _wait_for(cond, within: float = 10.0) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return bool(cond())
 
 
 def test_a_tcp_fetch_works_where_direct_reads_are_not_possible(monkeypatch):
