@@ -54,10 +54,11 @@ test-python: setup $(STAMPS)/browser ## pytest: unit and integration tests again
 bench: setup ## Print this project's figures beside baselines measured in the same run
 	$(PY) bench/run.py
 
-lint: setup ## ruff, mypy, cargo fmt and clippy
+lint: setup ## ruff, mypy, stubtest of _native.pyi, cargo fmt and clippy
 	$(VENV)/bin/ruff check monarch_kernel tests bench demo
 	$(VENV)/bin/ruff format --check monarch_kernel tests bench demo
 	$(VENV)/bin/mypy monarch_kernel
+	$(PY) -m mypy.stubtest monarch_kernel._native --allowlist .ci/stubtest-allowlist.txt
 	cargo fmt --manifest-path native/Cargo.toml --check
 	cargo clippy -q --manifest-path native/Cargo.toml --all-targets -- -D warnings
 	cargo clippy -q --manifest-path native/Cargo.toml --features python -- -D warnings

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         current_size,
         endpoint,
     )
+    from monarch_kernel.controller import HostMesh, MeshFailure, attach, list_meshes, this_host, this_proc
     from monarch_kernel.errors import (
         ActorError,
         MeshNotFoundError,
@@ -41,22 +42,8 @@ if TYPE_CHECKING:
         MonarchKernelError,
         SupervisionError,
     )
-    from monarch_kernel.mesh import (
-        ActorMesh,
-        Endpoint,
-        Extent,
-        Future,
-        HostMesh,
-        Point,
-        ProcMesh,
-        Shape,
-        ValueMesh,
-        attach,
-        list_meshes,
-        this_host,
-        this_proc,
-    )
-    from monarch_kernel.mesh._session import MeshFailure, MeshInfo
+    from monarch_kernel.hosts._admin import MeshInfo
+    from monarch_kernel.mesh import ActorMesh, Endpoint, Extent, Future, Point, ProcMesh, Shape, ValueMesh
     from monarch_kernel.mesh._transfer_buffer import TransferBuffer, gather, scatter
 
     RDMABuffer = TransferBuffer
@@ -73,10 +60,10 @@ _LAZY: dict[str, str] = {
     "Endpoint": "monarch_kernel.mesh",
     "Extent": "monarch_kernel.mesh",
     "Future": "monarch_kernel.mesh",
-    "HostMesh": "monarch_kernel.mesh",
+    "HostMesh": "monarch_kernel.controller",
     "Instance": "monarch_kernel.actor",
-    "MeshFailure": "monarch_kernel.mesh._session",
-    "MeshInfo": "monarch_kernel.mesh._session",
+    "MeshFailure": "monarch_kernel.controller",
+    "MeshInfo": "monarch_kernel.hosts._admin",
     "MeshNotFoundError": "monarch_kernel.errors",
     "MeshOwnershipError": "monarch_kernel.errors",
     "MeshStoppedError": "monarch_kernel.errors",
@@ -91,8 +78,8 @@ _LAZY: dict[str, str] = {
     "TransferBuffer": "monarch_kernel.mesh._transfer_buffer",
     "ValueMesh": "monarch_kernel.mesh",
     "as_endpoint": "monarch_kernel._compat",
-    "attach": "monarch_kernel.mesh",
-    "list_meshes": "monarch_kernel.mesh",
+    "attach": "monarch_kernel.controller",
+    "list_meshes": "monarch_kernel.controller",
     "concurrent_endpoint": "monarch_kernel._compat",
     "context": "monarch_kernel.actor",
     "current_actor_name": "monarch_kernel.actor",
@@ -104,8 +91,8 @@ _LAZY: dict[str, str] = {
     "returns_future": "monarch_kernel._compat",
     "scatter": "monarch_kernel.mesh._transfer_buffer",
     "send": "monarch_kernel._compat",
-    "this_host": "monarch_kernel.mesh",
-    "this_proc": "monarch_kernel.mesh",
+    "this_host": "monarch_kernel.controller",
+    "this_proc": "monarch_kernel.controller",
     "unhandled_fault_hook": "monarch_kernel._compat",
 }
 

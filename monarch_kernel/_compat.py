@@ -8,9 +8,9 @@ import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from monarch_kernel.controller import this_proc
 from monarch_kernel.mesh._actor_mesh import Endpoint
 from monarch_kernel.mesh._future import Future
-from monarch_kernel.mesh._proc_mesh import this_proc
 
 A = TypeVar("A")
 R = TypeVar("R")

@@ -10,69 +10,30 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 import warnings
 
 
-def _age(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.0f}{unit}"
-    return f"{seconds:.0f}s"
-
-
 def _ls(_args: argparse.Namespace) -> int:
-    from monarch_kernel.mesh._session import list_meshes
+    from monarch_kernel.controller._admin import mesh_table
 
-    meshes = list_meshes()
-    if not meshes:
-        print("no running meshes")
-        return 0
-    rows = [("NAME", "PROCS", "ALIVE", "CONTROLLER", "EPOCH", "IDLE TIMEOUT", "AGE", "AGENT PID")]
-    now = time.time()
-    for m in meshes:
-        idle = "ephemeral" if m.ephemeral else _age(m.idle_timeout)
-        owner = "attached" if m.attached else "none"
-        rows.append(
-            (
-                m.name,
-                str(m.procs),
-                str(m.alive),
-                owner,
-                str(m.owner_epoch),
-                idle,
-                _age(now - m.created),
-                str(m.agent_pid),
-            )
-        )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    for line in mesh_table():
+        print(line)
     return 0
 
 
 def _down(args: argparse.Namespace) -> int:
-    from monarch_kernel.mesh import _registry
-    from monarch_kernel.mesh._session import stop_record
+    from monarch_kernel.controller._admin import all_names, down
 
     if args.all == bool(args.names):
         print("monarch-kernel down: give mesh names, or --all (not both)", file=sys.stderr)
         return 2
-    names = _registry.names() if args.all else args.names
     status = 0
-    for name in names:
-        rec = _registry.read(name)
-        if rec is None:
-            print(
-                f"monarch-kernel down: no mesh named {name!r} is running (see monarch-kernel ls)",
-                file=sys.stderr,
-            )
-            status = 1
-            continue
-        if stop_record(rec):
-            print(f"stopped {name}")
+    for ok, text in down(all_names() if args.all else args.names):
+        if ok:
+            print(text)
         else:
-            print(f"{name} was not running (its host agent was gone); removed its state file")
+            print(f"monarch-kernel down: {text}", file=sys.stderr)
+            status = 1
     return status
 
 

@@ -14,7 +14,15 @@ from typing import Any
 
 from monarch_kernel.errors import MeshAuthError, MeshOwnershipError, MonarchKernelError, SupervisionError
 
-_STATES = {1: "running", 2: "exited"}
+#: The proto's ``WorkerState`` values (agent.proto; tests/unit/test_generated_stubs.py
+#: checks them against the generated module, which this module imports only on use).
+WORKER_RUNNING, WORKER_EXITED = 1, 2
+_STATES = {WORKER_RUNNING: "running", WORKER_EXITED: "exited"}
+
+
+def has_exited(w: Any) -> bool:
+    """Whether the agent's ``WorkerInfo`` ``w`` is of a worker that exited."""
+    return bool(w.state == WORKER_EXITED)
 
 
 def _signal_name(n: int) -> str:

@@ -16,6 +16,8 @@ from typing import Any
 import anywidget
 import traitlets
 
+from monarch_kernel import controller
+
 _ESM = """
 function render({ model, el }) {
   const root = document.createElement("div");
@@ -134,34 +136,22 @@ class MeshInspector(anywidget.AnyWidget):  # type: ignore[misc]
 
     def refresh(self) -> None:
         """Reads the mesh's state now (also what the background thread does)."""
-        from monarch_kernel import _native
-
-        procs = self._procs
-        states = procs.status()
-        st = procs._proc.state()
-        workers = procs._workers()
+        session = controller.session(self.mesh)
+        proc_rows = self._procs.proc_rows()
         rows = []
-        for r, state in enumerate(states):
-            w = workers.get(r, {})
-            row: dict[str, Any] = {
-                "rank": r,
-                "state": state,
-                "pid": w.get("pid", 0),
-                "host": w.get("host", ""),
-            }
-            if state == "alive" and w.get("pid"):
-                row.update(self._proc_stats(int(w["pid"])))
-                try:
-                    conn = _native.WorkerConn(st.ref.addrs[r], procs._proc.token)
-                    row["inflight"] = conn.stats()["calls_in_flight"]
-                except Exception:
-                    pass
-            err = st.dead.get(r)
-            if err is not None:
-                row["error"] = _escape(str(err).splitlines()[0][:200])
+        for p in proc_rows:
+            row: dict[str, Any] = {"rank": p.rank, "state": p.state, "pid": p.pid, "host": p.host}
+            if p.state == "alive" and p.pid:
+                row.update(self._proc_stats(p.pid))
+                inflight = session.calls_in_flight(p.rank) if session is not None else None
+                if inflight is not None:
+                    row["inflight"] = inflight
+            if p.error:
+                row["error"] = _escape(p.error[:200])
             rows.append(row)
         if self._nvml is not None:
             self._add_gpu(rows)
+        states = [p.state for p in proc_rows]
         alive = sum(s == "alive" for s in states)
         self.state = (
             states[0]
@@ -190,7 +180,9 @@ class MeshInspector(anywidget.AnyWidget):  # type: ignore[misc]
 
         def fetch() -> None:  # off the comm handler: stacks may take a moment
             try:
-                session = self._procs._session("inspector")
+                session = controller.session(self.mesh)
+                if session is None:
+                    raise RuntimeError(f"this kernel does not control mesh {self.mesh!r} now")
                 logs = "\n".join(session.logs(rank, 20))
                 (stack,) = session.stacks([rank], timeout=5.0)
                 self.detail = _escape(f"rank {rank}, last output:\n{logs}\n\nstacks:\n{stack}")

@@ -19,7 +19,9 @@ from typing import Any
 
 from ipykernel.ipkernel import IPythonKernel
 
-from monarch_kernel import _origin
+from monarch_kernel import _origin, controller
+from monarch_kernel.kernel._magics import MeshMagics
+from monarch_kernel.kernel._progress import slow_wait
 from monarch_kernel.kernel._router import Router, format_failure
 
 #: How long a cell waits, at its end, for output of the calls it made.
@@ -27,10 +29,8 @@ FLUSH_S = 1.0
 
 
 def _meshes_line() -> str:
-    from monarch_kernel.mesh._session import list_meshes
-
     try:
-        meshes = list_meshes()
+        meshes = controller.list_meshes()
     except Exception as e:  # never fail a kernel start over this
         return f"monarch: cannot list running meshes ({e})"
     if not meshes:
@@ -40,9 +40,7 @@ def _meshes_line() -> str:
 
 
 def _idle_interrupt(signum: int, frame: Any) -> None:
-    from monarch_kernel.mesh._future import escalate_interrupted
-
-    threading.Thread(target=escalate_interrupted, name="monarch-escalate", daemon=True).start()
+    threading.Thread(target=controller.escalate_interrupted, name="monarch-escalate", daemon=True).start()
 
 
 class MonarchKernel(IPythonKernel):
@@ -51,18 +49,16 @@ class MonarchKernel(IPythonKernel):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        from monarch_kernel.kernel._magics import MeshMagics
-        from monarch_kernel.mesh import _session
-
         self.router = Router(self._send_stream)
-        _session.output_sink = self.router.on_line
-        _session.failure_sink = self.router.on_failure
-        _session.notice_sink = self.router.on_notice
+        controller.set_frontend(
+            controller.Frontend(
+                on_line=self.router.on_line,
+                on_failure=self.router.on_failure,
+                on_notice=self.router.on_notice,
+                slow_wait=slow_wait,
+            )
+        )
         self.shell.register_magics(MeshMagics)  # type: ignore[union-attr]
-        from monarch_kernel.kernel._progress import slow_wait
-        from monarch_kernel.mesh import _future
-
-        _future.slow_wait = slow_wait
         self._start_line: str | None = _meshes_line()
         self._banner_line = self._start_line
 
@@ -115,10 +111,8 @@ class MonarchKernel(IPythonKernel):
 
     def _flush(self, origin: str) -> None:
         """ROUTE-3: waits until the meshes this cell called have delivered its output."""
-        from monarch_kernel.mesh._session import _sessions
-
         for name in list(_origin.touched):
-            session = _sessions.get(name)
+            session = controller.session(name)
             if session is None:
                 continue
             try:

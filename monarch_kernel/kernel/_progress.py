@@ -48,7 +48,7 @@ class Bar:
 
 
 def slow_wait(calls: Sequence[Any], timeout: float | None, what: str) -> list[Any]:
-    """``wait_all`` with a progress bar (installed as ``_future.slow_wait``); only on
+    """``wait_all`` with a progress bar (the front end's ``slow_wait``, see ``controller.Frontend``); only on
     the kernel's main thread, where a cell's output goes."""
     if threading.current_thread() is not threading.main_thread():
         return _native.wait_all(list(calls), timeout)

@@ -21,8 +21,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from monarch_kernel.worker._debug import INPUT_MARK, PROMPT_MARK
-from monarch_kernel.worker._dispatcher import FLUSH_MARK
+from monarch_kernel._wire import FLUSH_MARK, INPUT_MARK, PROMPT_MARK
 
 # Cells of this kernel, remembered: output of another origin is not ours (ROUTE-4).
 _MAX_PARENTS = 1000

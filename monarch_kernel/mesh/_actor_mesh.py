@@ -22,6 +22,7 @@ from monarch_kernel.errors import (
     UnknownEndpointError,
 )
 from monarch_kernel.mesh import _buffers
+from monarch_kernel.mesh._control import session_for
 from monarch_kernel.mesh._future import Future, cancel_calls
 from monarch_kernel.mesh._serial import dumps, loads, loads_exception
 from monarch_kernel.mesh._shape import MeshTrait, Point, Shape
@@ -176,11 +177,18 @@ class Endpoint(Generic[R]):
 
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[R]]:
         """Calls every actor; yields one Future per actor, in rank order."""
+        yield from self._each(list(range(len(self._mesh._shape))), args, kwargs)
+
+    def _each(self, local: list[int], args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Future[R]]:
+        """Calls the actors at ``local`` (indices into this mesh) in one native call;
+        one Future each."""
         shape = self._mesh._shape
-        calls = self._send(args, kwargs, list(range(len(shape))), False)
+        calls = self._send(args, kwargs, local, False)
         proc, what = self._mesh._proc, self._what
-        for i, c in enumerate(calls):
-            yield Future(_calls=[c], _finish=_finish_one(proc, shape.ranks[i], Point(i, shape.extent), what))
+        return [
+            Future(_calls=[c], _finish=_finish_one(proc, shape.ranks[i], Point(i, shape.extent), what))
+            for i, c in zip(local, calls)
+        ]
 
     def __repr__(self) -> str:
         return f"<Endpoint {self._what}>"
@@ -265,8 +273,6 @@ class ActorMesh(MeshTrait, Generic[R]):
     def stop(self) -> Future[None]:
         """Stops these actors (their ``__cleanup__`` runs); the procs stay."""
         calls = [c.stop_actor(self._name) for c in self._proc.conns(list(self._shape.ranks))]
-        from monarch_kernel.mesh._proc_mesh import session_for
-
         session = session_for(self._proc)
         if session is not None:
             session.forget_actor(self._name, list(self._shape.ranks))

@@ -19,9 +19,16 @@ R = TypeVar("R")
 
 _UNSET: Any = object()
 
-#: Set by the Jupyter kernel: ``wait(calls, timeout, what)`` for waits that last more
-#: than a second (it shows progress). None elsewhere: plain waits.
-slow_wait: Callable[[Sequence[Any], float | None, str], list[Any]] | None = None
+#: ``wait(calls, timeout, what)`` for waits that last more than a second (it shows
+#: progress): the front end's (``controller.set_frontend``). None: plain waits.
+_slow_wait: list[Callable[[Sequence[Any], float | None, str], list[Any]] | None] = [None]
+
+
+def set_slow_wait(wait: Callable[[Sequence[Any], float | None, str], list[Any]] | None) -> None:
+    """Sets what takes over waits longer than ``SLOW_S`` (None: nothing)."""
+    _slow_wait[0] = wait
+
+
 #: How long a wait runs before ``slow_wait`` takes over.
 SLOW_S = 1.0
 
@@ -60,6 +67,11 @@ def cancel_calls(calls: Sequence[Any]) -> int:
     return len(again)
 
 
+def interrupt(futures: Sequence[Future[Any]]) -> None:
+    """An interrupt of ``futures``' remote calls, as one (see :func:`cancel_calls`)."""
+    cancel_calls([c for f in futures for c in f._calls])
+
+
 def escalate_interrupted() -> int:
     """A second interrupt with no call to interrupt (the kernel is idle): escalates
     what earlier interrupts did not stop (see :func:`cancel_calls`)."""
@@ -68,7 +80,7 @@ def escalate_interrupted() -> int:
 
 def wait_calls(calls: Sequence[Any], timeout: float | None, what: str = "calls") -> list[Any]:
     """``_native.wait_all``, handing waits longer than ``SLOW_S`` to ``slow_wait``."""
-    hook = slow_wait
+    hook = _slow_wait[0]
     if hook is None or (timeout is not None and timeout <= SLOW_S):
         return _native.wait_all(list(calls), timeout)
     try:

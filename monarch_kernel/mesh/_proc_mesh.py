@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import atexit
 import pickle
-import secrets
-import sys
-import threading
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from monarch_kernel import _native, _origin
 from monarch_kernel.actor import is_async_actor
@@ -16,31 +14,36 @@ from monarch_kernel.errors import (
     ActorError,
     MeshOwnershipError,
     MeshSpecError,
-    MeshStoppedError,
     SerializationError,
 )
 from monarch_kernel.mesh._actor_mesh import ActorMesh, check_endpoint_names
 from monarch_kernel.mesh._buffers import HEADER, drop_now, drop_when_done
+from monarch_kernel.mesh._control import MeshControl, MeshFailure, session_for
 from monarch_kernel.mesh._future import Future, wait_calls
 from monarch_kernel.mesh._proc_ref import ProcRef
 from monarch_kernel.mesh._serial import dumps, loads, loads_exception
-from monarch_kernel.mesh._shape import Extent, MeshTrait, Point, Shape
-
-if TYPE_CHECKING:
-    from monarch_kernel.mesh._session import MeshFailure, Session
+from monarch_kernel.mesh._shape import MeshTrait, Shape
 
 T = TypeVar("T")
 
 
-def session_for(ref: ProcRef) -> Session | None:
-    """This process's session of the mesh ``ref`` names, if it controls it. (Workers
-    never import the session machinery unless they control a mesh themselves.)"""
-    mod = sys.modules.get("monarch_kernel.mesh._session")
-    return mod.session_for(ref) if mod is not None else None
-
-
 #: Seconds to wait for every worker to construct an actor.
 SPAWN_TIMEOUT = 300.0
+
+
+@dataclass(frozen=True)
+class ProcRow:
+    """One proc of a mesh as the views show it (``ProcMesh.proc_rows()``)."""
+
+    rank: int
+    #: "alive", "unresponsive", "dead", "stopped" or "lost".
+    state: str
+    #: 0 where the agent did not say (this process does not control the mesh).
+    pid: int = 0
+    host: str = ""
+    restarts: int = 0
+    #: The first line of its death report, if it died.
+    error: str = ""
 
 
 class ProcMesh(MeshTrait):
@@ -57,7 +60,7 @@ class ProcMesh(MeshTrait):
     def name(self) -> str:
         return self._proc.name
 
-    def _session(self, what: str) -> Session:
+    def _session(self, what: str) -> MeshControl:
         s = session_for(self._proc)
         if s is None:
             raise MeshSpecError(
@@ -158,9 +161,7 @@ class ProcMesh(MeshTrait):
         again is a no-op. A rank that does not join within ``timeout`` seconds, or
         fails, is named in the ``DistributedSetupError``. Returns the backend, world
         size, master address and whether a group was created now."""
-        from monarch_kernel.mesh._distributed import setup
-
-        return setup(self, backend, timeout)
+        return self._session("setup_torch_distributed()").setup_torch_distributed(self, backend, timeout)
 
     def stop(self) -> Future[None]:
         """Stops every worker and the host agent, and forgets the mesh's name. Later
@@ -176,13 +177,11 @@ class ProcMesh(MeshTrait):
                 mesh=self.name,
             )
         elif not st.stopped and self._proc.agent_addr is not None:
-            from monarch_kernel.mesh import _registry
+            from monarch_kernel.hosts import _admin, _registry  # (grpcio: only when needed)
 
             rec = _registry.read(self.name)
             if rec is not None and rec.token == self._proc.token:
-                from monarch_kernel.mesh._session import stop_record
-
-                stop_record(rec)
+                _admin.stop_unowned(rec)
         st.stopped = True
         st.changed()
         return Future._resolved(None)
@@ -215,31 +214,35 @@ class ProcMesh(MeshTrait):
     def __repr__(self) -> str:
         return f"ProcMesh(name={self._proc.name!r}, shape={self._shape.extent})"
 
-    def _workers(self) -> dict[int, dict[str, Any]]:
-        """What the agent says of each worker, by rank; empty where this process does
-        not control the mesh or the agent does not answer (for views that show what
-        they can)."""
+    def proc_rows(self) -> list[ProcRow]:
+        """One row per proc of this (sliced) mesh: state, pid, host, restarts and the
+        first line of its death report. ``%mesh status``, the inspector and the
+        mesh's own repr all show these rows."""
         session = session_for(self._proc)
-        if session is None:
-            return {}
         try:
-            return {w["rank"]: w for w in session.client.list_workers()}
-        except Exception:
-            return {}
-
-    def _rows(self) -> list[tuple[str, str, str, str]]:
-        """(rank, state, pid, restarts) of each proc of this (sliced) mesh."""
-        workers = self._workers()
+            workers = session.workers() if session is not None else {}
+        except Exception:  # the agent does not answer: show what is known here
+            workers = {}
         states = self.status()
+        dead = self._proc.state().dead
         rows = []
         for r in self._shape.ranks:
             w = workers.get(r, {})
-            state = states[r] if r < len(states) else "?"
-            rows.append((str(r), state, str(w.get("pid", "")), str(w.get("restarts", ""))))
+            err = dead.get(r)
+            rows.append(
+                ProcRow(
+                    rank=r,
+                    state=states[r] if r < len(states) else "?",
+                    pid=int(w.get("pid", 0)),
+                    host=str(w.get("host", "")),
+                    restarts=int(w.get("restarts", 0)),
+                    error=str(err).splitlines()[0] if err is not None else "",
+                )
+            )
         return rows
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        lines = [repr(self)] + [f"  rank {r}: {s:<12} pid {pid}" for r, s, pid, _ in self._rows()]
+        lines = [repr(self)] + [f"  rank {r.rank}: {r.state:<12} pid {r.pid or ''}" for r in self.proc_rows()]
         p.text("\n".join(lines))
 
     def _repr_html_(self) -> str:
@@ -248,9 +251,9 @@ class ProcMesh(MeshTrait):
 
         colors = {"alive": "#2a7", "unresponsive": "#c80", "dead": "#c33", "lost": "#c33", "stopped": "#888"}
         cells = "".join(
-            f"<tr><td>{r}</td><td style='color:{colors.get(s, '#000')}'>{html.escape(s)}</td>"
-            f"<td>{pid}</td><td>{restarts}</td></tr>"
-            for r, s, pid, restarts in self._rows()
+            f"<tr><td>{r.rank}</td><td style='color:{colors.get(r.state, '#000')}'>{html.escape(r.state)}</td>"
+            f"<td>{r.pid or ''}</td><td>{r.restarts if r.pid else ''}</td></tr>"
+            for r in self.proc_rows()
         )
         return (
             f"<b>ProcMesh {html.escape(self.name)}</b> {html.escape(str(self._shape.extent))}"
@@ -296,127 +299,23 @@ class _Actors(Mapping[str, "ActorMesh[Any]"]):
 
 @atexit.register
 def _at_exit() -> None:
-    # Ephemeral meshes stop with their controller; persistent ones are let go (their
-    # agents start their idle clocks when the lease drops).
-    mod = sys.modules.get("monarch_kernel.mesh._session")
-    if mod is not None:
-        mod.stop_all_ephemeral()
+    # Registered before the controller's own exit handler (which stops ephemeral
+    # meshes), so it runs after it: the runtime goes last.
     _native.shutdown_runtime()
 
 
-def _check_per_host(per_host: Mapping[str, int] | None) -> dict[str, int]:
-    if per_host is None:
-        return {"procs": 1}
-    if not isinstance(per_host, Mapping) or not per_host:
-        raise MeshSpecError(f"per_host must be a dict like {{'procs': 4}}, not {per_host!r}")
-    out: dict[str, int] = {}
-    for k, v in per_host.items():
-        if not isinstance(k, str) or not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise MeshSpecError(f"per_host[{k!r}] must be a positive int, not {v!r} (e.g. {{'procs': 4}})")
-        out[k] = v
-    return out
-
-
-class HostMesh(MeshTrait):
-    """Hosts that procs are spawned on. ``this_host()`` is the local machine."""
-
-    def __init__(self) -> None:
-        self._shape = Shape(Extent([], []))
-
-    def _new_with_shape(self, shape: Shape) -> HostMesh:
-        return self
-
-    def spawn_procs(
-        self,
-        per_host: Mapping[str, int] | None = None,
-        bootstrap: Any = None,
-        name: str | None = None,
-        *,
-        env: Mapping[str, str] | None = None,
-        replace: bool = False,
-        ephemeral: bool | None = None,
-        idle_timeout: float | None = None,
-    ) -> ProcMesh:
-        """Starts worker processes laid out as ``per_host`` (e.g. ``{"procs": 4}``),
-        or returns the running mesh ``name``.
-
-        The processes belong to a host agent, never to this process. A named mesh is
-        persistent: it outlives this process, and ``spawn_procs`` with the same name and
-        spec (or ``attach(name)``) picks it up again, from here or another process. It
-        stops on ``stop()``, ``monarch-kernel down NAME``, or after ``idle_timeout``
-        seconds (default 24 h) with no controller attached. A different spec under a
-        running name is an error unless ``replace=True``. Unnamed meshes, and those
-        with ``ephemeral=True``, stop when this process exits.
-        """
-        if bootstrap is not None:
-            raise NotImplementedError(
-                "spawn_procs(bootstrap=...) is not supported yet; run setup in an actor's __init__"
-            )
-        from monarch_kernel.mesh._session import get_or_create
-
-        sizes = _check_per_host(per_host)
-        session = get_or_create(
-            name, sizes, env, replace=replace, ephemeral=ephemeral, idle_timeout=idle_timeout
-        )
-        return ProcMesh(session.ref, Shape.of(sizes))
-
-
-def attach(name: str) -> ProcMesh:
-    """Becomes the controller of the running mesh ``name`` (created by this or any
-    other process): procs, actor meshes (``procs.actors``), module and actor state are
-    as they were. The controller that held it before is fenced: its next command
-    raises MeshOwnershipError."""
-    from monarch_kernel.mesh._session import attach as _attach
-
-    session = _attach(name)
-    return ProcMesh(session.ref, Shape.of(session.sizes))
-
-
-def this_host() -> HostMesh:
-    """The host this code runs on."""
-    return HostMesh()
-
-
 _this_proc: list[ProcMesh] = []
-_this_proc_lock = threading.Lock()
 
 
 def set_this_proc(mesh: ProcMesh) -> None:
-    """Called by a worker at start-up: ``this_proc()`` there is the worker itself."""
+    """Called by a worker at start-up (and by the controller for its own in-process
+    proc): ``this_proc()`` there is this process."""
     _this_proc[:] = [mesh]
 
 
-def this_proc() -> ProcMesh:
-    """The process this code runs in, as a one-proc mesh. In the controller, actors
-    spawned on it run in this process (on background threads)."""
-    with _this_proc_lock:
-        if not _this_proc:
-            from monarch_kernel.worker import Dispatcher
-
-            token = secrets.token_urlsafe(32)
-            server = _native.WorkerServer(token)
-            point = Point(0, Extent([], []))
-            Dispatcher(server, point, token).start()
-            _this_proc.append(ProcMesh(ProcRef("this_proc", token, (server.addr,)), Shape(Extent([], []))))
-        return _this_proc[0]
+def current_proc() -> ProcMesh | None:
+    """This process as a one-proc mesh, once a worker (or ``this_proc()``) set it."""
+    return _this_proc[0] if _this_proc else None
 
 
-def list_meshes() -> list[Any]:
-    """The running meshes this user can attach to, as ``MeshInfo`` records (name,
-    procs, alive, owner_epoch, attached, ...). State files of meshes that are gone are
-    removed, with a warning."""
-    from monarch_kernel.mesh._session import list_meshes as _list
-
-    return _list()
-
-
-__all__ = [
-    "HostMesh",
-    "MeshStoppedError",
-    "ProcMesh",
-    "attach",
-    "list_meshes",
-    "set_this_proc",
-    "this_host",
-    "this_proc",
-]
+__all__ = ["ProcMesh", "ProcRow", "current_proc", "set_this_proc"]

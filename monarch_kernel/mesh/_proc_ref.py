@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from monarch_kernel import _native
+from monarch_kernel.control import agent_client
 from monarch_kernel.errors import (
     MeshAuthError,
     MeshOwnershipError,
@@ -37,6 +38,12 @@ class MeshState:
 
     def changed(self) -> None:
         self.gen += 1
+
+    def connect(self, ranks: Sequence[int]) -> list[Any]:
+        """Connections to procs ``ranks`` where they are now, with no checks (the one
+        place they are made; ``ProcRef.conns`` checks first)."""
+        addrs, token = self.ref.addrs, self.ref.token
+        return [_native.WorkerConn(addrs[r], token) for r in ranks]
 
 
 # By (name, token): a mesh created again under the same name is another mesh.
@@ -91,15 +98,12 @@ class ProcRef:
                     signal=err.signal,
                     log_tail=err.log_tail,
                 )
-        addrs = st.ref.addrs
-        return [_native.WorkerConn(addrs[r], self.token) for r in ranks]
+        return st.connect(ranks)
 
     def _worker(self, rank: int, wait_exit: float) -> dict[str, Any] | None:
         """What the agent knows of worker ``rank``, waiting up to ``wait_exit`` s for its exit to be recorded."""
         if self.agent_addr is None:
             return None
-        from monarch_kernel.control import agent_client
-
         try:
             client = agent_client(self.agent_addr, self.token)
             return worker_report(client, rank, wait_exit)

@@ -4,7 +4,7 @@ The agent passes: the mesh token as the first line of stdin (AGENT-1: EOF on std
 later means the agent is gone, and the worker exits), a listening socket
 (``MONARCH_LISTEN_FD``), its rank (``MONARCH_RANK``), the mesh's shape
 (``MONARCH_SHAPE``), the controller's import path (``MONARCH_SYS_PATH``) and, for
-``gpus`` meshes, the host's GPUs (``MONARCH_GPUS``, see ``mesh._placement``).
+``gpus`` meshes, the host's GPUs (``MONARCH_GPUS``, see ``hosts._placement``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def main() -> None:
     _native.exit_when_stdin_closes()
     dims, sizes = json.loads(os.environ["MONARCH_SHAPE"])
     rank = int(os.environ["MONARCH_RANK"])
-    from monarch_kernel.mesh import _placement
+    from monarch_kernel.hosts import _placement
 
     _placement.apply_in_worker(rank, dims, sizes)  # before any user code can initialise CUDA
     from monarch_kernel.mesh._buffers import prefer_huge_pages

@@ -17,10 +17,7 @@ import sys
 from typing import Any
 
 from monarch_kernel import _origin
-
-PROMPT_MARK = "\x1d monarch pdb input"
-#: ``input(prompt)`` in a worker writes this, then the prompt, on a line of its own.
-INPUT_MARK = "\x1d monarch input "
+from monarch_kernel._wire import INPUT_MARK, PROMPT_MARK
 
 _waiting: queue.Queue[queue.Queue[str]] = queue.Queue()  # threads waiting for a line, in order
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from monarch_kernel import _native, _origin
+from monarch_kernel._wire import BUILTIN, FLUSH_MARK
 from monarch_kernel.actor import Context, Instance, _current, _process_default, endpoints_of, is_async_actor
 from monarch_kernel.mesh._buffers import wait_read
 from monarch_kernel.mesh._serial import dumps, dumps_exception, loads
@@ -48,10 +49,6 @@ if TYPE_CHECKING:
 
 _SPAWN, _STOP, _CALL, _CANCEL = _native.KIND_SPAWN, _native.KIND_STOP, _native.KIND_CALL, _native.KIND_CANCEL
 _LANE_LOOP = _native.LANE_LOOP
-# The actor every worker has, without spawning: see Dispatcher._builtin.
-BUILTIN = "__monarch__"
-# What a flush writes (with the call's origin tag) on stdout and stderr.
-FLUSH_MARK = "\x1d monarch flush"
 # Methods the controller may call on an actor that defines them, endpoints or not.
 _HOOKS = frozenset({"__supervise__"})
 # How often an idle lane thread comes back to Python (to see it was stopped).

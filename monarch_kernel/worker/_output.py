@@ -11,8 +11,9 @@ import threading
 from typing import Any
 
 from monarch_kernel import _origin
+from monarch_kernel._wire import ORIGIN_END as TAG_END
+from monarch_kernel._wire import ORIGIN_START as TAG_START
 
-TAG_START, TAG_END = "\x1e", "\x1f"
 #: An unfinished line of more pieces, or a piece longer, than this is written
 #: through as it is (OUTPUT-1), so a long run of writes without a newline stays cheap.
 _HOLD_PIECES = 256

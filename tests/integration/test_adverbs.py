@@ -289,7 +289,7 @@ def test_flatten_calls_every_actor_under_the_new_dimension(places):
 
 
 @pytest.mark.filterwarnings(
-    "ignore::monarch_kernel.mesh._placement.GpuPlacementWarning"
+    "ignore::monarch_kernel.hosts._placement.GpuPlacementWarning"
 )  # no GPU is fine here
 def test_a_two_dimensional_mesh_can_be_sliced_and_flattened():
     procs = this_host().spawn_procs(per_host={"hosts": 2, "gpus": 2})

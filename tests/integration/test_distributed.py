@@ -13,7 +13,7 @@ import torch
 
 from monarch_kernel import Actor, ProcMesh, current_rank, endpoint, gather, scatter, this_host
 from monarch_kernel.errors import DimensionError, DistributedSetupError, MeshSpecError
-from monarch_kernel.mesh._placement import GpuPlacementWarning, host_gpus, placement_env
+from monarch_kernel.hosts._placement import GpuPlacementWarning, host_gpus, placement_env
 
 
 class Env(Actor):

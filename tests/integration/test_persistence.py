@@ -25,8 +25,8 @@ from monarch_kernel import (
     this_host,
 )
 from monarch_kernel.errors import MeshSpecError, MeshStoppedError
-from monarch_kernel.mesh import _registry
-from monarch_kernel.mesh._registry import MeshStateWarning
+from monarch_kernel.hosts import _registry
+from monarch_kernel.hosts._registry import MeshStateWarning
 
 TIMEOUT = 30
 
@@ -159,7 +159,7 @@ class Controller:
 def _stop(name: str) -> None:
     rec = _registry.read(name)
     if rec is not None:
-        from monarch_kernel.mesh._session import stop_record
+        from monarch_kernel.controller import stop_record
 
         stop_record(rec)
 

@@ -475,8 +475,8 @@ def test_stream_logs_gives_new_lines_of_one_rank_as_they_come(own_procs2):
     assert not any("from rank 1" in ln for ln in lines)
 
 
-def test_a_controller_that_falls_behind_is_told_how_many_lines_it_missed(own_procs2, monkeypatch):
-    from monarch_kernel.mesh import _session
+def test_a_controller_that_falls_behind_is_told_how_many_lines_it_missed(own_procs2, request):
+    from monarch_kernel import controller
 
     gate, notices, shown = threading.Event(), [], []
 
@@ -484,8 +484,9 @@ def test_a_controller_that_falls_behind_is_told_how_many_lines_it_missed(own_pro
         gate.wait(WITHIN)
         shown.append(line.text)
 
-    monkeypatch.setattr(_session, "output_sink", stuck_sink)
-    monkeypatch.setattr(_session, "notice_sink", notices.append)
+    before = controller.frontend()
+    controller.set_frontend(controller.Frontend(on_line=stuck_sink, on_notice=notices.append))
+    request.addfinalizer(lambda: controller.set_frontend(before))
     mesh = own_procs2.spawn("speaker", Speaker)
     mesh.slice(procs=0).flood.call_one(120_000).get(timeout=TIMEOUT)  # more than the agent keeps
     gate.set()

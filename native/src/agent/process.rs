@@ -60,6 +60,11 @@ fn hostname() -> String {
 /// `FLUSH_MARK`): passed on to watchers, kept out of log files and the ring buffer.
 pub const FLUSH_MARK: &[u8] = b"\x1d monarch flush";
 
+/// Starts a worker line's origin tag (`ORIGIN_START origin ORIGIN_END text`).
+pub const ORIGIN_START: u8 = 0x1e;
+/// Ends a worker line's origin tag.
+pub const ORIGIN_END: u8 = 0x1f;
+
 /// Longest origin tag the agent accepts (a notebook message id is 32 to 40 bytes).
 const MAX_ORIGIN: usize = 128;
 
@@ -67,8 +72,11 @@ const MAX_ORIGIN: usize = 128;
 /// start, written by the worker while it serves a call) and the text. An untagged or
 /// malformed line is all text.
 pub fn split_origin(line: &[u8]) -> (String, &[u8]) {
-    if line.first() == Some(&0x1e) {
-        let end = line.iter().take(MAX_ORIGIN + 2).position(|&b| b == 0x1f);
+    if line.first() == Some(&ORIGIN_START) {
+        let end = line
+            .iter()
+            .take(MAX_ORIGIN + 2)
+            .position(|&b| b == ORIGIN_END);
         if let Some(end) = end {
             let origin = &line[1..end];
             if origin.iter().all(|b| b.is_ascii_graphic()) {

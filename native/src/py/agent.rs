@@ -84,8 +84,24 @@ fn exit_when_stdin_closes() {
         .ok();
 }
 
+/// How the host agent reads a worker's output line: `(origin, text)` (for the test
+/// that Python's worker writes what the agent parses).
+#[pyfunction]
+fn split_origin<'py>(py: Python<'py>, line: &[u8]) -> (String, Bound<'py, pyo3::types::PyBytes>) {
+    let (origin, text) = crate::agent::process::split_origin(line);
+    (origin, pyo3::types::PyBytes::new(py, text))
+}
+
 pub fn register_python_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    use crate::agent::process::{FLUSH_MARK, ORIGIN_END, ORIGIN_START};
     m.add_class::<PyAgent>()?;
+    m.add_function(wrap_pyfunction!(split_origin, m)?)?;
+    m.add(
+        "FLUSH_MARK",
+        String::from_utf8_lossy(FLUSH_MARK).into_owned(),
+    )?;
+    m.add("ORIGIN_START", char::from(ORIGIN_START).to_string())?;
+    m.add("ORIGIN_END", char::from(ORIGIN_END).to_string())?;
     m.add_function(wrap_pyfunction!(start_agent, m)?)?;
     m.add_function(wrap_pyfunction!(exit_when_stdin_closes, m)?)?;
     Ok(())

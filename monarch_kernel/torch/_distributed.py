@@ -18,11 +18,16 @@ import datetime
 import os
 import socket
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from monarch_kernel.actor import Actor, endpoint
-from monarch_kernel.errors import DistributedSetupError
-from monarch_kernel.mesh._placement import GPUS_ENV
+from monarch_kernel.errors import ActorError, DistributedSetupError, SupervisionError
+from monarch_kernel.hosts._placement import GPUS_ENV
+from monarch_kernel.mesh._proc_mesh import ProcMesh, current_proc
+from monarch_kernel.mesh._shape import Point, Shape
+
+if TYPE_CHECKING:
+    from monarch_kernel.mesh._control import MeshControl
 
 #: The name of the built-in actor mesh that sets torch.distributed up.
 DIST_ACTOR = "__torch_dist__"
@@ -35,9 +40,9 @@ class TorchDistributed(Actor):
     @endpoint
     def master(self) -> tuple[str, int]:
         """An address of this host the other procs can reach, and a free port on it."""
-        from monarch_kernel.mesh._proc_mesh import this_proc
-
-        host = this_proc()._proc.addrs[0].rsplit(":", 1)[0].strip("[]")
+        me = current_proc()  # a worker knows itself from its start
+        assert me is not None, "TorchDistributed runs on workers"
+        host = me._proc.addrs[0].rsplit(":", 1)[0].strip("[]")
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
             s.bind((host, 0))
             return host, int(s.getsockname()[1])
@@ -102,11 +107,9 @@ class TorchDistributed(Actor):
         }
 
 
-def setup(procs: Any, backend: str, timeout: float) -> dict[str, Any]:
-    """``ProcMesh.setup_torch_distributed``: see the module docstring."""
-    from monarch_kernel.errors import SupervisionError
-    from monarch_kernel.mesh._shape import Point, Shape
-
+def setup(session: MeshControl, procs: ProcMesh, backend: str, timeout: float) -> dict[str, Any]:
+    """``ProcMesh.setup_torch_distributed`` on ``procs``, whose controlling session is
+    ``session``: see the module docstring."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, not {backend!r}")
     if not isinstance(timeout, (int, float)) or timeout <= 0:
@@ -118,17 +121,14 @@ def setup(procs: Any, backend: str, timeout: float) -> dict[str, Any]:
             f"torch.distributed on mesh {procs.name!r}: rank(s) {down} are not alive "
             f"({', '.join(states[r] for r in down)}); procs.respawn() first"
         )
-    session = procs._session("setup_torch_distributed()")
     # The actor lives on every proc of the mesh; a slice's procs are picked by their
     # rank in the whole mesh.
     whole = Shape.of(session.sizes)
     if DIST_ACTOR in session.records:
         actors = procs.actors[DIST_ACTOR]
     else:
-        from monarch_kernel.mesh._proc_mesh import ProcMesh
-
         try:
-            actors = ProcMesh(session.ref, whole).spawn(DIST_ACTOR, TorchDistributed)
+            actors = ProcMesh(procs._proc, whole).spawn(DIST_ACTOR, TorchDistributed)
         except SupervisionError as e:
             raise DistributedSetupError(
                 f"torch.distributed on mesh {procs.name!r}: rank {e.rank} did not start its part: {e}"
@@ -172,8 +172,6 @@ class _Silent:
 def _each(futures: list[Any], within: float) -> list[Any]:
     """Each future's value, its ActorError or SupervisionError, or a ``_Silent`` when
     it did not finish ``within`` seconds of now."""
-    from monarch_kernel.errors import ActorError, SupervisionError
-
     deadline = time.monotonic() + within
     out: list[Any] = []
     for f in futures:

@@ -1,0 +1,69 @@
+"""The controller: this process's hold on the meshes it created or attached to.
+
+A mesh's *session* (``Session``) holds its lease, its epoch (fencing), its
+supervision (deaths, heartbeats, failure hooks) and the commands a controller sends.
+This package is the controller's public face, for the Jupyter kernel and other
+front ends:
+
+- ``this_host()``, ``attach()``, ``list_meshes()``, ``this_proc()``: where proc
+  meshes come from (also exported by ``monarch_kernel``);
+- ``session(name)`` / ``sessions()``: the sessions of this process;
+- ``set_frontend(Frontend(...))``: where worker output, failures, notices and slow
+  waits go (the kernel shows them in the notebook);
+- ``run_cell(...)``: a ``%%mesh`` cell on ranks of a mesh, one native call;
+- ``interrupt(futures)``, ``escalate_interrupted()``: the stop button.
+
+CONTROL-1: importing this package registers its sessions with the mesh API
+(``mesh._control``), which never imports it.
+"""
+
+from __future__ import annotations
+
+from monarch_kernel.controller._cells import CELLS_ACTOR, run_cell, spmd_actors
+from monarch_kernel.controller._frontend import Frontend, frontend, set_frontend
+from monarch_kernel.controller._host_mesh import HostMesh, attach, list_meshes, this_host, this_proc
+from monarch_kernel.controller._lifecycle import session_for, stop_record
+from monarch_kernel.controller._session import Session, sessions_lock
+from monarch_kernel.controller._session import sessions as _by_name
+from monarch_kernel.controller._supervision import MeshFailure
+from monarch_kernel.hosts._admin import MeshInfo
+from monarch_kernel.mesh import _control
+from monarch_kernel.mesh._future import escalate_interrupted, interrupt
+
+_control.register(session_for)
+
+
+def session(name: str) -> Session | None:
+    """This process's live session of mesh ``name``, if it controls it."""
+    s = _by_name.get(name)
+    return s if s is not None and not s.closed else None
+
+
+def sessions() -> list[Session]:
+    """This process's sessions, live or closed, oldest first."""
+    return list(_by_name.values())
+
+
+__all__ = [
+    "CELLS_ACTOR",
+    "Frontend",
+    "HostMesh",
+    "MeshFailure",
+    "MeshInfo",
+    "Session",
+    "attach",
+    "escalate_interrupted",
+    "frontend",
+    "interrupt",
+    "list_meshes",
+    "run_cell",
+    "session",
+    "session_for",
+    "sessions",
+    "sessions_lock",
+    "set_frontend",
+    "spmd_actors",
+    "stop_record",
+    "this_host",
+    "this_proc",
+]

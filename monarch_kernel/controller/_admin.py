@@ -1,0 +1,66 @@
+"""What ``monarch-kernel ls``/``down`` and ``%mesh ls``/``down`` show and do, in one
+place: the table of running meshes, and stopping meshes by name as an administrator
+(through this process's session where it has one)."""
+
+from __future__ import annotations
+
+import time
+
+from monarch_kernel.controller._lifecycle import stop_record
+from monarch_kernel.hosts import _registry
+from monarch_kernel.hosts._admin import MeshInfo, list_meshes
+
+_COLUMNS = ("NAME", "PROCS", "ALIVE", "CONTROLLER", "EPOCH", "IDLE TIMEOUT", "AGE", "AGENT PID")
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def mesh_table(meshes: list[MeshInfo] | None = None) -> list[str]:
+    """The running meshes (``list_meshes()`` unless given) as aligned text lines."""
+    meshes = list_meshes() if meshes is None else meshes
+    if not meshes:
+        return ["no running meshes"]
+    rows = [_COLUMNS]
+    now = time.time()
+    for m in meshes:
+        rows.append(
+            (
+                m.name,
+                str(m.procs),
+                str(m.alive),
+                "attached" if m.attached else "none",
+                str(m.owner_epoch),
+                "ephemeral" if m.ephemeral else _age(m.idle_timeout),
+                _age(now - m.created),
+                str(m.agent_pid),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+
+
+def down(names: list[str]) -> list[tuple[bool, str]]:
+    """Stops the meshes ``names`` as an administrator; for each, (ok, what happened)."""
+    out = []
+    for name in names:
+        rec = _registry.read(name)
+        if rec is None:
+            out.append((False, f"no mesh named {name!r} is running (see monarch-kernel ls)"))
+        elif stop_record(rec):
+            out.append((True, f"stopped {name}"))
+        else:
+            out.append((True, f"{name} was not running (its host agent was gone); removed its state file"))
+    return out
+
+
+def all_names() -> list[str]:
+    """The names of every mesh with a state file."""
+    return _registry.names()
+
+
+__all__ = ["all_names", "down", "mesh_table"]

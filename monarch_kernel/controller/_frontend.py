@@ -1,0 +1,51 @@
+"""The front end of this controller: where what meshes say goes when it is not a
+call's reply. The Jupyter kernel installs one (``set_frontend``) so that worker
+output, failures and notices show in the notebook and long waits show progress; a
+plain script has none, and these go to stdout and stderr."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from monarch_kernel.mesh import _future
+from monarch_kernel.mesh._control import MeshFailure
+
+if TYPE_CHECKING:
+    from monarch_kernel.controller._session import Session
+
+
+@dataclass(frozen=True)
+class Frontend:
+    """What a front end receives. Each hook is called on a background thread, except
+    ``slow_wait``, which runs where the wait is."""
+
+    #: A line of worker output: ``(session, line)``, the line being the agent's
+    #: ``LogLine`` (rank, stream, text, origin). None: printed as ``[mesh rank] text``.
+    on_line: Callable[[Session, Any], None] | None = None
+    #: A failure that no ``on_failure`` callback or ``__supervise__`` hook handled.
+    #: None: one line on stderr.
+    on_failure: Callable[[MeshFailure], None] | None = None
+    #: monarch's own notices about a mesh's output (lines dropped). None: stderr.
+    on_notice: Callable[[str], None] | None = None
+    #: ``wait(calls, timeout, what)`` for waits that last more than a second (it shows
+    #: progress). None: plain waits.
+    slow_wait: Callable[[Sequence[Any], float | None, str], list[Any]] | None = None
+
+
+_current = [Frontend()]
+
+
+def set_frontend(frontend: Frontend) -> None:
+    """Installs ``frontend`` for every mesh of this process (replacing any before)."""
+    _current[0] = frontend
+    _future.set_slow_wait(frontend.slow_wait)
+
+
+def frontend() -> Frontend:
+    """The front end installed now (one with no hooks if none was)."""
+    return _current[0]
+
+
+__all__ = ["Frontend", "frontend", "set_frontend"]

@@ -1,0 +1,115 @@
+"""Where proc meshes come from: ``this_host()`` and its ``spawn_procs``, ``attach``,
+``list_meshes`` and ``this_proc()``."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from monarch_kernel import _native
+from monarch_kernel.controller._lifecycle import attach_session, get_or_create
+from monarch_kernel.errors import MeshSpecError
+from monarch_kernel.hosts import _admin
+from monarch_kernel.hosts._admin import MeshInfo
+from monarch_kernel.mesh._proc_mesh import ProcMesh, current_proc, set_this_proc
+from monarch_kernel.mesh._proc_ref import ProcRef
+from monarch_kernel.mesh._shape import Extent, MeshTrait, Point, Shape
+from monarch_kernel.worker import Dispatcher
+
+
+def _check_per_host(per_host: Mapping[str, int] | None) -> dict[str, int]:
+    if per_host is None:
+        return {"procs": 1}
+    if not isinstance(per_host, Mapping) or not per_host:
+        raise MeshSpecError(f"per_host must be a dict like {{'procs': 4}}, not {per_host!r}")
+    out: dict[str, int] = {}
+    for k, v in per_host.items():
+        if not isinstance(k, str) or not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise MeshSpecError(f"per_host[{k!r}] must be a positive int, not {v!r} (e.g. {{'procs': 4}})")
+        out[k] = v
+    return out
+
+
+class HostMesh(MeshTrait):
+    """Hosts that procs are spawned on. ``this_host()`` is the local machine."""
+
+    def __init__(self) -> None:
+        self._shape = Shape(Extent([], []))
+
+    def _new_with_shape(self, shape: Shape) -> HostMesh:
+        return self
+
+    def spawn_procs(
+        self,
+        per_host: Mapping[str, int] | None = None,
+        bootstrap: Any = None,
+        name: str | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        replace: bool = False,
+        ephemeral: bool | None = None,
+        idle_timeout: float | None = None,
+    ) -> ProcMesh:
+        """Starts worker processes laid out as ``per_host`` (e.g. ``{"procs": 4}``),
+        or returns the running mesh ``name``.
+
+        The processes belong to a host agent, never to this process. A named mesh is
+        persistent: it outlives this process, and ``spawn_procs`` with the same name and
+        spec (or ``attach(name)``) picks it up again, from here or another process. It
+        stops on ``stop()``, ``monarch-kernel down NAME``, or after ``idle_timeout``
+        seconds (default 24 h) with no controller attached. A different spec under a
+        running name is an error unless ``replace=True``. Unnamed meshes, and those
+        with ``ephemeral=True``, stop when this process exits.
+        """
+        if bootstrap is not None:
+            raise NotImplementedError(
+                "spawn_procs(bootstrap=...) is not supported yet; run setup in an actor's __init__"
+            )
+        sizes = _check_per_host(per_host)
+        session = get_or_create(
+            name, sizes, env, replace=replace, ephemeral=ephemeral, idle_timeout=idle_timeout
+        )
+        return ProcMesh(session.ref, Shape.of(sizes))
+
+
+def attach(name: str) -> ProcMesh:
+    """Becomes the controller of the running mesh ``name`` (created by this or any
+    other process): procs, actor meshes (``procs.actors``), module and actor state are
+    as they were. The controller that held it before is fenced: its next command
+    raises MeshOwnershipError."""
+    session = attach_session(name)
+    return ProcMesh(session.ref, Shape.of(session.sizes))
+
+
+def this_host() -> HostMesh:
+    """The host this code runs on."""
+    return HostMesh()
+
+
+_this_proc_lock = threading.Lock()
+
+
+def this_proc() -> ProcMesh:
+    """The process this code runs in, as a one-proc mesh. In the controller, actors
+    spawned on it run in this process (on background threads)."""
+    with _this_proc_lock:
+        mesh = current_proc()
+        if mesh is None:
+            token = secrets.token_urlsafe(32)
+            server = _native.WorkerServer(token)
+            Dispatcher(server, Point(0, Extent([], [])), token).start()
+            mesh = ProcMesh(ProcRef("this_proc", token, (server.addr,)), Shape(Extent([], [])))
+            set_this_proc(mesh)
+        return mesh
+
+
+def list_meshes() -> list[MeshInfo]:
+    """The running meshes this user can attach to, as ``MeshInfo`` records (name,
+    procs, alive, owner_epoch, attached, ...). State files of meshes that are gone are
+    removed, with a warning."""
+    return _admin.list_meshes()
+
+
+__all__ = ["HostMesh", "attach", "list_meshes", "this_host", "this_proc"]

@@ -1,0 +1,235 @@
+"""Making and ending sessions: create a mesh, attach to a running one (fencing the
+controller before), get-or-create by name and spec, stop; at exit, ephemeral meshes
+stop and persistent ones are let go."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from monarch_kernel.control import AgentClient
+from monarch_kernel.controller._session import Session, sessions, sessions_lock
+from monarch_kernel.errors import MeshNotFoundError, MeshOwnershipError, MeshSpecError
+from monarch_kernel.hosts import _registry, start_local_agent
+from monarch_kernel.hosts._admin import connect, stop_unowned
+from monarch_kernel.hosts._placement import placement_env
+from monarch_kernel.hosts._registry import MeshRecord
+from monarch_kernel.mesh._proc_ref import ProcRef
+
+#: Default idle timeout of a named mesh: how long it waits for a controller.
+DEFAULT_IDLE_TIMEOUT = 24 * 3600.0
+
+
+def session_for(ref: ProcRef) -> Session | None:
+    s = sessions.get(ref.name)
+    return s if s is not None and s.token == ref.token and not s.closed else None
+
+
+def _worker_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    return {
+        "MONARCH_SYS_PATH": json.dumps([p for p in sys.path if p and os.path.isdir(p)]),
+        "PYTHONUNBUFFERED": "1",
+        # A native abort's Rust backtrace would fill the log tail that a SupervisionError
+        # shows in place of its message; spawn_procs(env={"RUST_BACKTRACE": "1"}) keeps it.
+        "RUST_BACKTRACE": "0",
+        **(env or {}),
+    }
+
+
+def attach_record(rec: MeshRecord) -> Session:
+    """Attaches to the mesh ``rec`` describes (bumping its epoch); a stale record is
+    removed and raises MeshNotFoundError."""
+    with sessions_lock:
+        client = connect(rec)
+        if client is None:
+            _registry.remove_if_ours(rec.name, rec.token)
+            raise MeshNotFoundError(
+                f"mesh {rec.name!r} is not running: its host agent (pid {rec.agent_pid}, {rec.agent_addr}) is "
+                "gone, and its state file was removed. Start it again with "
+                f"this_host().spawn_procs(..., name={rec.name!r})."
+            )
+        reply = client.attach()
+        # The new lease opens before the old one (if this process had one) closes: an
+        # ephemeral mesh must never see no controller in between.
+        session = Session(rec, client, reply.epoch, list(reply.workers), list(reply.actors), agent=None)
+        old = sessions.get(rec.name)
+        if old is not None and old.token == rec.token and not old.closed:
+            session.callbacks.extend(old.callbacks)
+            session.agent = old.agent
+            old.detach()
+        rec.epoch = session.epoch
+        _registry.write(rec)
+        sessions[rec.name] = session
+        return session
+
+
+def create(
+    name: str | None,
+    sizes: dict[str, int],
+    env: Mapping[str, str] | None,
+    ephemeral: bool,
+    idle_timeout: float,
+) -> Session:
+    """Starts a new mesh: a host agent, its workers, and (if named) a state file."""
+    mesh_name = name or f"anon-{uuid.uuid4().hex[:8]}"
+    gpu_env = placement_env(sizes)  # PLACE-1: checked before anything starts
+    token = _new_token()
+    spec = {"per_host": sizes, "env": dict(env or {})}
+    meta = json.dumps({"spec": spec, "ephemeral": ephemeral, "idle_timeout": idle_timeout})
+    agent = start_local_agent(
+        mesh_name,
+        token,
+        idle_timeout=idle_timeout,
+        meta=meta,
+        state_file=str(_registry.path_of(mesh_name)),
+    )
+    client = AgentClient(agent.addr, token)
+    try:
+        epoch = client.attach().epoch
+        nprocs = 1
+        for v in sizes.values():
+            nprocs *= v
+        worker_env = {
+            "MONARCH_SHAPE": json.dumps([list(sizes), list(sizes.values())]),
+            **_worker_env(env),
+            **gpu_env,
+        }
+        workers = client.spawn_workers_raw(
+            nprocs, sys.executable, ["-m", "monarch_kernel.worker"], worker_env, os.getcwd(), epoch=epoch
+        )
+        rec = MeshRecord(
+            name=mesh_name,
+            token=token,
+            agent_addr=agent.addr,
+            agent_pid=agent.popen.pid,
+            host=os.uname().nodename,
+            spec=spec,
+            idle_timeout=idle_timeout,
+            ephemeral=ephemeral,
+            epoch=epoch,
+        )
+        session = Session(rec, client, epoch, workers, [], agent)
+        _registry.write(rec)
+    except BaseException:  # nothing may be left running that no state file names
+        try:
+            client.shutdown()
+        except Exception:
+            pass  # the original error is the one to report
+        finally:
+            agent.wait(10)
+        raise
+    with sessions_lock:
+        sessions[mesh_name] = session
+    return session
+
+
+def _new_token() -> str:
+    import secrets
+
+    return secrets.token_urlsafe(32)
+
+
+def get_or_create(
+    name: str | None,
+    sizes: dict[str, int],
+    env: Mapping[str, str] | None,
+    *,
+    replace: bool,
+    ephemeral: bool | None,
+    idle_timeout: float | None,
+) -> Session:
+    """``spawn_procs``: the running mesh ``name`` if its spec matches, else a new one."""
+    if ephemeral is None:
+        ephemeral = name is None
+    if idle_timeout is None:
+        idle_timeout = 0.0 if ephemeral else DEFAULT_IDLE_TIMEOUT
+    elif not isinstance(idle_timeout, (int, float)) or idle_timeout < 0:
+        raise MeshSpecError(f"idle_timeout must be a number of seconds >= 0, not {idle_timeout!r}")
+    if name is None:
+        return create(None, sizes, env, ephemeral, float(idle_timeout))
+    _registry.check_name(name)
+    spec = {"per_host": sizes, "env": dict(env or {})}
+    with _registry.locked(name):
+        rec = _registry.read(name)
+        if rec is not None:
+            mine = sessions.get(name)
+            if rec.spec == spec:
+                if mine is not None and mine.token == rec.token and mine.owns():
+                    return mine
+                try:
+                    return attach_record(rec)
+                except MeshNotFoundError:
+                    pass  # stale: create it anew below
+            elif not replace:
+                if connect(rec) is None:
+                    _registry.remove_if_ours(rec.name, rec.token)
+                else:
+                    raise MeshSpecError(
+                        f"mesh {name!r} is running with {_spec_text(rec.spec)}, not {_spec_text(spec)}. Pass "
+                        f"replace=True to stop it and start a new one, or attach({name!r}) to use it as it is."
+                    )
+            else:
+                stop_record(rec)
+        return create(name, sizes, env, ephemeral, float(idle_timeout))
+
+
+def _spec_text(spec: dict[str, Any]) -> str:
+    env = f", env={spec['env']}" if spec.get("env") else ""
+    return f"per_host={spec['per_host']}{env}"
+
+
+def stop_record(rec: MeshRecord) -> bool:
+    """Stops the mesh ``rec`` describes as an administrator (never fenced); True if
+    it was running."""
+    s = sessions.get(rec.name)
+    if s is not None and s.token == rec.token:
+        try:
+            s.stop()
+            return True
+        except MeshOwnershipError:
+            s.detach()  # fenced: stop it as an administrator below
+    return stop_unowned(rec)
+
+
+def attach_session(name: str) -> Session:
+    """Attaches to the running mesh ``name`` (see ``attach_record``)."""
+    _registry.check_name(name)
+    with _registry.locked(name):
+        rec = _registry.read(name)
+        if rec is None:
+            running = ", ".join(repr(n) for n in _registry.names()) or "none"
+            raise MeshNotFoundError(
+                f"no mesh named {name!r} is running (running: {running}). Create it with "
+                f"this_host().spawn_procs(per_host={{'procs': N}}, name={name!r})."
+            )
+        return attach_record(rec)
+
+
+@atexit.register
+def stop_all_ephemeral() -> None:
+    """At exit: ephemeral meshes of this process stop; persistent ones are let go."""
+    for s in list(sessions.values()):
+        try:
+            if s.rec.ephemeral:
+                s.stop(timeout=5)
+            else:
+                s.detach()
+        except Exception:
+            pass
+
+
+__all__ = [
+    "DEFAULT_IDLE_TIMEOUT",
+    "attach_record",
+    "attach_session",
+    "create",
+    "get_or_create",
+    "session_for",
+    "stop_all_ephemeral",
+    "stop_record",
+]

@@ -1,0 +1,348 @@
+"""``Session``: this controller's hold on one mesh.
+
+A session is made by creating a mesh or attaching to one (``_lifecycle``). It holds
+the mesh's agent client and epoch (fencing: the controller that attached last owns
+the mesh), the lease (an open ``Watch`` stream, which also brings worker exits and
+output), its ``Supervisor`` (deaths, heartbeats, failure hooks), and the commands a
+controller sends to the agent and the workers' built-in actor.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from monarch_kernel import _native, _origin
+from monarch_kernel._wire import BUILTIN, FLUSH_MARK
+from monarch_kernel.control import AgentClient, has_exited
+from monarch_kernel.controller._frontend import frontend
+from monarch_kernel.controller._supervision import MeshFailure, Supervisor
+from monarch_kernel.errors import MeshIndexError, MeshOwnershipError, MonarchKernelError, SupervisionError
+from monarch_kernel.hosts import AgentProcess, _registry
+from monarch_kernel.hosts._admin import agent_alive
+from monarch_kernel.hosts._registry import MeshRecord
+from monarch_kernel.mesh._future import Future
+from monarch_kernel.mesh._proc_mesh import ProcMesh
+from monarch_kernel.mesh._proc_ref import MeshState, ProcRef
+from monarch_kernel.mesh._serial import loads
+from monarch_kernel.mesh._shape import Extent, Shape
+from monarch_kernel.mesh._transfer_buffer import know_token
+from monarch_kernel.torch import setup as torch_setup
+
+
+def _forward_output() -> bool:
+    return os.environ.get("MONARCH_FORWARD_OUTPUT", "1") != "0"
+
+
+class Session:
+    """This process's hold on mesh ``rec.name`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        rec: MeshRecord,
+        client: AgentClient,
+        epoch: int,
+        workers: list[Any],
+        actors: list[Any],
+        agent: AgentProcess | None,
+    ) -> None:
+        self.rec = rec
+        self.name = rec.name
+        self.token = rec.token
+        self.client = client
+        self.agent = agent
+        self.epoch = epoch
+        self.sizes: dict[str, int] = dict(rec.spec["per_host"])
+        workers = sorted(workers, key=lambda w: w.rank)
+        self.ref = ProcRef(
+            rec.name,
+            rec.token,
+            tuple(w.addr for w in workers),
+            rec.agent_addr,
+            Extent(list(self.sizes), list(self.sizes.values())),
+        )
+        self.state: MeshState = self.ref.state()
+        self.state.ref = self.ref
+        self.state.stopped = False
+        self.state.fenced = False
+        self.state.lost = None
+        self.state.dead.clear()
+        self.state.changed()
+        #: Actor meshes by name: (payload, buffers, pickled shape) as recorded by the agent.
+        self.records: dict[str, tuple[bytes, list[bytes], bytes]] = {
+            a.name: (a.payload, list(a.buffers), a.shape) for a in actors
+        }
+        self.callbacks: list[Callable[[MeshFailure], Any]] = []
+        self.closed = False
+        self.stopping = False
+        #: Serializes respawns.
+        self.lock = threading.Lock()
+        self.fenced = False
+        self.supervisor = Supervisor(self)
+        know_token(rec.token)  # TransferBuffers from this mesh can be read here
+        _native.set_epoch(rec.token, self.epoch)
+        # The lease and the event stream first; then what happened before it opened
+        # (the agent does not replay events): exits are marked from the agent's list.
+        self._cancel_watch = client.watch_in_thread(self._on_event, self._on_end)
+        try:
+            workers = client.list_workers_raw()
+        except MonarchKernelError:
+            pass  # the watch reports what happens next
+        for w in workers:
+            if has_exited(w) and w.rank not in self.state.dead:  # exited before we watched
+                self.supervisor.worker_died(w, notify=False)
+        # Raise every worker's epoch now, so an older controller is fenced at once.
+        live = [r for r in range(len(self.ref.addrs)) if r not in self.state.dead]
+        _native.ping_all(self.state.connect(live), 2.0)
+        self.supervisor.start()
+
+    # -- events (watch thread) -----------------------------------------------------------
+
+    def _on_event(self, ev: Any) -> None:
+        if ev.HasField("worker_exited"):
+            self.supervisor.worker_died(ev.worker_exited, notify=True)
+        elif ev.HasField("dropped") and not self.closed:  # this watcher fell behind the workers
+            text = (
+                f"monarch: mesh {self.name!r}: {ev.dropped} lines of worker output were not shown "
+                "here (they came faster than the notebook took them); procs.logs() or %mesh logs "
+                "has every line.\n"
+            )
+            notice = frontend().on_notice
+            if notice is not None:
+                notice(text)
+            else:
+                sys.stderr.write(text)
+        elif ev.HasField("log") and not self.closed:
+            line = ev.log
+            on_line = frontend().on_line
+            if on_line is not None:
+                on_line(self, line)
+                return
+            if not _forward_output() or line.text == FLUSH_MARK:
+                return
+            out = sys.stderr if line.stream == "stderr" else sys.stdout
+            out.write(f"[{self.name} {line.rank}] {line.text}\n")  # one write: lines stay whole
+            out.flush()
+
+    def _on_end(self, err: BaseException | None) -> None:
+        if self.closed or self.stopping or err is None:
+            return
+        if agent_alive(self.rec):  # a hiccup, not a death: watch again
+            time.sleep(0.2)
+            if not self.closed:
+                self._cancel_watch = self.client.watch_in_thread(self._on_event, self._on_end)
+            return
+        self.supervisor.agent_lost(err)
+
+    def forget_record(self) -> None:
+        """Removes the mesh's state file, if it is still this mesh's."""
+        _registry.remove_if_ours(self.name, self.token)
+
+    # -- commands ------------------------------------------------------------------------
+
+    def record_actor(
+        self, name: str, payload: bytes, buffers: list[Any], shape_blob: bytes, supervised: bool | None = None
+    ) -> None:
+        """Keeps the actor mesh's record here and with the agent (for attach and
+        respawn). ``supervised``: whether its class defines ``__supervise__``, when
+        known, so that a failure need not unpickle the constructor's arguments."""
+        bufs = [bytes(b) for b in buffers]
+        self.records.pop(name, None)
+        self.records[name] = (payload, bufs, shape_blob)
+        self.supervisor.supervised.pop(name, None)
+        if supervised is not None:
+            self.supervisor.supervised[name] = supervised
+        try:
+            self.client.record_actor(name, payload, bufs, shape_blob, self.epoch)
+        except MonarchKernelError as e:  # the actors run; only a later attach() misses them
+            print(
+                f"monarch: actor mesh {name!r} runs, but the agent could not keep its record ({e}); "
+                "a later attach() or respawn() will not re-create it",
+                file=sys.stderr,
+            )
+
+    def forget_actor(self, name: str, ranks: list[int]) -> None:
+        """Forgets actor mesh ``name`` once it is stopped on every rank it spans (a
+        stopped slice leaves the record: the other ranks' actors still run)."""
+        rec = self.records.get(name)
+        if rec is not None and not set(loads(rec[2]).ranks) <= set(ranks):
+            return
+        self.records.pop(name, None)
+        self.client.forget_actor(name, self.epoch)
+
+    def respawn(self, timeout: float) -> list[int]:
+        """Restarts dead ranks and re-creates their actors; returns the ranks."""
+        with self.lock:
+            ranks = sorted(self.state.dead)
+            if not ranks:
+                return []
+            workers = self.client.respawn_workers(ranks, self.epoch)
+            addrs = list(self.state.ref.addrs)
+            for w in workers:
+                addrs[w["rank"]] = w["addr"]
+            ref = ProcRef(self.name, self.token, tuple(addrs), self.rec.agent_addr, self.ref.extent)
+            self.state.ref = ref
+            for r in ranks:
+                self.state.dead.pop(r, None)
+            self.state.changed()
+            for name, (payload, buffers, shape_blob) in list(self.records.items()):
+                shape = loads(shape_blob)
+                targets = [r for r in shape.ranks if r in ranks]
+                if not targets:
+                    continue
+                conns = self.state.connect(targets)
+                calls = [c.spawn_actor(name, payload, buffers) for c in conns]
+                for r, reply in zip(targets, _native.wait_all(calls, timeout)):
+                    if isinstance(reply, BaseException) or reply[0] != _native.REPLY_RESULT:
+                        raise SupervisionError(
+                            f"respawn of mesh {self.name!r}: actor {name!r} could not be re-created on "
+                            f"rank {r}: {reply if isinstance(reply, BaseException) else bytes(reply[1])[:500]!r}",
+                            mesh=self.name,
+                            rank=r,
+                        )
+            return ranks
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Stops the workers and the agent, and forgets the mesh. Idempotent."""
+        if self.closed and self.state.stopped:
+            return
+        self.stopping = True  # the exits that shutdown causes are not failures
+        try:
+            self.client.shutdown(self.epoch, timeout=timeout)
+        except MeshOwnershipError:
+            self.stopping = False
+            raise  # another controller owns it now: not ours to stop
+        except MonarchKernelError:
+            pass  # the agent is gone already
+        self.state.stopped = True
+        self.state.changed()
+        self.closed = True
+        sessions.pop(self.name, None)
+        self._cancel_watch()
+        _registry.remove_if_ours(self.name, self.token)
+        if self.agent is not None:
+            self.agent.wait(timeout)
+
+    def workers(self) -> dict[int, dict[str, Any]]:
+        """What the agent says of each worker (pid, host, state, restarts...), by rank."""
+        return {w["rank"]: w for w in self.client.list_workers()}
+
+    def calls_in_flight(self, rank: int) -> int | None:
+        """How many calls worker ``rank`` is serving now (None if it does not say)."""
+        try:
+            (conn,) = self.state.connect([rank])
+            return int(conn.stats()["calls_in_flight"])
+        except Exception:
+            return None
+
+    @property
+    def nprocs(self) -> int:
+        """How many procs the mesh has (alive or not)."""
+        return len(self.state.ref.addrs)
+
+    def procs(self) -> ProcMesh:
+        """The whole proc mesh this session controls."""
+        return ProcMesh(self.ref, Shape.of(self.sizes))
+
+    def setup_torch_distributed(self, procs: ProcMesh, backend: str, timeout: float) -> dict[str, Any]:
+        """``ProcMesh.setup_torch_distributed`` (see ``monarch_kernel.torch``)."""
+        return torch_setup(self, procs, backend, timeout)
+
+    def owns(self) -> bool:
+        """True while this session still controls a running mesh (not closed, lost,
+        nor fenced by a later controller)."""
+        if self.closed or self.state.lost is not None:
+            return False
+        try:
+            return int(self.client.ping(timeout=3.0)["epoch"]) == self.epoch
+        except MonarchKernelError:
+            return False
+
+    def detach(self) -> None:
+        """Lets go of the mesh without stopping it (the lease ends)."""
+        if self.closed:
+            return
+        self.closed = True
+        if sessions.get(self.name) is self:
+            sessions.pop(self.name, None)
+        self._cancel_watch()
+
+    def flush(self, origin: str, timeout: float = 5.0) -> list[int]:
+        """Asks every live worker to write a flush marker tagged ``origin`` on stdout
+        and stderr (see ``Dispatcher._builtin``); returns the ranks asked."""
+        ranks = [r for r in range(len(self.state.ref.addrs)) if r not in self.state.dead]
+        if not ranks or self.closed or self.state.lost is not None:
+            return []
+        _native.wait_all(self._builtin(ranks, "flush", origin=origin), timeout)
+        return ranks
+
+    def _builtin(self, ranks: list[int], method: str, payload: bytes = b"", origin: str = "") -> list[Any]:
+        """Calls ``method`` of the actor every worker has (``Dispatcher._builtin``)."""
+        conns = self.state.connect(ranks)
+        return _native.call(conns, ranks, [], [], BUILTIN, method, payload, [], False, origin)
+
+    def post_mortem(self, rank: int) -> Future[None]:
+        """Starts pdb on worker ``rank``'s last exception; the Future completes when
+        the debugging session ends."""
+        (call,) = self._builtin([rank], "post_mortem", origin=_origin.current())
+        return Future(_calls=[call], _finish=lambda _replies: None)
+
+    def pdb_input(self, rank: int, line: str, timeout: float = 10.0) -> bool:
+        """Sends ``line`` to the debugger waiting on worker ``rank``; True if one was."""
+        (call,) = self._builtin([rank], "pdb_input", line.encode())
+        _kind, payload, buffers = call.wait(timeout)
+        return bool(loads(payload, buffers, self.token))
+
+    def stacks(self, ranks: list[int], timeout: float = 10.0) -> list[str]:
+        """The Python stacks of workers ``ranks`` (text; a dead or silent rank says so)."""
+        calls = self._builtin(ranks, "stacks")
+        out = []
+        deadline = time.monotonic() + timeout
+        for r, c in zip(ranks, calls):
+            try:
+                _kind, payload, buffers = c.wait(max(0.0, deadline - time.monotonic()))
+                out.append(str(loads(payload, buffers, self.token)))
+            except TimeoutError:
+                out.append(f"(rank {r} did not answer within {timeout:g} s: stopped, or hung in native code)")
+            except Exception as e:
+                out.append(f"(rank {r} did not answer: {e})")
+        return out
+
+    def _check_rank(self, rank: int | None, what: str) -> None:
+        n = len(self.state.ref.addrs)
+        if rank is not None and not 0 <= rank < n:
+            raise MeshIndexError(
+                f"{what}: rank {rank} is out of range; mesh {self.name!r} has ranks 0 to {n - 1}"
+            )
+
+    def logs(self, rank: int | None, tail: int) -> list[str]:
+        self._check_rank(rank, "logs()")
+        if tail < 0:
+            raise ValueError(f"logs(): tail={tail} must be 0 or more (the number of last lines)")
+        return self.client.logs(rank=rank, tail=tail)
+
+    def stream_logs(self, rank: int | None = None) -> Iterator[str]:
+        """New output lines as they come, ``[mesh rank] text``, until the iterator is closed."""
+        self._check_rank(rank, "stream_logs()")
+        return self._stream_logs(rank)
+
+    def _stream_logs(self, rank: int | None) -> Iterator[str]:
+        stream = self.client.watch()
+        try:
+            for ev in stream:
+                if ev.HasField("log") and (rank is None or ev.log.rank == rank):
+                    yield f"[{self.name} {ev.log.rank}] {ev.log.text}"
+        finally:
+            stream.cancel()
+
+
+#: Sessions of this process, by mesh name.
+sessions: dict[str, Session] = {}
+sessions_lock = threading.RLock()
+
+
+__all__ = ["Session", "sessions", "sessions_lock"]

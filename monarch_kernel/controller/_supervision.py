@@ -1,0 +1,233 @@
+"""Supervision of a mesh from its controller: worker deaths, unresponsive workers,
+a lost agent, fencing, and who hears of them.
+
+SUPERVISE-1: a worker's exit is known here as soon as the agent reports it, whether a
+call is pending or not: its rank is marked dead (later calls needing it fail fast,
+other ranks go on), ``on_failure`` callbacks and actors' ``__supervise__`` hooks run,
+and with neither the front end (the notebook) or a line on stderr says so.
+SUPERVISE-2: a worker that misses ``MISSES`` heartbeats in a row is *unresponsive*
+(alive but not answering: SIGSTOP, a hung native call), reported once, distinct from
+dead; it is alive again when it answers.
+SUPERVISE-3: when the agent itself goes, its workers exit (AGENT-1) and the mesh is
+*lost*: every later call fails with a SupervisionError that says so.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from monarch_kernel import _native
+from monarch_kernel.control import has_exited, worker_dict
+from monarch_kernel.controller._frontend import frontend
+from monarch_kernel.errors import MonarchKernelError, SupervisionError
+from monarch_kernel.mesh._control import MeshFailure
+from monarch_kernel.mesh._proc_ref import death_error, describe
+from monarch_kernel.mesh._serial import dumps, loads
+
+if TYPE_CHECKING:
+    from monarch_kernel.controller._session import Session
+
+#: Heartbeat period and the misses that make a worker unresponsive (SUPERVISE-2).
+HEARTBEAT_S = 1.0
+MISSES = 3
+#: What a line on stderr adds to a failure nobody handled.
+_HINTS = {
+    "dead": "calls that need it fail; procs.respawn() restarts it",
+    "unresponsive": "calls to it wait; it is alive but does not answer",
+    "recovered": "it answers again",
+    "lost": "",
+    "fenced": "",
+}
+
+
+class Supervisor:
+    """Watches one session's mesh (see the module docstring): the session's watch
+    thread hands it worker exits and the agent's loss, its own thread sends the
+    heartbeats."""
+
+    def __init__(self, session: Session) -> None:
+        self.s = session
+        #: The watch and the heartbeat may both see one death.
+        self._dead_lock = threading.Lock()
+        #: Whether each actor mesh's class defines __supervise__ (where known).
+        self.supervised: dict[str, bool] = {}
+        self._thread = threading.Thread(
+            target=self._beat, name=f"monarch-heartbeat-{session.name}", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def agent_lost(self, err: BaseException) -> None:
+        """SUPERVISE-3: the agent is gone, and with it every worker."""
+        s = self.s
+        lost = SupervisionError(
+            f"mesh {s.name!r} is lost: its host agent ({s.rec.agent_addr}, pid {s.rec.agent_pid}) "
+            f"went away ({err}), and its workers exit with it. Start it again with "
+            f"this_host().spawn_procs(..., name={s.name!r}).",
+            mesh=s.name,
+        )
+        s.state.lost = lost
+        s.state.changed()
+        s.forget_record()
+        self.notify(MeshFailure.of(lost, "lost"))
+
+    def worker_died(self, w: Any, notify: bool) -> None:
+        """SUPERVISE-1: worker ``w`` (the agent's WorkerInfo) exited."""
+        s = self.s
+        info = worker_dict(w)
+        try:
+            info["log_tail"] = list(s.client.logs(rank=info["rank"], tail=10))
+        except MonarchKernelError:
+            info["log_tail"] = []
+        err = death_error(s.name, info["rank"], info, None)
+        with self._dead_lock:  # the watch and the heartbeat may both see it
+            known = s.state.dead.get(info["rank"])
+            if known is not None and known.pid == info["pid"]:
+                return
+            s.state.dead[info["rank"]] = err
+            s.state.unresponsive.discard(info["rank"])
+            s.state.changed()
+        if notify and not (s.closed or s.stopping):
+            self.notify(MeshFailure.of(err, "dead"))
+
+    def notify(self, failure: MeshFailure) -> None:
+        """Tells whoever listens (callbacks, ``__supervise__`` hooks, else the front
+        end or a line on stderr) of ``failure``."""
+        handled = False
+        for cb in list(self.s.callbacks):
+            handled = True
+            try:
+                cb(failure)
+            except Exception as e:
+                print(f"monarch: on_failure callback {cb!r} raised {type(e).__name__}: {e}", file=sys.stderr)
+        if failure.kind in ("dead", "unresponsive"):
+            handled = self._supervise(failure) or handled
+        sink = frontend().on_failure
+        if not handled and sink is not None:
+            sink(failure)
+        elif not handled:
+            hint = _HINTS[failure.kind]
+            first = failure.message.splitlines()[0]
+            print(f"monarch: {first}{f' ({hint})' if hint else ''}", file=sys.stderr, flush=True)
+
+    def _supervise(self, failure: MeshFailure) -> bool:
+        """Sends ``__supervise__(failure)`` to the live actors of every actor mesh
+        that spans the failed rank and whose class defines it; True if any did."""
+        s = self.s
+        any_hook = False
+        for name, (payload, buffers, shape_blob) in list(s.records.items()):
+            supervised = self.supervised.get(name)
+            try:
+                if supervised is None:  # a record from another controller: look once
+                    supervised = self.supervised[name] = hasattr(loads(payload, buffers)[0], "__supervise__")
+                if not supervised:
+                    continue
+                shape = loads(shape_blob)
+            except Exception:
+                continue
+            if failure.rank not in shape.ranks:
+                continue
+            local = [i for i, r in enumerate(shape.ranks) if r not in s.state.dead and r != failure.rank]
+            if not local:
+                continue
+            conns = s.state.connect([shape.ranks[i] for i in local])
+            data, raws = dumps(((failure,), {}), "supervision event")
+            _native.call(
+                conns,
+                local,
+                list(shape.labels),
+                list(shape.extent.sizes),
+                name,
+                "__supervise__",
+                data,
+                raws,
+                True,
+            )
+            any_hook = True
+        return any_hook
+
+    # -- heartbeats (SUPERVISE-2) --------------------------------------------------------
+
+    def _beat(self) -> None:
+        s = self.s
+        misses: dict[int, int] = {}
+        while not s.closed and s.state.lost is None:
+            started = time.monotonic()
+            ranks = [r for r in range(len(s.state.ref.addrs)) if r not in s.state.dead]
+            try:
+                conns = s.state.connect(ranks)
+                results = _native.ping_all(conns, HEARTBEAT_S)
+            except Exception:
+                results = [None] * len(ranks)
+            for r, res in zip(ranks, results):
+                if s.closed or r in s.state.dead:
+                    continue
+                if isinstance(res, tuple):
+                    misses[r] = 0
+                    if res[1] > s.epoch and not s.fenced:
+                        self._fence(res[1])
+                    if r in s.state.unresponsive:
+                        s.state.unresponsive.discard(r)
+                        self.notify(
+                            MeshFailure(s.name, "recovered", f"rank {r} of mesh {s.name!r} answers again", r)
+                        )
+                    continue
+                if isinstance(res, BaseException) and self._exited(r):
+                    continue  # an exit the event stream missed (SUPERVISE-1)
+                misses[r] = misses.get(r, 0) + 1
+                if misses[r] == MISSES and r not in s.state.unresponsive:
+                    s.state.unresponsive.add(r)
+                    self.notify(MeshFailure.of(self._unresponsive_error(r), "unresponsive"))
+            time.sleep(max(0.0, HEARTBEAT_S - (time.monotonic() - started)))
+
+    def _exited(self, rank: int) -> bool:
+        """Asks the agent whether ``rank`` exited; if so, handles it as a death. For
+        exits the watch stream did not deliver (it drops events when a reader lags)."""
+        s = self.s
+        try:
+            w = next((w for w in s.client.list_workers_raw() if w.rank == rank), None)
+        except MonarchKernelError:
+            return False
+        if w is None or not has_exited(w) or rank in s.state.dead:
+            return False
+        self.worker_died(w, notify=True)
+        return True
+
+    def _fence(self, epoch: int) -> None:
+        """Another controller attached (epoch ``epoch``): stop listening to the mesh,
+        say so once."""
+        s = self.s
+        s.fenced = s.state.fenced = True
+        self.notify(
+            MeshFailure(
+                s.name,
+                "fenced",
+                f"mesh {s.name!r}: another controller attached (epoch {epoch}; this one has {s.epoch}); "
+                f"commands from here now raise MeshOwnershipError. attach({s.name!r}) takes it back.",
+            )
+        )
+        s.detach()
+
+    def _unresponsive_error(self, rank: int) -> SupervisionError:
+        s = self.s
+        info: dict[str, Any] | None
+        try:
+            info = s.client.worker(rank)
+        except MonarchKernelError:
+            info = None
+        how = describe(info, f"no heartbeat for {MISSES} s") if info else f"missed {MISSES} heartbeats"
+        where = f" (pid {info['pid']} on {info['host']})" if info else ""
+        return SupervisionError(
+            f"The worker of rank {rank} of mesh {s.name!r}{where} is unresponsive: it {how}",
+            mesh=s.name,
+            rank=rank,
+            pid=info["pid"] if info else None,
+            host=info["host"] if info else None,
+        )
+
+
+__all__ = ["HEARTBEAT_S", "MISSES", "MeshFailure", "Supervisor"]

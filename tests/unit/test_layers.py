@@ -1,0 +1,142 @@
+"""The package's layers (docs/architecture.md): a module imports only modules of its
+own layer or of lower ones, and the modules import each other without loops.
+
+Every import counts, also those inside functions and those only for type checkers;
+there is no list of exceptions."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2] / "monarch_kernel"
+
+#: Bottom to top. A module belongs to the first entry that is it or a package above it.
+LAYERS: list[tuple[str, list[str]]] = [
+    (
+        "base",
+        [
+            "monarch_kernel.errors",
+            "monarch_kernel._native",
+            "monarch_kernel._origin",
+            "monarch_kernel._lazy",
+            "monarch_kernel._wire",
+            "monarch_kernel.v1",
+        ],
+    ),
+    ("control", ["monarch_kernel.control"]),
+    ("hosts", ["monarch_kernel.hosts"]),
+    ("mesh", ["monarch_kernel.mesh", "monarch_kernel.actor"]),
+    ("torch", ["monarch_kernel.torch"]),
+    ("worker", ["monarch_kernel.worker"]),
+    ("controller", ["monarch_kernel.controller"]),
+    ("public", ["monarch_kernel._compat", "monarch_kernel"]),
+    ("kernel", ["monarch_kernel.kernel"]),
+    ("commands", ["monarch_kernel.cli", "monarch_kernel.__main__"]),
+]
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _layer(module: str) -> int:
+    for i, (_name, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if module == prefix or (prefix != "monarch_kernel" and module.startswith(prefix + ".")):
+                return i
+    raise AssertionError(f"{module} is in no layer: add it to LAYERS (and to docs/architecture.md)")
+
+
+def _resolve(importer: str, is_package: bool, node: ast.ImportFrom | ast.Import) -> list[str]:
+    """The monarch_kernel modules an import statement loads."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names if a.name.split(".")[0] == "monarch_kernel"]
+    base = node.module or ""
+    if node.level:
+        package = importer if is_package else importer.rpartition(".")[0]
+        for _ in range(node.level - 1):
+            package = package.rpartition(".")[0]
+        base = f"{package}.{base}" if base else package
+    if base.split(".")[0] != "monarch_kernel":
+        return []
+    out = []
+    for a in node.names:
+        sub = f"{base}.{a.name}"
+        out.append(sub if sub in MODULES or sub == "monarch_kernel._native" else base)
+    return out
+
+
+def _imports(module: str, top_level_only: bool) -> set[str]:
+    path = MODULES[module]
+    tree = ast.parse(path.read_text(), str(path))
+    is_package = path.name == "__init__.py"
+    nodes: list[ast.AST] = list(tree.body) if top_level_only else list(ast.walk(tree))
+    if top_level_only:  # what runs at import time, less `if TYPE_CHECKING:` blocks
+        expanded: list[ast.AST] = []
+        for n in nodes:
+            if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test):
+                continue
+            if isinstance(n, (ast.If, ast.Try)):
+                expanded.extend(ast.walk(n))
+            else:
+                expanded.append(n)
+        nodes = expanded
+    found: set[str] = set()
+    for n in nodes:
+        if isinstance(n, (ast.Import, ast.ImportFrom)):
+            found.update(_resolve(module, is_package, n))
+    found.discard(module)
+    return found
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_a_module_imports_nothing_from_a_higher_layer(module):
+    mine = _layer(module)
+    higher = sorted(
+        f"{target} (layer {LAYERS[_layer(target)][0]})"
+        for target in _imports(module, top_level_only=False)
+        if _layer(target) > mine
+    )
+    assert not higher, f"{module} (layer {LAYERS[mine][0]}) imports from higher layers: {higher}"
+
+
+def test_the_modules_import_each_other_without_loops():
+    graph = {m: {t for t in _imports(m, top_level_only=True) if t in MODULES} for m in MODULES}
+    # A package's __init__ is loaded before any of its modules; that edge is not a loop.
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for t in sorted(graph[m]):
+            if m.startswith(t + "."):
+                continue  # a module importing names its own package re-exports
+            if state.get(t) == 1:
+                loop = stack[stack.index(t) :] + [t]
+                raise AssertionError("import loop: " + " -> ".join(loop))
+            if t not in state:
+                visit(t)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+
+
+def test_every_layer_names_modules_that_exist():
+    for name, prefixes in LAYERS:
+        for prefix in prefixes:
+            assert prefix == "monarch_kernel._native" or prefix in MODULES, (
+                f"layer {name}: {prefix} does not exist"
+            )

@@ -1,0 +1,45 @@
+"""The formats Python and Rust share (``monarch_kernel._wire``) agree: Python takes
+what Rust owns from the native module, and the native parser reads what Python writes."""
+
+from __future__ import annotations
+
+import io
+
+from monarch_kernel import _native, _origin, _wire
+from monarch_kernel.mesh import _buffers
+from monarch_kernel.worker import _output
+
+
+def test_what_rust_owns_python_takes_from_the_native_module():
+    assert _wire.MESSAGE_HEADER == bytes(_native.MESSAGE_HEADER) == _buffers.HEADER
+    assert _wire.FLUSH_MARK == _native.FLUSH_MARK
+    assert (_wire.ORIGIN_START, _wire.ORIGIN_END) == (_native.ORIGIN_START, _native.ORIGIN_END)
+    assert _wire.TRANSFER_STREAMS_ENV == _native.TRANSFER_STREAMS_ENV == "MONARCH_TRANSFER_STREAMS"
+
+
+def test_the_agent_reads_the_origin_tag_a_worker_writes():
+    sink = io.StringIO()
+    stream = _output.TaggedStream(sink)  # what a worker's stdout is
+    token = _origin.set_context("cell-42")
+    try:
+        stream.write("hello\n")
+    finally:
+        _origin.reset(token)
+    assert _native.split_origin(sink.getvalue().encode()) == ("cell-42", b"hello\n")
+    assert _native.split_origin(b"plain\n") == ("", b"plain\n")
+
+
+def test_a_flush_mark_with_an_origin_is_recognised_after_the_tag():
+    origin, text = _native.split_origin(
+        f"{_wire.ORIGIN_START}c1{_wire.ORIGIN_END}{_wire.FLUSH_MARK}\n".encode()
+    )
+    assert origin == "c1"
+    assert text.rstrip(b"\n").decode() == _wire.FLUSH_MARK
+
+
+def test_the_worker_states_are_the_protos():
+    from monarch_kernel import control
+    from monarch_kernel.v1 import agent_pb2
+
+    assert control.WORKER_RUNNING == agent_pb2.WORKER_STATE_RUNNING
+    assert control.WORKER_EXITED == agent_pb2.WORKER_STATE_EXITED
