@@ -20,29 +20,28 @@ DISPATCH-3: no thread is left waiting in native code when the interpreter exits.
 
 from __future__ import annotations
 
-import atexit
 import collections
 import ctypes
 import functools
 import os
-import queue
 import signal
 import sys
 import threading
 import time
 import traceback
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from monarch_kernel import _native, _origin
-from monarch_kernel._wire import BUILTIN, FLUSH_MARK
+from monarch_kernel._wire import BUILTIN
 from monarch_kernel.actor import Context, Instance, _current, _process_default, endpoints_of, is_async_actor
 from monarch_kernel.mesh._buffers import wait_read
 from monarch_kernel.mesh._serial import dumps, dumps_exception, loads
 from monarch_kernel.mesh._shape import Extent, Point
 from monarch_kernel.worker import _output
+from monarch_kernel.worker._builtin import serve_builtin
+from monarch_kernel.worker._lanes import LaneThread, lane_threads
 
 if TYPE_CHECKING:
     import asyncio
@@ -51,8 +50,6 @@ _SPAWN, _STOP, _CALL, _CANCEL = _native.KIND_SPAWN, _native.KIND_STOP, _native.K
 _LANE_LOOP = _native.LANE_LOOP
 # Methods the controller may call on an actor that defines them, endpoints or not.
 _HOOKS = frozenset({"__supervise__"})
-# How often an idle lane thread comes back to Python (to see it was stopped).
-_IDLE_WAKE_S = 0.5
 #: Longest an actor waits for its caller to pull a large return value (XFER-2).
 REPLY_WAIT_S = 10.0
 #: A worker's exit status when a second interrupt ended it (INTERRUPT-2), as a shell's 128 + SIGINT.
@@ -72,84 +69,7 @@ class _Actor:
     task: asyncio.Task[None] | None = None
     running: dict[int, asyncio.Task[Any]] = field(default_factory=dict)
     # Sync actors: the thread that runs them.
-    runner: _LaneThread | None = None
-
-
-# Every live lane thread, stopped at exit: a daemon thread still waiting inside native
-# code when the interpreter finalizes aborts the process (DISPATCH-3).
-_runners: weakref.WeakSet[_LaneThread] = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_runners() -> None:
-    runners = list(_runners)
-    for r in runners:
-        r.stopped = True
-        r.server.wake(r.lane)
-    for r in runners:
-        if r.thread.ident is not None:  # one made but never started has nothing to stop
-            r.thread.join(timeout=2 * _IDLE_WAKE_S)
-
-
-class _LaneThread:
-    """A thread that runs its jobs, then hands what arrives on its native lane to
-    ``handle``: the routing thread (lane LANE_LOOP) or one sync actor's thread."""
-
-    def __init__(
-        self,
-        server: Any,
-        name: str,
-        handle: Callable[[_LaneThread, tuple[Any, ...]], None],
-        lane: int | None = None,
-    ) -> None:
-        self.server = server
-        self.handle = handle
-        self.lane: int = self.server.open_lane() if lane is None else lane
-        # Jobs put here by other threads (constructor, __cleanup__, routing updates).
-        self.jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self.stopped = False
-        self.running_call: int | None = None
-        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
-        _runners.add(self)
-
-    def submit(self, job: Callable[[], None]) -> None:
-        self.jobs.put(job)
-        self.server.wake(self.lane)
-
-    def interrupt(self, call_id: int) -> None:
-        if self.running_call == call_id and self.thread.ident is not None:
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                ctypes.c_ulong(self.thread.ident), ctypes.py_object(KeyboardInterrupt)
-            )
-
-    def _run(self) -> None:
-        while not self.stopped:
-            try:
-                while not self.stopped:
-                    try:
-                        job = self.jobs.get_nowait()
-                    except queue.Empty:
-                        break
-                    job()
-                if self.stopped:
-                    return
-                for item in self.server.take_wait(self.lane, _IDLE_WAKE_S):
-                    self.handle(self, item)
-            except KeyboardInterrupt:  # a cancel that arrived between calls
-                continue
-
-
-def thread_stacks() -> str:
-    """Every thread's current Python stack, innermost call last, named by thread."""
-    names = {t.ident: t.name for t in threading.enumerate()}
-    me = threading.get_ident()
-    parts = []
-    for ident, frame in sys._current_frames().items():
-        if ident == me:
-            continue  # the routing thread answering this
-        stack = "".join(traceback.format_stack(frame))
-        parts.append(f"Thread {names.get(ident, ident)!s} ({ident}):\n{stack}")
-    return "\n".join(parts)
+    runner: LaneThread | None = None
 
 
 class Dispatcher:
@@ -161,7 +81,7 @@ class Dispatcher:
         self.token = token  # the mesh's: transfers in and out use it
         # Owned by the routing thread.
         self.actors: dict[str, _Actor] = {}
-        self.router = _LaneThread(server, "monarch-dispatch", self._route_guarded, lane=_LANE_LOOP)
+        self.router = LaneThread(server, "monarch-dispatch", self._route_guarded, lane=_LANE_LOOP)
         self._aloop: asyncio.AbstractEventLoop | None = None
         self._aloop_thread: threading.Thread | None = None
         self._async_cleanups: list[asyncio.Task[None]] = []  # __cleanup__ of async actors
@@ -197,7 +117,7 @@ class Dispatcher:
 
     # -- routing (routing thread) --------------------------------------------------------
 
-    def _route_guarded(self, _router: _LaneThread, item: tuple[Any, ...]) -> None:
+    def _route_guarded(self, _router: LaneThread, item: tuple[Any, ...]) -> None:
         try:
             self._route(item)
         except Exception:  # DISPATCH-2: report, never stop dispatching
@@ -206,7 +126,7 @@ class Dispatcher:
     def _route(self, item: tuple[Any, ...]) -> None:
         token, kind, call_id, actor, method, payload, buffers, where = item
         if kind == _CALL and actor == BUILTIN:
-            self._builtin(token, method, where, bytes(payload))
+            serve_builtin(self, token, method, where, bytes(payload))
         elif kind == _CALL:
             a = self._callee(token, actor, method)
             if a is None:
@@ -226,7 +146,7 @@ class Dispatcher:
                     self._construct, token, actor, cls, args, kwargs, None, origin
                 )
             else:
-                runner = _LaneThread(self.server, f"monarch-actor-{actor}", self._run_sync_item)
+                runner = LaneThread(self.server, f"monarch-actor-{actor}", self._run_sync_item)
                 runner.submit(lambda: self._construct(token, actor, cls, args, kwargs, runner, origin))
                 runner.thread.start()
         elif kind == _STOP:
@@ -234,9 +154,7 @@ class Dispatcher:
         elif kind == _CANCEL:
             self._cancel(call_id)
 
-    def _callee(
-        self, token: int, actor: str, method: str, runner: _LaneThread | None = None
-    ) -> _Actor | None:
+    def _callee(self, token: int, actor: str, method: str, runner: LaneThread | None = None) -> _Actor | None:
         """The actor a call is for, or None after rejecting the call. With ``runner``,
         the actor must still be the one that runner serves (not stopped or replaced)."""
         a = self.actors.get(actor)
@@ -261,7 +179,7 @@ class Dispatcher:
         cls: type,
         args: Any,
         kwargs: Any,
-        runner: _LaneThread | None,
+        runner: LaneThread | None,
         origin: str = "",
     ) -> None:
         """Runs the constructor: on the asyncio thread for async actors, else on
@@ -306,10 +224,10 @@ class Dispatcher:
             self._cleanup(a)
         self._reply(token, None, f"stop of {name}")
 
-    def _close_runner(self, runner: _LaneThread) -> None:
+    def _close_runner(self, runner: LaneThread) -> None:
         """Ends ``runner``'s thread (on it); calls still queued for it are rejected."""
         runner.stopped = True
-        _runners.discard(runner)
+        lane_threads.discard(runner)
         for item in self.server.close_lane(runner.lane):
             self._reject(item[0], f"actor {item[3]!r} was stopped")
 
@@ -349,7 +267,7 @@ class Dispatcher:
 
         self.router.submit(stop_all)
         ended.wait(grace)
-        for runner in list(_runners):
+        for runner in list(lane_threads):
             if runner is not self.router and runner.thread.ident is not None:
                 runner.thread.join(max(0.0, deadline - time.monotonic()))
         if self._aloop is not None:  # the cleanups scheduled above come first in its queue
@@ -386,55 +304,7 @@ class Dispatcher:
         rank, dims, sizes, _ = where
         return Context(a.context.actor_instance, message_rank=Point(rank, Extent(dims, sizes)))
 
-    def _builtin(self, token: int, method: str, where: tuple[Any, ...], payload: bytes = b"") -> None:
-        """Calls to the actor every worker has (``BUILTIN``), on the routing thread.
-
-        ``flush``: writes an end-of-output marker, tagged with the call's origin, to
-        stdout and stderr; once the caller has seen both, it has seen everything this
-        worker printed for that origin before the call (the pipes are in order).
-
-        ``pdb_input``: the payload (UTF-8) is the next line for the debugger waiting
-        longest in this worker (see ``_debug``).
-
-        ``stacks``: the current Python stack of every thread, as text; answered here
-        (not by an actor's thread), so it works while the main thread or an actor is
-        busy in Python code."""
-        if method == "stacks":
-            self._reply(token, thread_stacks(), f"{BUILTIN}.stacks")
-            return
-        if method == "post_mortem":
-            from monarch_kernel.worker import _debug
-
-            origin = where[3]
-
-            def run() -> None:
-                reset = _origin.set_context(origin)
-                try:
-                    self._reply(token, _debug.post_mortem(), f"{BUILTIN}.post_mortem")
-                finally:
-                    _origin.reset(reset)
-
-            threading.Thread(target=run, name="monarch-post-mortem", daemon=True).start()
-            return
-        if method == "pdb_input":
-            from monarch_kernel.worker import _debug
-
-            self._reply(token, _debug.feed(payload.decode("utf-8", "replace")), f"{BUILTIN}.pdb_input")
-            return
-        if method == "flush":
-            reset = _origin.set_context(where[3])
-            try:
-                _output.end_lines()  # the marker goes on a line of its own
-                for stream in (sys.stdout, sys.stderr):
-                    stream.write(f"{FLUSH_MARK}\n")
-                    stream.flush()
-            finally:
-                _origin.reset(reset)
-            self._reply(token, None, f"{BUILTIN}.flush")
-        else:
-            self._reject(token, f"the built-in actor has no method {method!r}")
-
-    def _run_sync_item(self, runner: _LaneThread, item: tuple[Any, ...]) -> None:
+    def _run_sync_item(self, runner: LaneThread, item: tuple[Any, ...]) -> None:
         token, _kind, call_id, actor, method, payload, buffers, where = item
         a = self._callee(token, actor, method, runner)
         if a is None:

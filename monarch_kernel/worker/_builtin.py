@@ -1,0 +1,66 @@
+"""The actor every worker has without spawning it (``_wire.BUILTIN``): what the
+controller asks of a worker itself (flush marks, stacks, pdb input, post-mortem)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import TYPE_CHECKING, Any
+
+from monarch_kernel import _origin
+from monarch_kernel._wire import BUILTIN, FLUSH_MARK
+from monarch_kernel.worker import _debug, _output
+from monarch_kernel.worker._lanes import thread_stacks
+
+if TYPE_CHECKING:
+    from monarch_kernel.worker._dispatcher import Dispatcher
+
+
+def serve_builtin(
+    d: Dispatcher, token: int, method: str, where: tuple[Any, ...], payload: bytes = b""
+) -> None:
+    """Calls to the actor every worker has (``BUILTIN``), on the routing thread.
+
+    ``flush``: writes an end-of-output marker, tagged with the call's origin, to
+    stdout and stderr; once the caller has seen both, it has seen everything this
+    worker printed for that origin before the call (the pipes are in order).
+
+    ``pdb_input``: the payload (UTF-8) is the next line for the debugger waiting
+    longest in this worker (see ``_debug``).
+
+    ``stacks``: the current Python stack of every thread, as text; answered here
+    (not by an actor's thread), so it works while the main thread or an actor is
+    busy in Python code."""
+    if method == "stacks":
+        d._reply(token, thread_stacks(), f"{BUILTIN}.stacks")
+        return
+    if method == "post_mortem":
+        origin = where[3]
+
+        def run() -> None:
+            reset = _origin.set_context(origin)
+            try:
+                d._reply(token, _debug.post_mortem(), f"{BUILTIN}.post_mortem")
+            finally:
+                _origin.reset(reset)
+
+        threading.Thread(target=run, name="monarch-post-mortem", daemon=True).start()
+        return
+    if method == "pdb_input":
+        d._reply(token, _debug.feed(payload.decode("utf-8", "replace")), f"{BUILTIN}.pdb_input")
+        return
+    if method == "flush":
+        reset = _origin.set_context(where[3])
+        try:
+            _output.end_lines()  # the marker goes on a line of its own
+            for stream in (sys.stdout, sys.stderr):
+                stream.write(f"{FLUSH_MARK}\n")
+                stream.flush()
+        finally:
+            _origin.reset(reset)
+        d._reply(token, None, f"{BUILTIN}.flush")
+    else:
+        d._reject(token, f"the built-in actor has no method {method!r}")
+
+
+__all__ = ["serve_builtin"]

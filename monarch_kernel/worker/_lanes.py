@@ -1,0 +1,101 @@
+"""Lane threads: a thread that waits on one lane of the native ``WorkerServer`` inbox
+(INBOX-1: the routing thread on ``LANE_LOOP``; INBOX-3: each sync actor on a lane of
+its own) and runs what arrives, between jobs other threads submit to it.
+
+DISPATCH-3: no lane thread is left waiting in native code when the interpreter
+exits (they are stopped and joined at exit)."""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import queue
+import sys
+import threading
+import traceback
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+# How often an idle lane thread comes back to Python (to see it was stopped).
+_IDLE_WAKE_S = 0.5
+
+
+# Every live lane thread, stopped at exit: a daemon thread still waiting inside native
+# code when the interpreter finalizes aborts the process (DISPATCH-3).
+lane_threads: weakref.WeakSet[LaneThread] = weakref.WeakSet()
+
+
+@atexit.register
+def _stoplane_threads() -> None:
+    runners = list(lane_threads)
+    for r in runners:
+        r.stopped = True
+        r.server.wake(r.lane)
+    for r in runners:
+        if r.thread.ident is not None:  # one made but never started has nothing to stop
+            r.thread.join(timeout=2 * _IDLE_WAKE_S)
+
+
+class LaneThread:
+    """A thread that runs its jobs, then hands what arrives on its native lane to
+    ``handle``: the routing thread (lane LANE_LOOP) or one sync actor's thread."""
+
+    def __init__(
+        self,
+        server: Any,
+        name: str,
+        handle: Callable[[LaneThread, tuple[Any, ...]], None],
+        lane: int | None = None,
+    ) -> None:
+        self.server = server
+        self.handle = handle
+        self.lane: int = self.server.open_lane() if lane is None else lane
+        # Jobs put here by other threads (constructor, __cleanup__, routing updates).
+        self.jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self.stopped = False
+        self.running_call: int | None = None
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        lane_threads.add(self)
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self.jobs.put(job)
+        self.server.wake(self.lane)
+
+    def interrupt(self, call_id: int) -> None:
+        if self.running_call == call_id and self.thread.ident is not None:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(self.thread.ident), ctypes.py_object(KeyboardInterrupt)
+            )
+
+    def _run(self) -> None:
+        while not self.stopped:
+            try:
+                while not self.stopped:
+                    try:
+                        job = self.jobs.get_nowait()
+                    except queue.Empty:
+                        break
+                    job()
+                if self.stopped:
+                    return
+                for item in self.server.take_wait(self.lane, _IDLE_WAKE_S):
+                    self.handle(self, item)
+            except KeyboardInterrupt:  # a cancel that arrived between calls
+                continue
+
+
+def thread_stacks() -> str:
+    """Every thread's current Python stack, innermost call last, named by thread."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    me = threading.get_ident()
+    parts = []
+    for ident, frame in sys._current_frames().items():
+        if ident == me:
+            continue  # the routing thread answering this
+        stack = "".join(traceback.format_stack(frame))
+        parts.append(f"Thread {names.get(ident, ident)!s} ({ident}):\n{stack}")
+    return "\n".join(parts)
+
+
+__all__ = ["LaneThread", "lane_threads", "thread_stacks"]
