@@ -1,0 +1,338 @@
+"""The monarch kernel driven through jupyter_client: the stop button reaching the
+workers, failures while idle, stacks, progress, remote pdb and input(), the
+inspector widget."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import pytest
+from kernel_harness import TIMEOUT, Kernel, Outcome
+from proc_helpers import still_alive
+
+#: What tests of this module use, defined once in the kernel (a test may run alone).
+DEFINITIONS = (
+    "from monarch_kernel import Actor, endpoint\n"
+    "import time\n"
+    "class Talker(Actor):\n"
+    "    @endpoint\n"
+    "    def say(self, text, delay=0.0):\n"
+    "        time.sleep(delay)\n"
+    "        print(text, flush=True)\n"
+    "        return text\n"
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def definitions(kernel: Kernel, mesh: str) -> None:
+    out = kernel.run(DEFINITIONS)
+    assert out.error is None, out.traceback
+
+
+def test_the_stop_button_interrupts_a_mesh_cell_on_every_worker(kernel, mesh):
+    out = kernel.run(
+        "%%mesh\nimport time\ninterrupted = False\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n"
+        "    interrupted = True\n    raise",
+        wait=False,
+    )
+    time.sleep(1.5)
+    t = time.monotonic()
+    kernel.km.interrupt_kernel()
+    kernel.collect(out)
+    took = time.monotonic() - t
+    assert out.error is not None and out.error["ename"] == "KeyboardInterrupt"
+    assert took < 30  # sanity only: the figure goes in the closing note, not an assert
+    check = kernel.run("%%mesh\ninterrupted")
+    assert check.error is None, check.traceback
+    assert sorted(text for _t, text, _d in check.displays)[-2:] == [
+        "[rank 0]\nOut: True",
+        "[rank 1]\nOut: True",
+    ]
+
+
+def test_a_second_stop_while_idle_ends_a_worker_that_ignored_the_first(kernel, mesh):
+    up = kernel.run("stubborn = %mesh up stubborn --procs 2")
+    assert up.error is None, up.traceback
+    try:
+        out = kernel.run(
+            "%%mesh\nimport time\nwhile True:\n    try:\n        time.sleep(60)\n"
+            "    except KeyboardInterrupt:\n        print('not stopping', flush=True)",
+            wait=False,
+        )
+        time.sleep(1.5)
+        kernel.km.interrupt_kernel()  # the cell ends; the worker swallows it and goes on
+        kernel.collect(out)
+        assert out.error is not None and out.error["ename"] == "KeyboardInterrupt"
+        time.sleep(2.0)  # one interrupt never kills, however many ranks it reached
+        assert "['alive', 'alive']" in kernel.run("print(stubborn.status())").stdout
+        kernel.km.interrupt_kernel()  # the kernel is idle: a second stop escalates
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            status = kernel.run("print(stubborn.status())").stdout
+            if "['dead', 'dead']" in status:
+                break
+            time.sleep(0.3)
+        assert "['dead', 'dead']" in status, status
+        logs = kernel.run("print(stubborn.logs(rank=0, tail=5))").stdout
+        assert "interrupted twice" in logs
+    finally:
+        kernel.run(f"%mesh down stubborn\n%mesh use {mesh}")
+
+
+def test_the_stop_button_interrupts_a_blocking_get_on_the_workers(kernel, mesh):
+    define = kernel.run(
+        "class Spinner(Actor):\n"
+        "    def __init__(self):\n"
+        "        self.stopped_by = None\n"
+        "    @endpoint\n"
+        "    def spin(self):\n"
+        "        try:\n"
+        "            while True:\n"
+        "                time.sleep(0.01)\n"
+        "        except KeyboardInterrupt as e:\n"
+        "            self.stopped_by = type(e).__name__\n"
+        "            raise\n"
+        "    @endpoint\n"
+        "    def why(self):\n"
+        "        return self.stopped_by\n"
+        "spinner = procs.spawn('spinner', Spinner)"
+    )
+    assert define.error is None, define.traceback
+    out = kernel.run("spinner.spin.call().get()", wait=False)
+    time.sleep(1.5)
+    kernel.km.interrupt_kernel()
+    kernel.collect(out)
+    assert out.error is not None and out.error["ename"] == "KeyboardInterrupt"
+    why = kernel.run("sorted(spinner.why.call().get().values())")
+    assert why.result == "['KeyboardInterrupt', 'KeyboardInterrupt']"
+
+
+def test_a_worker_that_dies_while_idle_is_reported_in_the_next_cell(kernel, mesh):
+    out = kernel.run("[w['pid'] for w in procs._session('t').client.list_workers() if w['rank'] == 1][0]")
+    victim = int(out.result or "0")
+    os.kill(victim, signal.SIGKILL)
+    assert not still_alive([victim])
+    time.sleep(1.0)  # the kernel is idle meanwhile
+    nxt = kernel.run("'next'")
+    assert "rank 1" in nxt.stderr and "SIGKILL" in nxt.stderr, nxt.stderr
+    assert f"pid {victim}" in nxt.stderr
+    assert kernel.run("procs.respawn()").result == "[1]"
+    assert kernel.run("%mesh status").stdout.count("alive") == 2
+
+
+def test_mesh_stacks_shows_what_a_busy_worker_is_running(kernel, mesh):
+    busy = kernel.run(
+        "%%mesh --noblock --ranks 0\nimport time\ndef crunch_numbers_for_a_while():\n"
+        "    end = time.time() + 4\n    while time.time() < end:\n        sum(range(1000))\n"
+        "crunch_numbers_for_a_while()"
+    )
+    assert busy.error is None, busy.traceback
+    time.sleep(1.0)
+    out = kernel.run("%mesh stacks --rank 0")
+    assert out.error is None, out.traceback
+    assert "=== rank 0 ===" in out.stdout
+    assert "crunch_numbers_for_a_while" in out.stdout and "Thread MainThread" in out.stdout
+    both = kernel.run("%mesh stacks").stdout
+    assert "=== rank 1 ===" in both and "monarch-dispatch" not in both  # the answering thread is left out
+    assert kernel.run("_mesh_run.wait(30)").error is None
+
+
+def test_long_waits_show_a_progress_bar_and_short_ones_nothing(kernel, mesh):
+    assert kernel.run("talker = procs.spawn('talker', Talker)").error is None
+    quick = kernel.run("talker.say.call('quick').get()")
+    assert not any("<progress" in h for h in quick.html)
+    slow = kernel.run("talker.say.call('slow', delay=2.5).get()")
+    assert slow.error is None, slow.traceback
+    bars = [h for h in slow.html if "<progress" in h]
+    assert bars and "call(s)" in bars[0]
+    assert slow.html[-1] == ""  # the bar is removed at the end
+    cell = kernel.run("%%mesh\nimport time\ntime.sleep(2.5)")
+    assert any("<progress" in h and "%%mesh on" in h for h in cell.html)
+
+
+def _answer_pdb(kernel: Kernel, out: Outcome, answers: list[str]) -> list[str]:
+    """Answers the input requests of a running cell with ``answers``; returns the prompts."""
+    prompts = []
+    for line in answers:
+        msg = kernel.kc.get_stdin_msg(timeout=TIMEOUT)
+        assert msg["msg_type"] == "input_request"
+        prompts.append(msg["content"]["prompt"])
+        kernel.kc.input(line)
+    return prompts
+
+
+def test_breakpoint_in_an_endpoint_opens_pdb_in_the_calling_cell(kernel, mesh):
+    define = kernel.run(
+        "from monarch_kernel import Actor, endpoint\n"
+        "class Dbg(Actor):\n"
+        "    @endpoint\n"
+        "    def f(self, x):\n"
+        "        y = x * 2\n"
+        "        breakpoint()\n"
+        "        return y + 1\n"
+        "dbg = procs.slice(procs=0).spawn('dbg', Dbg)"
+    )
+    assert define.error is None, define.traceback
+    msg_id = kernel.kc.execute("dbg.f.call_one(20).get()", allow_stdin=True)
+    out = Outcome(msg_id)
+    prompts = _answer_pdb(kernel, out, ["p y", "n", "c"])
+    kernel.collect(out)
+    assert out.error is None, out.traceback
+    assert all(p == f"[{mesh} 0] (Pdb) " for p in prompts)
+    assert out.result == "41"
+    assert "40" in out.stdout  # p y, shown in this cell
+    assert "return y + 1" in out.stdout  # pdb's listing of where it stopped
+
+
+def test_pdb_steps_into_a_function_lists_its_source_and_goes_on(kernel, mesh):
+    define = kernel.run(
+        "from monarch_kernel import Actor, endpoint\n"
+        "def helper(v):\n"
+        "    w = v + 5\n"
+        "    return w * 2\n"
+        "class Stepper(Actor):\n"
+        "    @endpoint\n"
+        "    def g(self, x):\n"
+        "        breakpoint()\n"
+        "        z = helper(x)\n"
+        "        return z\n"
+        "stepper = procs.slice(procs=1).spawn('stepper', Stepper)"
+    )
+    assert define.error is None, define.traceback
+    out = Outcome(kernel.kc.execute("stepper.g.call_one(1).get()", allow_stdin=True))
+    prompts = _answer_pdb(kernel, out, ["s", "s", "p v * 1000", "l", "n", "p w", "c"])
+    kernel.collect(out)
+    assert out.error is None, out.traceback
+    assert all(p == f"[{mesh} 1] (Pdb) " for p in prompts)
+    assert out.result == "12"
+    assert "--Call--" in out.stdout and "helper(v)" in out.stdout  # s went into helper
+    assert "1000" in out.stdout  # p v * 1000, inside helper
+    assert "->     w = v + 5" in out.stdout or "w = v + 5" in out.stdout  # l listed the source
+    assert "return w * 2" in out.stdout
+    assert f"[{mesh} 1] 6\n" in out.stdout  # p w after n
+
+
+def test_breakpoint_in_a_mesh_cell_asks_each_rank_in_turn(kernel, mesh):
+    msg_id = kernel.kc.execute(
+        "%%mesh\nimport os\nr = int(os.environ['MONARCH_RANK'])\nbreakpoint()\nr * 3", allow_stdin=True
+    )
+    out = Outcome(msg_id)
+    prompts: list[str] = []
+    asked: set[str] = set()
+    for _ in range(4):  # each rank: print, then continue; either rank may come first
+        prompt = kernel.kc.get_stdin_msg(timeout=TIMEOUT)["content"]["prompt"]
+        prompts.append(prompt)
+        if prompt in asked:  # what `p` printed shows before the rank asks again
+            rank = int(prompt.split("]")[0].split()[-1])
+            kernel.peek(out, 0.5)
+            shown = [t for _k, t, _d in out.displays if t.startswith(f"[rank {rank}]")]
+            assert shown and shown[-1].splitlines()[-1] == str(100 + rank), shown
+        kernel.kc.input("c" if prompt in asked else "p r + 100")
+        asked.add(prompt)
+    kernel.collect(out)
+    assert out.error is None, out.traceback
+    assert sorted(set(prompts)) == [f"[{mesh} 0] (Pdb) ", f"[{mesh} 1] (Pdb) "]
+    assert prompts[0] == prompts[1] and prompts[2] == prompts[3]  # one rank, then the other
+    final = {d: t for _k, t, d in out.displays}  # each rank's block as it ended
+    by_rank = {t.split("\n", 1)[0]: t for t in final.values()}
+    assert "\n100\n" in by_rank["[rank 0]"] and "Out: 0" in by_rank["[rank 0]"]
+    assert "\n101\n" in by_rank["[rank 1]"] and "Out: 3" in by_rank["[rank 1]"]
+
+
+def test_pdb_in_a_mesh_cell_stops_on_its_last_expression(kernel, mesh):
+    out = Outcome(kernel.kc.execute("%%mesh --ranks 0\nx = 5\nbreakpoint()\nx * 2", allow_stdin=True))
+    _answer_pdb(kernel, out, ["n", "p x + 100", "c"])
+    kernel.collect(out)
+    assert out.error is None, out.traceback
+    text = "\n".join(t for _k, t, _d in out.displays if t.startswith("[rank 0]"))
+    # pdb stops on the last line, in the cell's own frame, as in a script; `n` runs it
+    # and the cell returns (a separate eval used to stop at --Return-- of breakpoint()
+    # and then inside the worker's code, where the cell's names were not defined).
+    assert text.index("(3)<module>()\n-> x * 2") < text.index("--Return--"), text
+    assert "_spmd.py" not in text and "NameError" not in text, text
+    assert "105" in text and "Out: 10" in text
+
+
+def test_input_in_a_mesh_cell_asks_the_notebook(kernel, mesh):
+    out = Outcome(
+        kernel.kc.execute("%%mesh --ranks 1\nname = input('your name? ')\nname.upper()", allow_stdin=True)
+    )
+    prompts = _answer_pdb(kernel, out, ["ada"])
+    kernel.collect(out)
+    assert out.error is None, out.traceback
+    assert prompts == [f"[{mesh} 1] your name? "]
+    assert "Out: 'ADA'" in "".join(t for _k, t, _d in out.displays)
+
+
+def test_post_mortem_and_parked_breakpoints(kernel, mesh):
+    failed = kernel.run(
+        "%%mesh --ranks 1\nsecret = 'found me'\ndef boom():\n    local = 41\n    raise KeyError(local)\nboom()"
+    )
+    assert failed.error is not None or failed.reply.get("status") == "error"
+    msg_id = kernel.kc.execute("%mesh debug --post-mortem 1", allow_stdin=True)
+    out = Outcome(msg_id)
+    prompts = _answer_pdb(kernel, out, ["p local + 1", "q"])
+    kernel.collect(out)
+    assert prompts[0] == f"[{mesh} 1] (Pdb) "
+    assert "42" in out.stdout and "boom" in out.stdout
+    # A breakpoint hit by a call nobody waits for (fire and forget) is parked, then
+    # listed and attached to.
+    define = kernel.run(
+        "from monarch_kernel import Actor, endpoint\n"
+        "class Parker(Actor):\n"
+        "    @endpoint\n"
+        "    def park(self):\n"
+        "        here = 'parked'\n"
+        "        breakpoint()\n"
+        "parker = procs.slice(procs=0).spawn('parker', Parker)\n"
+        "parker.park.broadcast()"
+    )
+    assert define.error is None, define.traceback
+    time.sleep(1.5)
+    listed = kernel.run("%mesh debug")
+    assert f"[{mesh} 0] waiting in pdb" in listed.stdout
+    msg_id = kernel.kc.execute("%mesh debug --rank 0", allow_stdin=True)
+    out = Outcome(msg_id)
+    _answer_pdb(kernel, out, ["p here", "c"])
+    kernel.collect(out)
+    assert "parked" in out.stdout
+    assert "no rank is waiting" in kernel.run("%mesh debug").stdout
+
+
+def _widget_states(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The widget states sent in comm_open and comm_msg updates, in order."""
+    out = []
+    for m in msgs:
+        if m["msg_type"] == "comm_open":
+            out.append(m["content"]["data"].get("state", {}))
+        elif m["msg_type"] == "comm_msg" and m["content"]["data"].get("method") == "update":
+            out.append(m["content"]["data"].get("state", {}))
+    return out
+
+
+def test_the_inspector_widget_shows_the_procs_and_follows_a_death(kernel, mesh):
+    out = kernel.run("%mesh status")
+    assert out.error is None, out.traceback
+    opened = [m for m in out.raw if m["msg_type"] == "comm_open"]
+    assert any(m["content"]["target_name"] == "jupyter.widget" for m in opened)
+    procs_states = [s["procs"] for s in _widget_states(out.raw) if "procs" in s]
+    assert procs_states and [p["state"] for p in procs_states[-1]] == ["alive", "alive"]
+    assert all(p["pid"] > 0 for p in procs_states[-1])
+    victim = procs_states[-1][1]["pid"]
+    os.kill(victim, signal.SIGKILL)
+    # The background thread sends updates while the kernel is idle.
+    deadline, seen = time.monotonic() + 15, []
+    while time.monotonic() < deadline:
+        msg = kernel.kc.get_iopub_msg(timeout=15)
+        for s in _widget_states([msg]):
+            if "procs" in s:
+                seen = [p["state"] for p in s["procs"]]
+        if seen[1:2] == ["dead"]:
+            break
+    assert seen[1:2] == ["dead"], seen
+    assert "procs.respawn" not in str(seen)
+    kernel.run("'absorb the failure notice'")
+    assert kernel.run("procs.respawn()").result == "[1]"
