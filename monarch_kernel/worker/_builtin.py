@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from monarch_kernel import _origin
+from monarch_kernel import _native, _origin
 from monarch_kernel._wire import BUILTIN, FLUSH_MARK
 from monarch_kernel.worker import _debug, _output
 from monarch_kernel.worker._lanes import thread_stacks
@@ -16,9 +16,7 @@ if TYPE_CHECKING:
     from monarch_kernel.worker._dispatcher import Dispatcher
 
 
-def serve_builtin(
-    d: Dispatcher, token: int, method: str, where: tuple[Any, ...], payload: bytes = b""
-) -> None:
+def serve_builtin(d: Dispatcher, item: _native.Incoming) -> None:
     """Calls to the actor every worker has (``BUILTIN``), on the routing thread.
 
     ``flush``: writes an end-of-output marker, tagged with the call's origin, to
@@ -31,11 +29,12 @@ def serve_builtin(
     ``stacks``: the current Python stack of every thread, as text; answered here
     (not by an actor's thread), so it works while the main thread or an actor is
     busy in Python code."""
+    token, method = item.token, item.method
     if method == "stacks":
         d._reply(token, thread_stacks(), f"{BUILTIN}.stacks")
         return
     if method == "post_mortem":
-        origin = where[3]
+        origin = item.origin
 
         def run() -> None:
             reset = _origin.set_context(origin)
@@ -47,10 +46,10 @@ def serve_builtin(
         threading.Thread(target=run, name="monarch-post-mortem", daemon=True).start()
         return
     if method == "pdb_input":
-        d._reply(token, _debug.feed(payload.decode("utf-8", "replace")), f"{BUILTIN}.pdb_input")
+        d._reply(token, _debug.feed(bytes(item.payload).decode("utf-8", "replace")), f"{BUILTIN}.pdb_input")
         return
     if method == "flush":
-        reset = _origin.set_context(where[3])
+        reset = _origin.set_context(item.origin)
         try:
             _output.end_lines()  # the marker goes on a line of its own
             for stream in (sys.stdout, sys.stderr):

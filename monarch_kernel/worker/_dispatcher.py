@@ -65,7 +65,7 @@ class _Actor:
     context: Context
     # Async actors (touched only on the asyncio thread): messages wait here for the
     # actor's consumer task (DISPATCH-1).
-    inbox: asyncio.Queue[Any] | None = None
+    inbox: asyncio.Queue[_native.Incoming] | None = None
     task: asyncio.Task[None] | None = None
     running: dict[int, asyncio.Task[Any]] = field(default_factory=dict)
     # Sync actors: the thread that runs them.
@@ -117,30 +117,29 @@ class Dispatcher:
 
     # -- routing (routing thread) --------------------------------------------------------
 
-    def _route_guarded(self, _router: LaneThread, item: tuple[Any, ...]) -> None:
+    def _route_guarded(self, _router: LaneThread, item: _native.Incoming) -> None:
         try:
             self._route(item)
         except Exception:  # DISPATCH-2: report, never stop dispatching
-            self._reply_exception(item[0], sys.exc_info()[1], None)
+            self._reply_exception(item.token, sys.exc_info()[1], None)
 
-    def _route(self, item: tuple[Any, ...]) -> None:
-        token, kind, call_id, actor, method, payload, buffers, where = item
+    def _route(self, item: _native.Incoming) -> None:
+        token, kind, actor, method = item.token, item.kind, item.actor, item.method
         if kind == _CALL and actor == BUILTIN:
-            serve_builtin(self, token, method, where, bytes(payload))
+            serve_builtin(self, item)
         elif kind == _CALL:
             a = self._callee(token, actor, method)
             if a is None:
                 return
             if a.is_async:
-                msg = (token, call_id, method, payload, buffers, where)
-                self._async().call_soon_threadsafe(self._enqueue, a, msg)
+                self._async().call_soon_threadsafe(self._enqueue, a, item)
             else:  # queued before the actor was routed to its lane
                 runner = a.runner
                 assert runner is not None
                 runner.submit(functools.partial(self._run_sync_item, runner, item))
         elif kind == _SPAWN:
-            cls, args, kwargs = loads(payload, buffers, self.token)
-            origin = where[3]
+            cls, args, kwargs = loads(item.payload, item.buffers, self.token)
+            origin = item.origin
             if is_async_actor(cls):
                 self._async().call_soon_threadsafe(
                     self._construct, token, actor, cls, args, kwargs, None, origin
@@ -152,7 +151,7 @@ class Dispatcher:
         elif kind == _STOP:
             self._stop_actor(token, actor)
         elif kind == _CANCEL:
-            self._cancel(call_id)
+            self._cancel(item.call_id)
 
     def _callee(self, token: int, actor: str, method: str, runner: LaneThread | None = None) -> _Actor | None:
         """The actor a call is for, or None after rejecting the call. With ``runner``,
@@ -229,7 +228,7 @@ class Dispatcher:
         runner.stopped = True
         lane_threads.discard(runner)
         for item in self.server.close_lane(runner.lane):
-            self._reject(item[0], f"actor {item[3]!r} was stopped")
+            self._reject(item.token, f"actor {item.actor!r} was stopped")
 
     def _cleanup(self, a: _Actor) -> None:
         """Runs ``a``'s ``__cleanup__`` after what it has queued, then ends it."""
@@ -300,22 +299,21 @@ class Dispatcher:
             print(f"monarch: {what} raised (above); ignored", file=sys.stderr)
 
     @staticmethod
-    def _message_context(a: _Actor, where: tuple[int, list[str], list[int], str]) -> Context:
-        rank, dims, sizes, _ = where
-        return Context(a.context.actor_instance, message_rank=Point(rank, Extent(dims, sizes)))
+    def _message_context(a: _Actor, item: _native.Incoming) -> Context:
+        return Context(a.context.actor_instance, message_rank=Point(item.rank, Extent(item.dims, item.sizes)))
 
-    def _run_sync_item(self, runner: LaneThread, item: tuple[Any, ...]) -> None:
-        token, _kind, call_id, actor, method, payload, buffers, where = item
-        a = self._callee(token, actor, method, runner)
+    def _run_sync_item(self, runner: LaneThread, item: _native.Incoming) -> None:
+        token, call_id, method = item.token, item.call_id, item.method
+        a = self._callee(token, item.actor, method, runner)
         if a is None:
             return
-        reset = _current.set(self._message_context(a, where))
-        reset_origin = _origin.set_context(where[3])
+        reset = _current.set(self._message_context(a, item))
+        reset_origin = _origin.set_context(item.origin)
         try:
             runner.running_call = call_id  # in the try: a cancel from now on gets a reply
             if self._early_cancels.pop(call_id, False):
                 raise KeyboardInterrupt("the call was interrupted before it started")
-            args, kwargs = loads(payload, buffers, self.token)
+            args, kwargs = loads(item.payload, item.buffers, self.token)
             result = getattr(a.instance, method)(*args, **kwargs)
         except BaseException as e:  # DISPATCH-2, KeyboardInterrupt from a cancel included
             runner.running_call = None
@@ -330,7 +328,7 @@ class Dispatcher:
         wait_read(self._reply(token, result, f"{a.name}.{method}"), limit=REPLY_WAIT_S)
 
     @staticmethod
-    def _enqueue(a: _Actor, msg: tuple[Any, ...]) -> None:
+    def _enqueue(a: _Actor, msg: _native.Incoming) -> None:
         assert a.inbox is not None
         a.inbox.put_nowait(msg)
 
@@ -339,10 +337,9 @@ class Dispatcher:
 
         assert a.inbox is not None
         while True:
-            token, call_id, method, payload, buffers, where = await a.inbox.get()
-            task = asyncio.ensure_future(
-                self._run_async_call(a, token, call_id, method, payload, buffers, where)
-            )
+            item = await a.inbox.get()
+            call_id = item.call_id
+            task = asyncio.ensure_future(self._run_async_call(a, item))
             a.running[call_id] = task
             try:
                 await asyncio.shield(task)
@@ -353,15 +350,14 @@ class Dispatcher:
             finally:
                 a.running.pop(call_id, None)
 
-    async def _run_async_call(
-        self, a: _Actor, token: int, call_id: int, method: str, payload: bytes, buffers: list[Any], where: Any
-    ) -> None:
+    async def _run_async_call(self, a: _Actor, item: _native.Incoming) -> None:
         import asyncio
 
-        _current.set(self._message_context(a, where))
-        _origin.set_context(where[3])  # this task's own context
+        token, call_id, method = item.token, item.call_id, item.method
+        _current.set(self._message_context(a, item))
+        _origin.set_context(item.origin)  # this task's own context
         try:
-            args, kwargs = loads(payload, buffers, self.token)
+            args, kwargs = loads(item.payload, item.buffers, self.token)
             result = await getattr(a.instance, method)(*args, **kwargs)
         except BaseException as e:  # DISPATCH-2, CancelledError from a cancel included
             self._reply_exception(token, e, f"{a.name}.{method}")

@@ -17,6 +17,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from monarch_kernel import _native
+
 # How often an idle lane thread comes back to Python (to see it was stopped).
 _IDLE_WAKE_S = 0.5
 
@@ -45,7 +47,7 @@ class LaneThread:
         self,
         server: Any,
         name: str,
-        handle: Callable[[LaneThread, tuple[Any, ...]], None],
+        handle: Callable[[LaneThread, _native.Incoming], None],
         lane: int | None = None,
     ) -> None:
         self.server = server

@@ -20,16 +20,30 @@ pub struct PyWorkerServer {
     host: WorkerHost,
 }
 
-type PyIncoming = (
-    u64,
-    u8,
-    u64,
-    String,
-    String,
-    Py<PyBytes>,
-    Vec<Py<PyAny>>,
-    (u32, Vec<String>, Vec<u32>, String),
-);
+/// One message of a lane: a spawn, a stop, a call or a cancel (INBOX-1).
+#[pyclass(frozen, get_all, name = "Incoming", module = "monarch_kernel._native")]
+pub struct PyIncoming {
+    /// What answers it (`WorkerServer.reply`); 0 for messages with no reply (oneway).
+    token: u64,
+    /// `KIND_SPAWN`, `KIND_STOP`, `KIND_CALL` or `KIND_CANCEL`.
+    kind: u8,
+    /// The caller's id of the call (what a cancel names).
+    call_id: u64,
+    /// The actor mesh's name.
+    actor: String,
+    /// The endpoint (calls) or "" (others).
+    method: String,
+    /// The pickled arguments (or class and arguments, for a spawn).
+    payload: Py<PyBytes>,
+    /// The out-of-band buffers (pulled already where the transfer engine carried them).
+    buffers: Vec<Py<PyAny>>,
+    /// The rank of the receiving actor in the caller's (sliced) mesh, and that mesh's dims.
+    rank: u32,
+    dims: Vec<String>,
+    sizes: Vec<u32>,
+    /// The origin of the call (the notebook cell that made it), for output routing.
+    origin: String,
+}
 
 #[pymethods]
 impl PyWorkerServer {
@@ -62,8 +76,7 @@ impl PyWorkerServer {
         Ok(self.lane(lane)?.fd())
     }
 
-    /// Every item queued in `lane`: `(token, kind, call_id, actor, method, payload,
-    /// buffers, (rank, dims, sizes, origin))`. Does not block.
+    /// Every message queued in `lane` (`Incoming`). Does not block.
     #[pyo3(signature = (lane=LANE_LOOP))]
     fn take(&self, py: Python<'_>, lane: usize) -> PyResult<Vec<PyIncoming>> {
         to_py_items(py, self.lane(lane)?.take())
@@ -136,22 +149,26 @@ fn to_py_items(py: Python<'_>, items: Vec<Incoming>) -> PyResult<Vec<PyIncoming>
     items
         .into_iter()
         .map(|i| {
-            Ok((
-                i.token,
-                i.kind as u8,
-                i.call_id,
-                i.actor,
-                i.method,
-                PyBytes::new(py, &i.payload).unbind(),
-                buffers_to_py(py, &i.payload, &i.buffers)?,
-                (i.rank, i.dims, i.sizes, i.origin),
-            ))
+            Ok(PyIncoming {
+                token: i.token,
+                kind: i.kind as u8,
+                call_id: i.call_id,
+                buffers: buffers_to_py(py, &i.payload, &i.buffers)?,
+                payload: PyBytes::new(py, &i.payload).unbind(),
+                actor: i.actor,
+                method: i.method,
+                rank: i.rank,
+                dims: i.dims,
+                sizes: i.sizes,
+                origin: i.origin,
+            })
         })
         .collect()
 }
 
 pub fn register_python_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyWorkerServer>()?;
+    m.add_class::<PyIncoming>()?;
     m.add("LANE_LOOP", LANE_LOOP)?;
     m.add("KIND_SPAWN", Kind::Spawn as u8)?;
     m.add("KIND_STOP", Kind::Stop as u8)?;
