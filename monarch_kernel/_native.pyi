@@ -55,6 +55,7 @@ class WorkerConn:
 
 def call(
     conns: list[WorkerConn],
+    *,
     ranks: list[int],
     dims: list[str],
     sizes: list[int],

@@ -61,7 +61,7 @@ class AgentClient:
         self._channel = grpc.insecure_channel(
             addr,
             options=[
-                # The gRPC default never notices a silent peer (DESIGN.md section 4).
+                # The gRPC default never notices a silent peer (docs/architecture.md, "Supervision").
                 ("grpc.keepalive_time_ms", 1000),
                 ("grpc.keepalive_timeout_ms", 3000),
                 ("grpc.keepalive_permit_without_calls", 1),

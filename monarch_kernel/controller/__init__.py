@@ -11,7 +11,9 @@ front ends:
 - ``set_frontend(Frontend(...))``: where worker output, failures, notices and slow
   waits go (the kernel shows them in the notebook);
 - ``run_cell(...)``: a ``%%mesh`` cell on ranks of a mesh, one native call;
-- ``interrupt(futures)``, ``escalate_interrupted()``: the stop button.
+- ``interrupt(futures)``, ``escalate_interrupted()``: the stop button;
+- ``mesh_table()``, ``down(names)``, ``all_names()``: ``ls`` and ``down``;
+- ``TORCH_BACKENDS``, ``prefer_huge_pages()``.
 
 CONTROL-1: importing this package registers its sessions with the mesh API
 (``mesh._control``), which never imports it.
@@ -19,6 +21,7 @@ CONTROL-1: importing this package registers its sessions with the mesh API
 
 from __future__ import annotations
 
+from monarch_kernel.controller._admin import all_names, down, mesh_table
 from monarch_kernel.controller._cells import CELLS_ACTOR, run_cell, spmd_actors
 from monarch_kernel.controller._frontend import Frontend, frontend, set_frontend
 from monarch_kernel.controller._host_mesh import HostMesh, attach, list_meshes, this_host, this_proc
@@ -28,7 +31,9 @@ from monarch_kernel.controller._session import sessions as _by_name
 from monarch_kernel.controller._supervision import MeshFailure
 from monarch_kernel.hosts._admin import MeshInfo
 from monarch_kernel.mesh import _control
+from monarch_kernel.mesh._buffers import prefer_huge_pages
 from monarch_kernel.mesh._future import escalate_interrupted, interrupt
+from monarch_kernel.torch import BACKENDS as TORCH_BACKENDS
 
 _control.register(session_for)
 
@@ -46,16 +51,21 @@ def sessions() -> list[Session]:
 
 __all__ = [
     "CELLS_ACTOR",
+    "TORCH_BACKENDS",
     "Frontend",
     "HostMesh",
     "MeshFailure",
     "MeshInfo",
     "Session",
+    "all_names",
     "attach",
+    "down",
     "escalate_interrupted",
     "frontend",
     "interrupt",
     "list_meshes",
+    "mesh_table",
+    "prefer_huge_pages",
     "run_cell",
     "session",
     "session_for",

@@ -138,14 +138,14 @@ class Supervisor:
             data, raws = dumps(((failure,), {}), "supervision event")
             _native.call(
                 conns,
-                local,
-                list(shape.labels),
-                list(shape.extent.sizes),
-                name,
-                "__supervise__",
-                data,
-                raws,
-                True,
+                ranks=local,
+                dims=list(shape.labels),
+                sizes=list(shape.extent.sizes),
+                actor=name,
+                method="__supervise__",
+                payload=data,
+                buffers=raws,
+                oneway=True,
             )
             any_hook = True
         return any_hook

@@ -5,8 +5,8 @@ This is what ``monarch-kernel ls``/``down``, ``%mesh ls``/``down`` and a process
 holds a ``ProcMesh`` it does not control use; a controller's own session
 (``controller``) stops its mesh through its lease first.
 
-REGISTRY-2 (with ``_registry``): a state file is removed only when its agent is
-gone, never while the agent runs (busy, stopped or hung).
+REGISTRY-3: a state file is removed only when its agent is gone, never while the
+agent runs (busy, stopped or hung).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class AgentBusy(MonarchKernelError):
 
 def connect(rec: MeshRecord) -> AgentClient | None:
     """A client of ``rec``'s agent if it answers as that mesh; None if it is gone
-    (REGISTRY-2: only then may its record be removed). An agent that runs but does
+    (REGISTRY-3: only then may its record be removed). An agent that runs but does
     not answer raises ``AgentBusy``."""
     client = AgentClient(rec.agent_addr, rec.token)
     try:

@@ -2,8 +2,8 @@
 
 from ipykernel.kernelapp import IPKernelApp
 
+from monarch_kernel.controller import prefer_huge_pages
 from monarch_kernel.kernel._kernel import MonarchKernel
-from monarch_kernel.mesh._buffers import prefer_huge_pages
 
 if __name__ == "__main__":
     prefer_huge_pages()  # before user code allocates tensors

@@ -11,10 +11,9 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.display import display
 
-from monarch_kernel import _origin, controller
+from monarch_kernel import Shape, _origin, controller
 from monarch_kernel.errors import ActorError, MonarchKernelError
 from monarch_kernel.kernel._progress import Bar, answer_prompts
-from monarch_kernel.mesh import Shape
 
 #: Remote tracebacks shown in full when many ranks fail.
 SHOW_TRACEBACKS = 3

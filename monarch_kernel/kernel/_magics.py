@@ -53,10 +53,8 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 
 from monarch_kernel import controller
-from monarch_kernel.controller._admin import all_names, down, mesh_table
 from monarch_kernel.errors import MeshNotFoundError, MeshSpecError
 from monarch_kernel.kernel._cells import run_cell, select_ranks
-from monarch_kernel.torch import BACKENDS
 
 _HELP = __doc__
 
@@ -135,9 +133,9 @@ class MeshMagics(Magics):
                 raise UsageError(f"%mesh up: --env {kv!r} must be KEY=VALUE")
             k, v = kv.split("=", 1)
             env[k] = v
-        if args.torch_dist is not None and args.torch_dist not in BACKENDS:
+        if args.torch_dist is not None and args.torch_dist not in controller.TORCH_BACKENDS:
             raise UsageError(
-                f"%mesh up: --torch-dist must be one of {', '.join(BACKENDS)}, not {args.torch_dist!r}"
+                f"%mesh up: --torch-dist must be one of {', '.join(controller.TORCH_BACKENDS)}, not {args.torch_dist!r}"
             )
         if args.procs is None and args.gpus is None:
             try:
@@ -199,7 +197,7 @@ class MeshMagics(Magics):
         """List running meshes."""
         if rest.strip():
             raise UsageError("%mesh ls takes no arguments")
-        for line in mesh_table():
+        for line in controller.mesh_table():
             print(line)
 
     @magic_arguments()
@@ -210,7 +208,7 @@ class MeshMagics(Magics):
         args = parse_argstring(self._mesh_down, rest)
         if args.all == bool(args.names):
             raise UsageError("%mesh down NAME ... | --all")
-        for ok, text in down(all_names() if args.all else args.names):
+        for ok, text in controller.down(controller.all_names() if args.all else args.names):
             if ok:
                 print(text)
             else:

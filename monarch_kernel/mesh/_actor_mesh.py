@@ -104,15 +104,15 @@ class Endpoint(Generic[R]):
         try:
             calls = _native.call(
                 conns,
-                local,
-                mesh._labels,
-                mesh._sizes,
-                mesh._name,
-                self._name,
-                payload,
-                buffers,
-                oneway,
-                origin,
+                ranks=local,
+                dims=mesh._labels,
+                sizes=mesh._sizes,
+                actor=mesh._name,
+                method=self._name,
+                payload=payload,
+                buffers=buffers,
+                oneway=oneway,
+                origin=origin,
             )
         except BaseException:
             _buffers.drop_now(regs)  # nothing was sent: nobody will read them

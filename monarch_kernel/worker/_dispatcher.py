@@ -15,7 +15,7 @@ DISPATCH-1: each actor handles one message at a time, in arrival order (async on
 too: the next handler starts when the previous coroutine has finished).
 DISPATCH-2: an endpoint's exception goes back to the caller (REPLY_EXCEPTION) and the
 actor stays usable; nothing an actor does takes the dispatcher down.
-DISPATCH-3: no thread is left waiting in native code when the interpreter exits.
+(DISPATCH-3, in ``_lanes``: no lane thread is left waiting in native code at exit.)
 """
 
 from __future__ import annotations

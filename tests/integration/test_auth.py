@@ -47,7 +47,16 @@ def test_a_call_with_the_wrong_token_is_rejected_before_the_unpickler(counter):
     good = _native.WorkerConn(addr, counter._proc.token)
     before = good.stats()
     bad = _native.WorkerConn(addr, "wrong-token")
-    (pending,) = _native.call([bad], [0], ["procs"], [1], "counter", "incr", _payload(), [])
+    (pending,) = _native.call(
+        [bad],
+        ranks=[0],
+        dims=["procs"],
+        sizes=[1],
+        actor="counter",
+        method="incr",
+        payload=_payload(),
+        buffers=[],
+    )
     with pytest.raises(_native.AuthError):
         pending.wait(timeout=TIMEOUT)
     after = good.stats()
@@ -61,7 +70,16 @@ def test_a_call_with_the_right_token_is_counted(counter):
     addr = counter._proc.addrs[1]
     good = _native.WorkerConn(addr, counter._proc.token)
     before = good.stats()["calls_received"]
-    (pending,) = _native.call([good], [0], ["procs"], [1], "counter", "incr", _payload(), [])
+    (pending,) = _native.call(
+        [good],
+        ranks=[0],
+        dims=["procs"],
+        sizes=[1],
+        actor="counter",
+        method="incr",
+        payload=_payload(),
+        buffers=[],
+    )
     kind, _, _ = pending.wait(timeout=TIMEOUT)
     assert kind == _native.REPLY_RESULT
     assert good.stats()["calls_received"] == before + 1

@@ -109,6 +109,28 @@ def test_a_module_imports_nothing_from_a_higher_layer(module):
     assert not higher, f"{module} (layer {LAYERS[mine][0]}) imports from higher layers: {higher}"
 
 
+#: What the Jupyter-facing layer may use: the public package, the controller's facade
+#: and the base modules (never the mesh API's or the worker's internals).
+KERNEL_MAY_IMPORT = {
+    "monarch_kernel",
+    "monarch_kernel.controller",
+    "monarch_kernel.errors",
+    "monarch_kernel._native",
+    "monarch_kernel._origin",
+    "monarch_kernel._wire",
+}
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith("monarch_kernel.kernel")))
+def test_the_kernel_uses_only_the_public_package_and_the_controller(module):
+    other = sorted(
+        t
+        for t in _imports(module, top_level_only=False)
+        if t not in KERNEL_MAY_IMPORT and not t.startswith("monarch_kernel.kernel")
+    )
+    assert not other, f"{module} reaches past the public package and the controller: {other}"
+
+
 def test_the_modules_import_each_other_without_loops():
     graph = {m: {t for t in _imports(m, top_level_only=True) if t in MODULES} for m in MODULES}
     # A package's __init__ is loaded before any of its modules; that edge is not a loop.

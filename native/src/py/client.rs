@@ -234,7 +234,7 @@ impl PyWorkerConn {
 /// `ranks[i]` is the index of `conns[i]` within the called mesh of `dims`/`sizes`.
 /// Returns the pending calls in the same order, or an empty list if `oneway`.
 #[pyfunction]
-#[pyo3(signature = (conns, ranks, dims, sizes, actor, method, payload, buffers, oneway=false, origin=""))]
+#[pyo3(signature = (conns, *, ranks, dims, sizes, actor, method, payload, buffers, oneway=false, origin=""))]
 #[allow(clippy::too_many_arguments)]
 fn call(
     py: Python<'_>,

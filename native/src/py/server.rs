@@ -20,7 +20,7 @@ pub struct PyWorkerServer {
     host: WorkerHost,
 }
 
-/// One message of a lane: a spawn, a stop, a call or a cancel (INBOX-1).
+/// One message of a lane: a spawn, a stop, a call or a cancel.
 #[pyclass(frozen, get_all, name = "Incoming", module = "monarch_kernel._native")]
 pub struct PyIncoming {
     /// What answers it (`WorkerServer.reply`); 0 for messages with no reply (oneway).

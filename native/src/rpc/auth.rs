@@ -1,4 +1,4 @@
-//! Token authentication of every gRPC call (DESIGN.md section 5).
+//! Token authentication of every gRPC call (docs/architecture.md, "Security").
 //!
 //! AUTH-1: a server never runs a handler (so never reaches an unpickler) for a call
 //! whose `authorization` metadata is not exactly `Bearer <mesh token>`; the compare is

@@ -118,7 +118,7 @@ impl WorkerConn {
             .initial_stream_window_size(super::STREAM_WINDOW)
             .initial_connection_window_size(super::CONNECTION_WINDOW)
             .connect_timeout(Duration::from_secs(10))
-            // The gRPC default never notices a silent peer (DESIGN.md section 4).
+            // The gRPC default never notices a silent peer (docs/architecture.md, "Supervision").
             .http2_keep_alive_interval(Duration::from_secs(1))
             .keep_alive_timeout(Duration::from_secs(3))
             .keep_alive_while_idle(true);

@@ -19,7 +19,7 @@ pub const STREAM_WINDOW: u32 = 16 * 1024 * 1024;
 pub const CONNECTION_WINDOW: u32 = 64 * 1024 * 1024;
 
 /// The settings every gRPC server of the node runtime shares: keepalive that notices a
-/// silent peer within seconds (DESIGN.md section 4) and wide flow-control windows.
+/// silent peer within seconds (docs/architecture.md, "Supervision") and wide flow-control windows.
 pub fn server_builder() -> tonic::transport::Server {
     tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(1)))

@@ -2,8 +2,8 @@
 //! them in an [`Inbox`] for the process's Python dispatcher, which answers through
 //! [`Inbox::reply`].
 //!
-//! INBOX-1: the inbox's eventfd is readable whenever the queue is non-empty, so the
-//! dispatcher can wait on it from an asyncio loop (`loop.add_reader`) and never polls.
+//! INBOX-1: a lane's eventfd is readable whenever its queue is non-empty, so a
+//! dispatcher thread waits on it (`take_wait`, with the GIL released) and never polls.
 //! INBOX-2: each queued item that expects an answer holds a reply token; answering a
 //! token whose caller has gone is not an error (the reply is dropped).
 
