@@ -1,4 +1,6 @@
-"""``HostMesh``, ``ProcMesh``, ``this_host()`` and ``this_proc()``."""
+"""``ProcMesh``: processes that actors are spawned on, as every process sees them
+(where they come from, ``this_host().spawn_procs`` and ``attach``, is the
+controller's: ``controller/_host_mesh.py``)."""
 
 from __future__ import annotations
 
