@@ -21,10 +21,17 @@ from monarch_kernel._wire import BUILTIN, FLUSH_MARK
 from monarch_kernel.control import AgentClient, has_exited
 from monarch_kernel.controller._frontend import frontend
 from monarch_kernel.controller._supervision import MeshFailure, Supervisor
-from monarch_kernel.errors import MeshIndexError, MeshOwnershipError, MonarchKernelError, SupervisionError
+from monarch_kernel.errors import (
+    ActorError,
+    MeshIndexError,
+    MeshOwnershipError,
+    MonarchKernelError,
+    SupervisionError,
+)
 from monarch_kernel.hosts import AgentProcess, _registry
 from monarch_kernel.hosts._admin import agent_alive
 from monarch_kernel.hosts._registry import MeshRecord
+from monarch_kernel.mesh._actor_mesh import decode_reply
 from monarch_kernel.mesh._future import Future
 from monarch_kernel.mesh._proc_mesh import ProcMesh
 from monarch_kernel.mesh._proc_ref import MeshState, ProcRef
@@ -196,14 +203,17 @@ class Session:
                     continue
                 conns = self.state.connect(targets)
                 calls = [c.spawn_actor(name, payload, buffers) for c in conns]
+                what = f"respawn of mesh {self.name!r}: re-creating actor {name!r}"
                 for r, reply in zip(targets, _native.wait_all(calls, timeout)):
-                    if isinstance(reply, BaseException) or reply[0] != _native.REPLY_RESULT:
+                    try:
+                        decode_reply(reply, self.state.ref, r, self.state.ref.point(r), what, value=False)
+                    except (MonarchKernelError, ActorError) as e:
                         raise SupervisionError(
                             f"respawn of mesh {self.name!r}: actor {name!r} could not be re-created on "
-                            f"rank {r}: {reply if isinstance(reply, BaseException) else bytes(reply[1])[:500]!r}",
+                            f"rank {r}: {e}",
                             mesh=self.name,
                             rank=r,
-                        )
+                        ) from e
             return ranks
 
     def stop(self, timeout: float = 15.0) -> None:

@@ -40,12 +40,25 @@ _EXCEPTION = _native.REPLY_EXCEPTION
 _FENCED = _native.REPLY_FENCED
 
 
-def decode_reply(reply: Any, proc: ProcRef, base_rank: int, point: Point, what: str) -> Any:
-    """Turns one reply from ``wait_all`` into its value, or raises what it means."""
+def decode_reply(
+    reply: Any,
+    proc: ProcRef,
+    base_rank: int,
+    point: Point,
+    what: str,
+    *,
+    failed: str | None = None,
+    value: bool = True,
+) -> Any:
+    """Turns one reply from ``wait_all`` into its value, or raises what it means: the
+    one decoding of replies. ``failed``: what an ``ActorError`` says (default: "Actor
+    call WHAT failed."); ``value=False``: a reply that carries no value (a spawn)."""
     if isinstance(reply, BaseException):
         raise proc.explain(reply, base_rank, what) from None
     kind, payload, buffers = reply
     if kind == _RESULT:
+        if not value:
+            return None
         try:
             return loads(payload, buffers, proc.token)
         except Exception as e:
@@ -55,7 +68,7 @@ def decode_reply(reply: Any, proc: ProcRef, base_rank: int, point: Point, what: 
             ) from e
     if kind == _EXCEPTION:
         exc, formatted = loads_exception(payload, buffers, proc.token)
-        raise ActorError(exc, f"Actor call {what} failed.", formatted, rank=proc.point(base_rank))
+        raise ActorError(exc, failed or f"Actor call {what} failed.", formatted, rank=proc.point(base_rank))
     if kind == _FENCED:
         raise proc.fenced(bytes(payload).decode("utf-8", "replace"), base_rank, what)
     raise proc.rejected(bytes(payload).decode("utf-8", "replace"), base_rank, what)

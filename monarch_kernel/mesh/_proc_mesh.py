@@ -13,17 +13,16 @@ from typing import Any, TypeVar
 from monarch_kernel import _native, _origin
 from monarch_kernel.actor import is_async_actor
 from monarch_kernel.errors import (
-    ActorError,
     MeshOwnershipError,
     MeshSpecError,
     SerializationError,
 )
-from monarch_kernel.mesh._actor_mesh import ActorMesh, check_endpoint_names
+from monarch_kernel.mesh._actor_mesh import ActorMesh, check_endpoint_names, decode_reply
 from monarch_kernel.mesh._buffers import HEADER, drop_now, drop_when_done
 from monarch_kernel.mesh._control import MeshControl, MeshFailure, session_for
 from monarch_kernel.mesh._future import Future, wait_calls
 from monarch_kernel.mesh._proc_ref import ProcRef
-from monarch_kernel.mesh._serial import dumps, loads, loads_exception
+from monarch_kernel.mesh._serial import dumps, loads
 from monarch_kernel.mesh._shape import MeshTrait, Shape
 
 T = TypeVar("T")
@@ -130,22 +129,10 @@ class ProcMesh(MeshTrait):
             raise
         drop_when_done(calls, regs)
         replies = wait_calls(calls, SPAWN_TIMEOUT, f"spawn of {name} on {len(calls)} procs")
+        failed = f"Actor {name} ({cls.__qualname__}) failed in __init__."
         for r, base in zip(replies, ranks):
-            if isinstance(r, BaseException):
-                raise self._proc.explain(r, base, f"spawn of {name}")
-            kind, data, bufs = r
-            if kind == _native.REPLY_FENCED:
-                raise self._proc.fenced(bytes(data).decode(), base, f"spawn of {name}")
-            if kind == _native.REPLY_EXCEPTION:
-                exc, formatted = loads_exception(data, bufs, self._proc.token)
-                raise ActorError(
-                    exc,
-                    f"Actor {name} ({cls.__qualname__}) failed in __init__.",
-                    formatted,
-                    rank=self._proc.point(base),
-                )
-            if kind != _native.REPLY_RESULT:
-                raise self._proc.rejected(bytes(data).decode(), base, f"spawn of {name}")
+            point = self._proc.point(base)
+            decode_reply(r, self._proc, base, point, f"spawn of {name}", failed=failed, value=False)
         session = session_for(self._proc)
         if session is not None:  # so that attach() and respawn() find it
             if payload[:4] == HEADER:  # the record keeps its own copy, for later controllers
