@@ -52,7 +52,8 @@ impl Engine {
         let mut s = TcpStream::connect(addr).map_err(|e| io_err(addr, e))?;
         s.set_nodelay(true).map_err(|e| io_err(addr, e))?;
         let mut n = [0u8; MAC_LEN];
-        s.read_exact(&mut n).map_err(|e| io_err(addr, e))?;
+        s.read_exact(&mut n)
+            .map_err(|e| io_err(addr, format!("no handshake nonce from the engine: {e}")))?;
         let hello = frame::encode(&auth::hello(token, &n));
         s.write_all(&hello).map_err(|e| io_err(addr, e))?;
         match read_status(&mut s, addr)? {

@@ -17,8 +17,9 @@
 //! registrations to end before it goes on.
 //! XFER-3: every connection starts with a handshake proving knowledge of the mesh
 //! token (HMAC-SHA256 over a fresh nonce, so a recorded handshake cannot be
-//! replayed); frames are checked ([`frame`]) before anything is allocated
-//! or read, and a bad frame closes the connection and is counted.
+//! replayed; without a fresh nonce there is no handshake, never a predictable
+//! one); frames are checked ([`frame`]) before anything is allocated or read, and a
+//! bad frame closes the connection and is counted.
 //!
 //! One concern per module: `descriptor` (what travels), `auth` (the handshake,
 //! XFER-3), `host` (locality), `registry` (registrations, XFER-1), `server` and
@@ -71,6 +72,12 @@ pub enum XferError {
     /// The descriptor or the destination is unusable.
     #[error("{0}")]
     Invalid(String),
+    /// No fresh nonce for a handshake (XFER-3): the random source cannot be read.
+    #[error(
+        "the transfer engine cannot make a handshake nonce: {0}; \
+         the process needs a readable /dev/urandom"
+    )]
+    NoNonce(String),
 }
 
 /// This process's engine.
@@ -107,7 +114,10 @@ pub fn engine() -> &'static Engine {
             .local_addr()
             .map(|a| a.to_string())
             .unwrap_or_default();
-        let first = u64::from_le_bytes(auth::nonce()[..8].try_into().unwrap_or([1; 8])) >> 16;
+        // Not a secret: a random start only keeps the ids of two runs apart.
+        let first = auth::nonce().map_or(1, |n| {
+            u64::from_le_bytes([n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7]]) >> 16
+        });
         LISTENER.set(Mutex::new(Some(listener))).ok();
         Engine {
             addr,

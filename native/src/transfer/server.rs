@@ -5,7 +5,7 @@
 //! allocated, and a bad one closes the connection and is counted in the stats.
 
 use super::frame::{self, Request, Status, MAC_LEN};
-use super::{auth, engine, Engine};
+use super::{auth, engine, Engine, XferError};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::Ordering;
@@ -41,10 +41,28 @@ fn reply(s: &mut TcpStream, status: Status, msg: &str) -> std::io::Result<()> {
     s.write_all(msg)
 }
 
-/// XFER-3: the first frame must prove the token. The token id the peer proved, or
-/// `None` once it was refused (and told why).
-fn handshake(e: &Engine, s: &mut TcpStream) -> std::io::Result<Option<[u8; MAC_LEN]>> {
-    let n = auth::nonce();
+/// XFER-3: the first frame must prove the token, over `nonce` (fresh for this
+/// connection). The token id the peer proved, or `None` once it was refused (and
+/// told why).
+///
+/// Without a nonce (the random source failed) the handshake fails closed: the peer
+/// gets a placeholder where the nonce goes, so that it sends its `Hello` and reads
+/// the answer, which is always a refusal saying why.
+fn handshake(
+    e: &Engine,
+    s: &mut TcpStream,
+    nonce: Result<[u8; MAC_LEN], XferError>,
+) -> std::io::Result<Option<[u8; MAC_LEN]>> {
+    let n = match nonce {
+        Ok(n) => n,
+        Err(why) => {
+            e.stats.denied.fetch_add(1, Ordering::Relaxed);
+            s.write_all(&[0; MAC_LEN])?;
+            let _ = read_frame(s)?;
+            reply(s, Status::Denied, &why.to_string())?;
+            return Ok(None);
+        }
+    };
     s.write_all(&n)?;
     match read_frame(s)? {
         Ok(Request::Hello { token_id, mac }) => {
@@ -70,7 +88,7 @@ fn handshake(e: &Engine, s: &mut TcpStream) -> std::io::Result<Option<[u8; MAC_L
 fn handle(e: &Engine, mut s: TcpStream) -> std::io::Result<()> {
     s.set_nodelay(true)?;
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
-    let Some(tid) = handshake(e, &mut s)? else {
+    let Some(tid) = handshake(e, &mut s, auth::nonce())? else {
         return Ok(());
     };
     s.set_read_timeout(None)?;
@@ -132,5 +150,29 @@ fn handle(e: &Engine, mut s: TcpStream) -> std::io::Result<()> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_a_nonce_the_handshake_is_refused_on_both_sides_saying_why() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let e = engine();
+        let denied = e.stats.denied.load(Ordering::Relaxed);
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let why = XferError::NoNonce("cannot read /dev/urandom: gone".into());
+            handshake(engine(), &mut s, Err(why)).unwrap()
+        });
+        let err = e.connect(&addr, b"tok-nonce").unwrap_err();
+        assert_eq!(server.join().unwrap(), None);
+        let msg = err.to_string();
+        assert!(msg.contains("Denied") && msg.contains("nonce"), "{msg}");
+        assert!(msg.contains("/dev/urandom: gone"), "{msg}");
+        assert!(e.stats.denied.load(Ordering::Relaxed) > denied);
     }
 }
