@@ -1,7 +1,7 @@
 //! Bindings of the transfer engine ([`crate::transfer`]).
 
 use super::errors::TransferError;
-use crate::transfer::{engine, Descriptor, XferError};
+use crate::transfer::{engine, Descriptor, Engine, XferError};
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -18,6 +18,12 @@ fn to_py(e: XferError) -> PyErr {
 
 fn desc(b: &[u8]) -> PyResult<Descriptor> {
     Descriptor::decode(b).map_err(to_py)
+}
+
+/// This process's engine; a `TransferError` saying what failed and what to do if it
+/// cannot start (it is tried again on next use).
+fn started() -> PyResult<&'static Engine> {
+    engine().map_err(to_py)
 }
 
 /// Registers `obj`'s memory (any C-contiguous buffer) under the mesh `token`;
@@ -48,8 +54,9 @@ fn xfer_register<'py>(
     let ttl = ttl.map(|s| Duration::from_secs_f64(s.max(0.0)));
     // SAFETY: the PyBuffer keeps the exporter's memory valid (and pinned) until it is
     // released, which happens when the registration ends and drops it.
+    let e = started()?;
     let d = unsafe {
-        engine().register(
+        e.register(
             ptr,
             len,
             writable,
@@ -100,10 +107,11 @@ fn xfer_fetch(
         ));
     }
     let (ptr, len) = (buf.buf_ptr() as usize, buf.len_bytes());
+    let e = started()?;
     py.detach(|| {
         // SAFETY: `buf` (held across this call) keeps the destination valid.
         let dst = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) };
-        engine().fetch_as(&d, token.as_bytes(), dst, streams, handle)
+        e.fetch_as(&d, token.as_bytes(), dst, streams, handle)
     })
     .map_err(to_py)
 }
@@ -169,8 +177,9 @@ fn xfer_fetch_new(py: Python<'_>, d: &[u8], token: &str, streams: usize) -> PyRe
         return Ok(RecvBuffer { region }); // pulled when its message arrived (XFER-2)
     }
     let d = desc(d)?;
+    let e = started()?;
     let region = py
-        .detach(|| engine().fetch_new(&d, token.as_bytes(), streams))
+        .detach(|| e.fetch_new(&d, token.as_bytes(), streams))
         .map_err(to_py)?;
     Ok(RecvBuffer { region })
 }
@@ -191,10 +200,11 @@ fn xfer_write(
         return Err(PyValueError::new_err("the source must be contiguous"));
     }
     let (ptr, len) = (buf.buf_ptr() as usize, buf.len_bytes());
+    let e = started()?;
     py.detach(|| {
         // SAFETY: `buf` keeps the source valid during the call.
         let src = unsafe { std::slice::from_raw_parts(ptr as *const u8, len) };
-        engine().write_into(&d, token.as_bytes(), offset, src)
+        e.write_into(&d, token.as_bytes(), offset, src)
     })
     .map_err(to_py)
 }
@@ -203,14 +213,16 @@ fn xfer_write(
 #[pyfunction]
 fn xfer_release(py: Python<'_>, d: &[u8], token: &str) -> PyResult<()> {
     let d = desc(d)?;
-    py.detach(|| engine().release_remote(&d, token.as_bytes()))
+    let e = started()?;
+    py.detach(|| e.release_remote(&d, token.as_bytes()))
         .map_err(to_py)
 }
 
 /// Ends registration `id` of this process now; True if it was registered.
 #[pyfunction]
 fn xfer_drop(py: Python<'_>, id: u64) -> bool {
-    py.detach(|| engine().drop_id(id))
+    // Without an engine nothing was registered.
+    engine().is_ok_and(|e| py.detach(|| e.drop_id(id)))
 }
 
 /// Waits (without the GIL) until registrations `ids` of this process have ended,
@@ -218,13 +230,14 @@ fn xfer_drop(py: Python<'_>, id: u64) -> bool {
 #[pyfunction]
 fn xfer_wait_gone(py: Python<'_>, ids: Vec<u64>, timeout: f64) -> bool {
     let t = std::time::Duration::from_secs_f64(timeout.max(0.0));
-    py.detach(|| engine().wait_gone(&ids, t))
+    // Without an engine nothing was registered.
+    engine().map_or(true, |e| py.detach(|| e.wait_gone(&ids, t)))
 }
 
 /// This process's engine: address, live registrations and counters.
 #[pyfunction]
 fn xfer_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
-    let e = engine();
+    let e = started()?;
     let d = PyDict::new(py);
     d.set_item("addr", e.addr())?;
     d.set_item("registered", py.detach(|| e.registered()))?;

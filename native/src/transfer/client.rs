@@ -289,9 +289,12 @@ mod tests {
         let want = data.clone();
         let d = register_vec(data, b"tok-a", 1);
         let mut dst = vec![0u8; want.len()];
-        engine().fetch(&d, b"tok-a", &mut dst, 4).unwrap();
+        engine().unwrap().fetch(&d, b"tok-a", &mut dst, 4).unwrap();
         assert_eq!(dst, want);
-        assert!(!engine().drop_id(d.id), "released after its one reader");
+        assert!(
+            !engine().unwrap().drop_id(d.id),
+            "released after its one reader"
+        );
     }
 
     #[test]
@@ -300,12 +303,21 @@ mod tests {
         let want = data.clone();
         let d = register_vec(data, b"tok-b", 0);
         let mut dst = vec![0u8; want.len()];
-        engine().fetch_tcp(&d, b"tok-b", &mut dst, 3).unwrap();
+        engine()
+            .unwrap()
+            .fetch_tcp(&d, b"tok-b", &mut dst, 3)
+            .unwrap();
         assert_eq!(dst, want);
         let mut other = vec![0u8; want.len()];
-        assert!(engine().fetch(&d, b"wrong", &mut other, 1).is_err());
-        let err = engine().connect(&d.addr, b"never-registered").unwrap_err();
+        assert!(engine()
+            .unwrap()
+            .fetch(&d, b"wrong", &mut other, 1)
+            .is_err());
+        let err = engine()
+            .unwrap()
+            .connect(&d.addr, b"never-registered")
+            .unwrap_err();
         assert!(err.to_string().contains("wrong mesh token"), "{err}");
-        assert!(engine().drop_id(d.id));
+        assert!(engine().unwrap().drop_id(d.id));
     }
 }

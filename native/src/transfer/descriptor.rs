@@ -103,6 +103,6 @@ mod tests {
         let mut w = d.encode();
         w.push(0);
         assert!(Descriptor::decode(&w).is_err());
-        assert!(engine().drop_id(d.id));
+        assert!(engine().unwrap().drop_id(d.id));
     }
 }

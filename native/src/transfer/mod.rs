@@ -78,6 +78,16 @@ pub enum XferError {
          the process needs a readable /dev/urandom"
     )]
     NoNonce(String),
+    /// This process's engine cannot start; it is tried again on next use.
+    #[error("the transfer engine cannot {what}: {reason}; {next}")]
+    Setup {
+        /// What it could not do.
+        what: String,
+        /// The system's reason.
+        reason: String,
+        /// What to do about it.
+        next: &'static str,
+    },
 }
 
 /// This process's engine.
@@ -101,25 +111,71 @@ pub struct Engine {
     pub stats: Stats,
 }
 
-/// This process's engine, started (listening) on first use. The listening address
-/// is `MONARCH_TRANSFER_HOST` (default 127.0.0.1) on a free port.
-pub fn engine() -> &'static Engine {
+/// Where the engine listens (an address of this host; a free port is picked).
+const HOST_ENV: &str = "MONARCH_TRANSFER_HOST";
+const DEFAULT_HOST: &str = "127.0.0.1";
+
+/// This process's engine, started (listening) on first use, on `MONARCH_TRANSFER_HOST`
+/// (default 127.0.0.1) and a free port.
+///
+/// A failure to start is not cached: the next call tries again. What makes it fail
+/// (a `MONARCH_TRANSFER_HOST` that is not an address of this host, no file
+/// descriptors or threads left, no random source) can be fixed while the process
+/// lives, and a kernel should not need a restart for that; a failed try costs one
+/// `bind`, and only while there is no engine.
+pub fn engine() -> Result<&'static Engine, XferError> {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
-    static STARTED: OnceLock<()> = OnceLock::new();
-    let e = ENGINE.get_or_init(|| {
-        let host = std::env::var("MONARCH_TRANSFER_HOST").unwrap_or_else(|_| "127.0.0.1".into());
+    /// One start at a time, so that a process makes one listener.
+    static STARTING: Mutex<()> = Mutex::new(());
+    if let Some(e) = ENGINE.get() {
+        return Ok(e);
+    }
+    let _one = lock(&STARTING);
+    if let Some(e) = ENGINE.get() {
+        return Ok(e);
+    }
+    let host = std::env::var(HOST_ENV).unwrap_or_else(|_| DEFAULT_HOST.into());
+    let (engine, listener) = Engine::start(&host)?;
+    // The accept thread starts before the engine is published, so that a failure
+    // leaves nothing half made; it serves once it is handed the engine.
+    let (tx, rx) = std::sync::mpsc::sync_channel::<&'static Engine>(1);
+    std::thread::Builder::new()
+        .name("monarch-xfer-accept".into())
+        .spawn(move || {
+            if let Ok(e) = rx.recv() {
+                server::serve(e, listener);
+            }
+        })
+        .map_err(|e| XferError::Setup {
+            what: "start its accept thread".into(),
+            reason: e.to_string(),
+            next: "the process is out of threads or memory; free some, then try again",
+        })?;
+    let e = ENGINE.get_or_init(|| engine);
+    let _ = tx.send(e);
+    Ok(e)
+}
+
+impl Engine {
+    /// A new engine listening on `host` (on a free port), and its listener.
+    fn start(host: &str) -> Result<(Engine, TcpListener), XferError> {
+        let setup = |what: String, e: std::io::Error| XferError::Setup {
+            what,
+            reason: e.to_string(),
+            next: "set MONARCH_TRANSFER_HOST to an address of this host (it is 127.0.0.1 \
+                   unless set) and check that the process may open sockets, then try again",
+        };
         let listener =
-            TcpListener::bind((host.as_str(), 0)).expect("the transfer engine cannot listen");
+            TcpListener::bind((host, 0)).map_err(|e| setup(format!("listen on {host}"), e))?;
         let addr = listener
             .local_addr()
-            .map(|a| a.to_string())
-            .unwrap_or_default();
+            .map_err(|e| setup(format!("tell where it listens on {host}"), e))?
+            .to_string();
+        // No random source, no handshake (XFER-3): an engine would refuse every peer.
+        let n = auth::nonce()?;
         // Not a secret: a random start only keeps the ids of two runs apart.
-        let first = auth::nonce().map_or(1, |n| {
-            u64::from_le_bytes([n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7]]) >> 16
-        });
-        LISTENER.set(Mutex::new(Some(listener))).ok();
-        Engine {
+        let first = u64::from_le_bytes([n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7]]) >> 16;
+        let engine = Engine {
             addr,
             host: host::Host::this(),
             table: Mutex::new(HashMap::new()),
@@ -128,25 +184,10 @@ pub fn engine() -> &'static Engine {
             next_id: AtomicU64::new(first.max(1)),
             pool: Mutex::new(HashMap::new()),
             stats: Stats::default(),
-        }
-    });
-    STARTED.get_or_init(|| {
-        let l = LISTENER
-            .get()
-            .and_then(|m| m.lock().ok().and_then(|mut g| g.take()));
-        if let Some(l) = l {
-            std::thread::Builder::new()
-                .name("monarch-xfer-accept".into())
-                .spawn(move || server::serve(l))
-                .expect("cannot start the transfer engine");
-        }
-    });
-    e
-}
+        };
+        Ok((engine, listener))
+    }
 
-static LISTENER: OnceLock<Mutex<Option<TcpListener>>> = OnceLock::new();
-
-impl Engine {
     /// `HOST:PORT` of this engine.
     pub fn addr(&self) -> &str {
         &self.addr
@@ -157,4 +198,25 @@ impl Engine {
 /// consistent between statements).
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_engine_that_cannot_listen_says_where_and_what_to_do() {
+        // 192.0.2.1 (TEST-NET-1) is no address of this host.
+        let Err(err) = Engine::start("192.0.2.1") else {
+            panic!("listened on an address that is not this host's")
+        };
+        let msg = err.to_string();
+        assert!(matches!(err, XferError::Setup { .. }), "{err:?}");
+        assert!(msg.contains("cannot listen on 192.0.2.1"), "{msg}");
+        assert!(msg.contains("MONARCH_TRANSFER_HOST"), "{msg}");
+        assert!(
+            engine().is_ok(),
+            "the process's own engine starts on 127.0.0.1"
+        );
+    }
 }

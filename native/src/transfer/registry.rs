@@ -193,5 +193,9 @@ impl Engine {
 pub(super) fn register_vec(data: Vec<u8>, token: &[u8], readers: u32) -> Descriptor {
     let (ptr, len) = (data.as_ptr() as usize, data.len());
     // SAFETY: the Vec is moved into the keep-alive; its heap buffer does not move.
-    unsafe { super::engine().register(ptr, len, false, token, readers, None, Box::new(data)) }
+    unsafe {
+        super::engine()
+            .unwrap()
+            .register(ptr, len, false, token, readers, None, Box::new(data))
+    }
 }

@@ -5,20 +5,20 @@
 //! allocated, and a bad one closes the connection and is counted in the stats.
 
 use super::frame::{self, Request, Status, MAC_LEN};
-use super::{auth, engine, Engine, XferError};
+use super::{auth, Engine, XferError};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-/// Accepts connections for as long as the process lives.
-pub(super) fn serve(listener: TcpListener) {
+/// Accepts connections for `e` for as long as the process lives.
+pub(super) fn serve(e: &'static Engine, listener: TcpListener) {
     for conn in listener.incoming() {
         let Ok(conn) = conn else { continue };
         let _ = std::thread::Builder::new()
             .name("monarch-xfer-conn".into())
             .spawn(move || {
-                let _ = handle(engine(), conn);
+                let _ = handle(e, conn);
             });
     }
 }
@@ -155,18 +155,19 @@ fn handle(e: &Engine, mut s: TcpStream) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::engine;
     use super::*;
 
     #[test]
     fn without_a_nonce_the_handshake_is_refused_on_both_sides_saying_why() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap().to_string();
-        let e = engine();
+        let e = engine().unwrap();
         let denied = e.stats.denied.load(Ordering::Relaxed);
         let server = std::thread::spawn(move || {
             let (mut s, _) = listener.accept().unwrap();
             let why = XferError::NoNonce("cannot read /dev/urandom: gone".into());
-            handshake(engine(), &mut s, Err(why)).unwrap()
+            handshake(engine().unwrap(), &mut s, Err(why)).unwrap()
         });
         let err = e.connect(&addr, b"tok-nonce").unwrap_err();
         assert_eq!(server.join().unwrap(), None);
