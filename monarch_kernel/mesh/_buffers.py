@@ -15,7 +15,6 @@ import os
 import pickle
 import struct
 import sys
-import time
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
@@ -74,18 +73,8 @@ def drop_now(ids: list[int]) -> None:
 def drop_when_done(calls: list[Any], ids: list[int]) -> None:
     """XFER-1 for calls: once every call has its reply (or failed), the receivers are
     done with the registrations ``ids``, released or not (a receiver that died never
-    releases): they end."""
-    if not ids or not calls:
-        return
-    remaining = [len(calls)]
-
-    def one_done() -> None:  # on a runtime thread, with the GIL (PY-1)
-        remaining[0] -= 1
-        if remaining[0] == 0:
-            drop_now(ids)
-
-    for c in calls:
-        c.add_done_callback(one_done)
+    releases): they end. Hooked on the calls in native code; no Python runs then."""
+    _native.xfer_drop_when_done(calls, ids)
 
 
 def wait_read(
@@ -96,19 +85,16 @@ def wait_read(
 ) -> None:
     """XFER-2: returns once the receivers have read the registrations ``ids`` (they
     pull a message's buffers as it arrives), so that the sender may then change the
-    memory without changing what it sent; or once ``calls`` (if any) have all ended,
-    or ``gone()`` says a receiver died (a dead receiver never reads), or after
-    ``limit`` seconds."""
-    if not ids:
-        return
-    deadline = None if limit is None else time.monotonic() + limit
-    while not _native.xfer_wait_gone(ids, 0.1):  # an interrupt gets in between waits
-        if calls and all(c.done() for c in calls):
-            return
-        if gone is not None and gone():
-            return
-        if deadline is not None and time.monotonic() > deadline:
-            return
+    memory without changing what it sent; or once ``calls`` (if any) have all ended
+    or one of their connections is lost (a dead receiver never reads; stopping a mesh
+    closes its connections), or ``gone()`` says a receiver died (a broadcast has no
+    calls to watch), or after ``limit`` seconds.
+
+    The wait is native, with the GIL released; every 50 ms it takes the GIL back for
+    a moment to let an interrupt in (raising KeyboardInterrupt here) and to ask
+    ``gone()``."""
+    if ids:
+        _native.xfer_wait_read(ids, calls or [], limit, gone)
 
 
 def receive_remote(data: Any, buffers: list[Any], token: str | None) -> tuple[Any, list[Any]]:

@@ -448,3 +448,47 @@ def test_a_recorded_handshake_cannot_be_replayed():
         assert s.recv(9)[0] == 3  # Denied
     assert _native.xfer_stats()["denied"] == denied + 1
     assert _native.xfer_drop(_native.xfer_id(desc))
+
+
+def test_waiting_for_readers_ends_when_they_read_or_a_receiver_is_gone():
+    desc = _native.xfer_register(bytearray(BIG), "tok-wait", 1)
+    reader = threading.Timer(0.2, lambda: _native.xfer_fetch_new(desc, "tok-wait"))
+    reader.start()
+    assert _native.xfer_wait_read([_native.xfer_id(desc)], [], TIMEOUT) is True
+    reader.join()
+    unread = _native.xfer_register(bytearray(16), "tok-wait", 1)
+    try:
+        assert _native.xfer_wait_read([_native.xfer_id(unread)], [], TIMEOUT, lambda: True) is False
+        assert _native.xfer_wait_read([_native.xfer_id(unread)], [], 0.05) is False
+    finally:
+        assert _native.xfer_drop(_native.xfer_id(unread))
+
+
+def test_waiting_for_readers_lets_an_interrupt_in():
+    unread = _native.xfer_register(bytearray(16), "tok-interrupt", 1)
+    interrupt = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    interrupt.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _buffers.wait_read([_native.xfer_id(unread)], limit=TIMEOUT)
+    finally:
+        interrupt.cancel()
+        assert _native.xfer_drop(_native.xfer_id(unread))
+
+
+def test_waiting_for_readers_ends_when_a_receivers_connection_is_lost(state_home):
+    procs = this_host().spawn_procs(per_host={"procs": 1})
+    procs.on_failure(lambda f: None)
+    unread = _native.xfer_register(bytearray(16), "tok-lost", 1)  # nobody will read it
+    try:
+        s = procs.spawn("s", Store)
+        pid = s.keep.call_one(None).get(timeout=TIMEOUT)
+        pending = s.nap.call_one(10 * TIMEOUT)
+        threading.Timer(0.3, os.kill, (pid, signal.SIGKILL)).start()
+        started = time.monotonic()
+        # No gone() here: the call's lost connection alone ends the wait.
+        assert _native.xfer_wait_read([_native.xfer_id(unread)], pending._calls, 10 * TIMEOUT) is False
+        assert time.monotonic() - started < TIMEOUT  # long before the limit
+    finally:
+        _native.xfer_drop(_native.xfer_id(unread))
+        procs.stop()

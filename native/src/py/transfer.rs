@@ -1,13 +1,17 @@
 //! Bindings of the transfer engine ([`crate::transfer`]).
 
+use super::client::PendingCall;
 use super::errors::TransferError;
-use crate::transfer::{engine, Descriptor, Engine, XferError};
+use crate::rpc::client::WorkerConn;
+use crate::rpc::slot::Slot;
+use crate::transfer::{engine, Descriptor, Engine, Waited, XferError};
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
-use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 fn to_py(e: XferError) -> PyErr {
     match e {
@@ -225,13 +229,110 @@ fn xfer_drop(py: Python<'_>, id: u64) -> bool {
     engine().is_ok_and(|e| py.detach(|| e.drop_id(id)))
 }
 
-/// Waits (without the GIL) until registrations `ids` of this process have ended,
-/// at most `timeout` seconds; True if they all did (XFER-2).
+/// How often a wait with the GIL released takes it back for a moment, to let
+/// Python run signal handlers (Ctrl-C, a kernel interrupt).
+const SIGNAL_CHECK: Duration = Duration::from_millis(50);
+
+/// XFER-1 for calls: once every one of `calls` has its reply (or failed), its
+/// receivers are done with the registrations `ids`, released or not (a receiver that
+/// died never releases): they end. Hooked on the calls' completion in the native
+/// runtime: nothing runs in Python.
 #[pyfunction]
-fn xfer_wait_gone(py: Python<'_>, ids: Vec<u64>, timeout: f64) -> bool {
-    let t = std::time::Duration::from_secs_f64(timeout.max(0.0));
-    // Without an engine nothing was registered.
-    engine().map_or(true, |e| py.detach(|| e.wait_gone(&ids, t)))
+fn xfer_drop_when_done(py: Python<'_>, calls: Vec<PyRef<'_, PendingCall>>, ids: Vec<u64>) {
+    if ids.is_empty() || calls.is_empty() {
+        return;
+    }
+    let slots: Vec<Arc<Slot>> = calls.iter().map(|c| c.slot().clone()).collect();
+    let ids: Arc<[u64]> = ids.into();
+    let left = Arc::new(AtomicUsize::new(slots.len()));
+    // A call that has already ended runs its hook here, at once.
+    py.detach(|| {
+        for slot in &slots {
+            let (ids, left) = (ids.clone(), left.clone());
+            // Runs on the runtime thread that completes the call. The entries'
+            // keep-alives (Python buffers) are released there: pyo3 takes the GIL
+            // for that, as the engine's connection threads do when a reader releases.
+            slot.on_done(Box::new(move || {
+                if left.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    if let Ok(e) = engine() {
+                        for id in ids.iter() {
+                            e.drop_id(*id);
+                        }
+                    }
+                }
+            }));
+        }
+    });
+}
+
+/// True once `calls` say their receivers will read no more: all of them ended, or
+/// one's connection is lost (a dead receiver never reads; stopping a mesh closes its
+/// connections).
+fn calls_ended(calls: &[(Arc<Slot>, Arc<WorkerConn>)]) -> bool {
+    !calls.is_empty()
+        && (calls.iter().all(|(s, _)| s.is_done()) || calls.iter().any(|(_, c)| c.lost().is_some()))
+}
+
+/// XFER-2: waits until the registrations `ids` of this process have ended (the
+/// receivers pull a message's buffers as it arrives), so that the sender may then
+/// change the memory without changing what it sent; or until `calls` (if any) have
+/// all ended or one of their connections is lost; or until `gone()` is true; or
+/// `limit` seconds (None: no limit). True if the registrations ended.
+///
+/// The GIL is released while waiting; every 50 ms it is taken back to run signal
+/// handlers (a KeyboardInterrupt is raised from here) and to ask `gone()`.
+#[pyfunction]
+#[pyo3(signature = (ids, calls=Vec::new(), limit=None, gone=None))]
+fn xfer_wait_read(
+    py: Python<'_>,
+    ids: Vec<u64>,
+    calls: Vec<PyRef<'_, PendingCall>>,
+    limit: Option<f64>,
+    gone: Option<Bound<'_, PyAny>>,
+) -> PyResult<bool> {
+    if ids.is_empty() {
+        return Ok(true);
+    }
+    let Ok(e) = engine() else {
+        return Ok(true); // without an engine nothing was registered
+    };
+    let deadline = limit
+        .and_then(|s| Duration::try_from_secs_f64(s.max(0.0)).ok())
+        .and_then(|d| Instant::now().checked_add(d));
+    let watched: Vec<(Arc<Slot>, Arc<WorkerConn>)> = calls
+        .iter()
+        .map(|c| (c.slot().clone(), c.conn().clone()))
+        .collect();
+    py.detach(|| {
+        for (slot, _) in &watched {
+            // The wait looks at the calls again as soon as one ends.
+            slot.on_done(Box::new(|| {
+                if let Ok(e) = engine() {
+                    e.wake();
+                }
+            }));
+        }
+    });
+    loop {
+        let chunk = deadline.map_or(SIGNAL_CHECK, |d| {
+            d.saturating_duration_since(Instant::now())
+                .min(SIGNAL_CHECK)
+        });
+        match py.detach(|| e.wait_until(&ids, chunk, || calls_ended(&watched))) {
+            Waited::Gone => return Ok(true),
+            Waited::Stopped => return Ok(false),
+            Waited::TimedOut => {}
+        }
+        py.check_signals()?;
+        if let Some(gone) = &gone {
+            if gone.call0()?.is_truthy()? {
+                return Ok(false);
+            }
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(false);
+        }
+    }
 }
 
 /// This process's engine: address, live registrations and counters.
@@ -263,7 +364,8 @@ pub fn register_python_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(xfer_write, m)?)?;
     m.add_function(wrap_pyfunction!(xfer_release, m)?)?;
     m.add_function(wrap_pyfunction!(xfer_drop, m)?)?;
-    m.add_function(wrap_pyfunction!(xfer_wait_gone, m)?)?;
+    m.add_function(wrap_pyfunction!(xfer_drop_when_done, m)?)?;
+    m.add_function(wrap_pyfunction!(xfer_wait_read, m)?)?;
     m.add_function(wrap_pyfunction!(xfer_stats, m)?)?;
     Ok(())
 }

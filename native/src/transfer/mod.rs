@@ -42,7 +42,7 @@ pub use descriptor::Descriptor;
 pub use prefetch::{
     discard_message, prefetch, prefetched_count, take_message, take_prefetched, HEADER,
 };
-pub use registry::{Stats, HANDLE};
+pub use registry::{Stats, Waited, HANDLE};
 
 use frame::MAC_LEN;
 use std::collections::HashMap;
@@ -98,7 +98,7 @@ pub struct Engine {
     host: host::Host,
     /// The registrations, by id (XFER-1); each entry keeps its memory valid.
     table: Mutex<HashMap<u64, Arc<registry::Entry>>>,
-    /// Notified whenever registrations end, for [`Engine::wait_gone`].
+    /// Notified whenever registrations end (or [`Engine::wake`]), for waiters.
     ended: std::sync::Condvar,
     /// Tokens registrations were made under, by token id: the handshake (XFER-3)
     /// checks a peer's MAC against them.

@@ -26,6 +26,17 @@ pub(super) struct Entry {
     _keep: Box<dyn Send + Sync>,
 }
 
+/// How [`Engine::wait_until`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waited {
+    /// None of the registrations is left.
+    Gone,
+    /// `stop()` said to give up.
+    Stopped,
+    /// The time ran out.
+    TimedOut,
+}
+
 /// Counters, for tests and `make bench`.
 #[derive(Default)]
 pub struct Stats {
@@ -97,12 +108,28 @@ impl Engine {
     /// Waits until none of `ids` is registered (each was read by all its readers,
     /// dropped or expired), at most `timeout`. True if they all ended.
     pub fn wait_gone(&self, ids: &[u64], timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
+        self.wait_until(ids, timeout, || false) == Waited::Gone
+    }
+
+    /// Waits until none of `ids` is registered, or `stop()` says to give up, or
+    /// `timeout` passes. `stop` is asked first, then again whenever registrations
+    /// end or [`Engine::wake`] is called; it runs under the table's lock, so it must
+    /// not touch the registrations.
+    pub fn wait_until(&self, ids: &[u64], timeout: Duration, stop: impl Fn() -> bool) -> Waited {
+        let deadline = Instant::now().checked_add(timeout);
         let mut t = lock(&self.table);
-        while ids.iter().any(|i| t.contains_key(i)) {
-            let left = deadline.saturating_duration_since(Instant::now());
+        loop {
+            if !ids.iter().any(|i| t.contains_key(i)) {
+                return Waited::Gone;
+            }
+            if stop() {
+                return Waited::Stopped;
+            }
+            let left = deadline.map_or(Duration::MAX, |d| {
+                d.saturating_duration_since(Instant::now())
+            });
             if left.is_zero() {
-                return false;
+                return Waited::TimedOut;
             }
             t = self
                 .ended
@@ -110,7 +137,15 @@ impl Engine {
                 .map(|(g, _)| g)
                 .unwrap_or_else(|e| e.into_inner().0);
         }
-        true
+    }
+
+    /// Makes every [`Engine::wait_until`] ask its `stop()` again (what it waits
+    /// for besides registrations may have happened: a call ended).
+    pub fn wake(&self) {
+        // Taking the lock: a waiter between its check and its wait holds it, so it
+        // cannot miss this.
+        let _t = lock(&self.table);
+        self.ended.notify_all();
     }
 
     /// How many registrations are live.
@@ -197,5 +232,37 @@ pub(super) fn register_vec(data: Vec<u8>, token: &[u8], readers: u32) -> Descrip
         super::engine()
             .unwrap()
             .register(ptr, len, false, token, readers, None, Box::new(data))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    #[test]
+    fn a_wait_ends_when_its_registrations_end_or_when_woken_to_stop() {
+        let e = super::super::engine().unwrap();
+        let d = register_vec(vec![0; 8], b"tok-wait", 0);
+        let quick = Duration::from_millis(20);
+        assert_eq!(e.wait_until(&[d.id], quick, || false), Waited::TimedOut);
+        let stop = Arc::new(AtomicBool::new(false));
+        let waiter = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                e.wait_until(&[d.id], Duration::from_secs(600), || {
+                    stop.load(Ordering::SeqCst)
+                })
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        stop.store(true, Ordering::SeqCst);
+        e.wake();
+        assert_eq!(waiter.join().unwrap(), Waited::Stopped);
+        let waiter = std::thread::spawn(move || e.wait_until(&[d.id], Duration::MAX, || false));
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(e.drop_id(d.id));
+        assert_eq!(waiter.join().unwrap(), Waited::Gone);
+        assert!(e.wait_gone(&[d.id], Duration::ZERO));
     }
 }
