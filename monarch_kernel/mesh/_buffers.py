@@ -56,9 +56,9 @@ def send_remote(raws: list[Any], token: str, readers: int) -> tuple[bytes, list[
     for i, r in enumerate(raws):
         if memoryview(r).nbytes >= THRESHOLD:
             desc = _native.xfer_register(r, token, readers, TTL)
-            out[i] = desc
+            out[i] = desc  # travels as its wire form (buffer protocol)
             remote.append(i)
-            ids.append(_native.xfer_id(desc))
+            ids.append(desc.id)
     if not remote:
         return b"", raws, [], []
     return HEADER + struct.pack(f"<I{len(remote)}I", len(remote), *remote), out, remote, ids
@@ -109,7 +109,7 @@ def receive_remote(data: Any, buffers: list[Any], token: str | None) -> tuple[An
     buffers = list(buffers)
     for i in indices:
         if not isinstance(buffers[i], _native.RecvBuffer):  # (not pulled on arrival, XFER-2)
-            buffers[i] = _native.xfer_fetch_new(bytes(buffers[i]), token, STREAMS)
+            buffers[i] = _native.Descriptor(buffers[i]).fetch_new(token, STREAMS)
     return view[8 + 4 * count :], buffers
 
 
@@ -218,7 +218,7 @@ def _reduce_cuda(t: Any, src: Any, token: str) -> Any:
     raw: Any = staged.numpy()
     desc = _native.xfer_register(raw, token, readers, TTL)
     if registered is not None:
-        registered.append(_native.xfer_id(desc))
+        registered.append(desc.id)
     ipc: Any = None
     gpu = ""
     if readers == 1:  # torch's IPC reference count is one per share: one receiver
@@ -268,7 +268,7 @@ def _visible_cuda_index(gpu: str) -> int | None:
 def rebuild_cuda(
     ipc: Any,
     gpu: str,
-    desc: bytes,
+    desc: _native.Descriptor,
     dtype: str,
     shape: tuple[int, ...],
     stride: tuple[int, ...],
@@ -297,11 +297,11 @@ def rebuild_cuda(
     if ipc is not None:
         _release_ipc(ipc)
     if t is not None:
-        _native.xfer_release(desc, token)  # the staged copy was not needed
+        desc.release(token)  # the staged copy was not needed
         return _finish(t, grad, param)
     # The staged copy: onto the same GPU where this process sees it, else onto its own
     # GPU (one per proc with per_host={"gpus": N}), else it stays on the CPU.
-    buf = _native.xfer_fetch_new(desc, token, STREAMS)
+    buf = desc.fetch_new(token, STREAMS)
     target = f"cuda:{local}" if local is not None else "cuda"
     return rebuild_tensor(buf, dtype, shape, stride, grad, target, param)
 
