@@ -137,3 +137,6 @@ class RecvBuffer:
     def __buffer__(self, flags: int) -> memoryview: ...
 
 XFER_HANDLE: int
+MESSAGE_HEADER: bytes
+TRANSFER_STREAMS_ENV: str
+DEFAULT_TRANSFER_STREAMS: int

@@ -23,11 +23,13 @@ from monarch_kernel import _native
 
 #: Buffers at least this large go through the engine (MONARCH_TRANSFER_THRESHOLD).
 THRESHOLD = int(os.environ.get("MONARCH_TRANSFER_THRESHOLD", 64 * 1024))
-#: Parallel TCP streams per transfer across hosts (MONARCH_TRANSFER_STREAMS).
-STREAMS = int(os.environ.get("MONARCH_TRANSFER_STREAMS", 4))
+#: Parallel TCP streams per transfer across hosts (MONARCH_TRANSFER_STREAMS; the
+#: name and the default are the native engine's).
+STREAMS = int(os.environ.get(_native.TRANSFER_STREAMS_ENV, _native.DEFAULT_TRANSFER_STREAMS))
 #: Seconds a registration waits for its readers before it is dropped anyway.
 TTL = 300.0
-HEADER = b"\x00MKX"
+#: How a message whose buffers went through the engine starts (parsed natively).
+HEADER = _native.MESSAGE_HEADER
 
 #: The mesh token of the message being pickled (TransferBuffer registers under it).
 current_token: ContextVar[str | None] = ContextVar("monarch_current_token", default=None)

@@ -512,3 +512,10 @@ def test_waiting_for_readers_ends_when_a_receivers_connection_is_lost(state_home
     finally:
         _native.xfer_drop(unread.id)
         procs.stop()
+
+
+def test_the_wire_formats_python_uses_are_the_native_engines():
+    assert _buffers.HEADER is _native.MESSAGE_HEADER and _buffers.HEADER == b"\x00MKX"
+    assert _native.TRANSFER_STREAMS_ENV == "MONARCH_TRANSFER_STREAMS"
+    expected = int(os.environ.get("MONARCH_TRANSFER_STREAMS", _native.DEFAULT_TRANSFER_STREAMS))
+    assert _buffers.STREAMS == expected and _native.DEFAULT_TRANSFER_STREAMS >= 1

@@ -7,7 +7,9 @@ use super::client::PendingCall;
 use super::errors::TransferError;
 use crate::rpc::client::WorkerConn;
 use crate::rpc::slot::Slot;
-use crate::transfer::{engine, Descriptor, Engine, Waited, XferError};
+use crate::transfer::{
+    engine, Descriptor, Engine, Waited, XferError, DEFAULT_STREAMS, HEADER, STREAMS_ENV,
+};
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -154,7 +156,7 @@ impl PyDescriptor {
     /// Reads the buffer into `dst` (writable, contiguous, exactly its size), then
     /// releases it (with `handle`: confirms it, for a `TransferBuffer`'s
     /// registration, which stays); the GIL is released meanwhile.
-    #[pyo3(signature = (token, dst, streams=4, handle=false))]
+    #[pyo3(signature = (token, dst, streams=DEFAULT_STREAMS, handle=false))]
     fn fetch(
         &self,
         py: Python<'_>,
@@ -175,7 +177,7 @@ impl PyDescriptor {
 
     /// Pulls the buffer into new memory (a `RecvBuffer`), then releases it; what was
     /// pulled as its message arrived (XFER-2) is taken as it is.
-    #[pyo3(signature = (token, streams=4))]
+    #[pyo3(signature = (token, streams=DEFAULT_STREAMS))]
     fn fetch_new(&self, py: Python<'_>, token: &str, streams: usize) -> PyResult<RecvBuffer> {
         if let Some(region) = crate::transfer::take_prefetched(&self.raw) {
             return Ok(RecvBuffer { region });
@@ -451,6 +453,10 @@ fn xfer_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 }
 
 pub fn register_python_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // Formats Rust owns, so that Python re-exports them instead of repeating them.
+    m.add("MESSAGE_HEADER", PyBytes::new(m.py(), HEADER))?;
+    m.add("TRANSFER_STREAMS_ENV", STREAMS_ENV)?;
+    m.add("DEFAULT_TRANSFER_STREAMS", DEFAULT_STREAMS)?;
     m.add("XFER_HANDLE", crate::transfer::HANDLE)?;
     m.add_class::<PyDescriptor>()?;
     m.add_class::<RecvBuffer>()?;

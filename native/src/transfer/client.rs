@@ -11,6 +11,20 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::Ordering;
 
+/// The environment variable that sets how many parallel TCP streams one transfer
+/// across hosts uses (read by the prefetch here and by Python's `_buffers`).
+pub const STREAMS_ENV: &str = "MONARCH_TRANSFER_STREAMS";
+/// Parallel TCP streams per transfer where [`STREAMS_ENV`] does not say.
+pub const DEFAULT_STREAMS: usize = 4;
+
+/// Parallel TCP streams per transfer: [`STREAMS_ENV`], else [`DEFAULT_STREAMS`].
+pub fn streams() -> usize {
+    std::env::var(STREAMS_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(DEFAULT_STREAMS)
+}
+
 /// Idle authenticated connections, by peer address and token id.
 pub(super) type ConnPool = HashMap<(String, [u8; MAC_LEN]), Vec<TcpStream>>;
 

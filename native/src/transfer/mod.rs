@@ -38,6 +38,7 @@ mod registry;
 mod server;
 
 pub use auth::token_id;
+pub use client::{streams, DEFAULT_STREAMS, STREAMS_ENV};
 pub use descriptor::Descriptor;
 pub use prefetch::{
     discard_message, prefetch, prefetched_count, take_message, take_prefetched, HEADER,

@@ -5,13 +5,13 @@
 //! held when it was sent. What was pulled waits here, by descriptor, until the
 //! message is unpickled ([`take_message`]) or dropped unread ([`discard_message`]).
 
-use super::{engine, lock, recv, Descriptor};
+use super::{engine, lock, recv, streams, Descriptor};
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-/// How a message whose buffers went through the engine starts (Python's
-/// `_buffers.HEADER`), then a little-endian u32 count and that many u32 indices of
+/// How a message whose buffers went through the engine starts (exported to Python
+/// as `MESSAGE_HEADER`, which `_buffers.HEADER` is), then a little-endian u32 count and that many u32 indices of
 /// the buffers that are descriptors.
 pub const HEADER: &[u8; 4] = b"\x00MKX";
 
@@ -51,10 +51,7 @@ pub fn prefetch(payload: &[u8], buffers: &[bytes::Bytes], token: &[u8]) {
     let Ok(e) = engine() else {
         return; // no engine here: the unpickler meets the error again and reports it
     };
-    let streams = std::env::var("MONARCH_TRANSFER_STREAMS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(4usize);
+    let streams = streams();
     for i in indices {
         let Some(raw) = buffers.get(i) else { continue };
         let Ok(d) = Descriptor::decode(raw) else {
