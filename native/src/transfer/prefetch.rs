@@ -42,7 +42,7 @@ const PREFETCH_KEEP: Duration = Duration::from_secs(300);
 /// XFER-2: pulls the buffers of a message as it arrives (a call, on the worker; a
 /// reply, on the caller), before it waits its turn, so that the sender's memory is
 /// read at once and its registrations end: the sender waits for that before it
-/// goes on (`Engine::wait_gone`), so what a message carries is what its buffers held
+/// goes on (`Engine::wait_until`), so what a message carries is what its buffers held
 /// when it was sent. Blocking; errors are left for the unpickler to meet again.
 pub fn prefetch(payload: &[u8], buffers: &[bytes::Bytes], token: &[u8]) {
     let Some(indices) = header_indices(payload) else {
