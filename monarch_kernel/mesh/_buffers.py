@@ -15,7 +15,6 @@ import os
 import pickle
 import struct
 import sys
-import time
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
@@ -24,11 +23,13 @@ from monarch_kernel import _native
 
 #: Buffers at least this large go through the engine (MONARCH_TRANSFER_THRESHOLD).
 THRESHOLD = int(os.environ.get("MONARCH_TRANSFER_THRESHOLD", 64 * 1024))
-#: Parallel TCP streams per transfer across hosts (MONARCH_TRANSFER_STREAMS).
-STREAMS = int(os.environ.get("MONARCH_TRANSFER_STREAMS", 4))
+#: Parallel TCP streams per transfer across hosts (MONARCH_TRANSFER_STREAMS; the
+#: name and the default are the native engine's).
+STREAMS = int(os.environ.get(_native.TRANSFER_STREAMS_ENV, _native.DEFAULT_TRANSFER_STREAMS))
 #: Seconds a registration waits for its readers before it is dropped anyway.
 TTL = 300.0
-HEADER = b"\x00MKX"
+#: How a message whose buffers went through the engine starts (parsed natively).
+HEADER = _native.MESSAGE_HEADER
 
 #: The mesh token of the message being pickled (TransferBuffer registers under it).
 current_token: ContextVar[str | None] = ContextVar("monarch_current_token", default=None)
@@ -57,9 +58,9 @@ def send_remote(raws: list[Any], token: str, readers: int) -> tuple[bytes, list[
     for i, r in enumerate(raws):
         if memoryview(r).nbytes >= THRESHOLD:
             desc = _native.xfer_register(r, token, readers, TTL)
-            out[i] = desc
+            out[i] = desc  # travels as its wire form (buffer protocol)
             remote.append(i)
-            ids.append(_native.xfer_id(desc))
+            ids.append(desc.id)
     if not remote:
         return b"", raws, [], []
     return HEADER + struct.pack(f"<I{len(remote)}I", len(remote), *remote), out, remote, ids
@@ -74,18 +75,8 @@ def drop_now(ids: list[int]) -> None:
 def drop_when_done(calls: list[Any], ids: list[int]) -> None:
     """XFER-1 for calls: once every call has its reply (or failed), the receivers are
     done with the registrations ``ids``, released or not (a receiver that died never
-    releases): they end."""
-    if not ids or not calls:
-        return
-    remaining = [len(calls)]
-
-    def one_done() -> None:  # on a runtime thread, with the GIL (PY-1)
-        remaining[0] -= 1
-        if remaining[0] == 0:
-            drop_now(ids)
-
-    for c in calls:
-        c.add_done_callback(one_done)
+    releases): they end. Hooked on the calls in native code; no Python runs then."""
+    _native.xfer_drop_when_done(calls, ids)
 
 
 def wait_read(
@@ -96,19 +87,16 @@ def wait_read(
 ) -> None:
     """XFER-2: returns once the receivers have read the registrations ``ids`` (they
     pull a message's buffers as it arrives), so that the sender may then change the
-    memory without changing what it sent; or once ``calls`` (if any) have all ended,
-    or ``gone()`` says a receiver died (a dead receiver never reads), or after
-    ``limit`` seconds."""
-    if not ids:
-        return
-    deadline = None if limit is None else time.monotonic() + limit
-    while not _native.xfer_wait_gone(ids, 0.1):  # an interrupt gets in between waits
-        if calls and all(c.done() for c in calls):
-            return
-        if gone is not None and gone():
-            return
-        if deadline is not None and time.monotonic() > deadline:
-            return
+    memory without changing what it sent; or once ``calls`` (if any) have all ended
+    or one of their connections is lost (a dead receiver never reads; stopping a mesh
+    closes its connections), or ``gone()`` says a receiver died (a broadcast has no
+    calls to watch), or after ``limit`` seconds.
+
+    The wait is native, with the GIL released; every 50 ms it takes the GIL back for
+    a moment to let an interrupt in (raising KeyboardInterrupt here) and to ask
+    ``gone()``."""
+    if ids:
+        _native.xfer_wait_read(ids, calls or [], limit, gone)
 
 
 def receive_remote(data: Any, buffers: list[Any], token: str | None) -> tuple[Any, list[Any]]:
@@ -123,7 +111,7 @@ def receive_remote(data: Any, buffers: list[Any], token: str | None) -> tuple[An
     buffers = list(buffers)
     for i in indices:
         if not isinstance(buffers[i], _native.RecvBuffer):  # (not pulled on arrival, XFER-2)
-            buffers[i] = _native.xfer_fetch_new(bytes(buffers[i]), token, STREAMS)
+            buffers[i] = _native.Descriptor(buffers[i]).fetch_new(token, STREAMS)
     return view[8 + 4 * count :], buffers
 
 
@@ -232,7 +220,7 @@ def _reduce_cuda(t: Any, src: Any, token: str) -> Any:
     raw: Any = staged.numpy()
     desc = _native.xfer_register(raw, token, readers, TTL)
     if registered is not None:
-        registered.append(_native.xfer_id(desc))
+        registered.append(desc.id)
     ipc: Any = None
     gpu = ""
     if readers == 1:  # torch's IPC reference count is one per share: one receiver
@@ -282,7 +270,7 @@ def _visible_cuda_index(gpu: str) -> int | None:
 def rebuild_cuda(
     ipc: Any,
     gpu: str,
-    desc: bytes,
+    desc: _native.Descriptor,
     dtype: str,
     shape: tuple[int, ...],
     stride: tuple[int, ...],
@@ -311,11 +299,11 @@ def rebuild_cuda(
     if ipc is not None:
         _release_ipc(ipc)
     if t is not None:
-        _native.xfer_release(desc, token)  # the staged copy was not needed
+        desc.release(token)  # the staged copy was not needed
         return _finish(t, grad, param)
     # The staged copy: onto the same GPU where this process sees it, else onto its own
     # GPU (one per proc with per_host={"gpus": N}), else it stays on the CPU.
-    buf = _native.xfer_fetch_new(desc, token, STREAMS)
+    buf = desc.fetch_new(token, STREAMS)
     target = f"cuda:{local}" if local is not None else "cuda"
     return rebuild_tensor(buf, dtype, shape, stride, grad, target, param)
 

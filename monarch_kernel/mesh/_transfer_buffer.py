@@ -28,8 +28,8 @@ def know_token(token: str) -> None:
     _tokens[hashlib.sha256(token.encode()).digest()] = token
 
 
-def _token_of(desc: bytes) -> str:
-    tid = _native.xfer_token_id(desc)
+def _token_of(desc: _native.Descriptor) -> str:
+    tid = desc.token_id
     own = _buffers.process_token[0]
     if own is not None:
         know_token(own)
@@ -103,13 +103,13 @@ class TransferBuffer:
 
     def __init__(self, data: Any) -> None:
         self._view, self._keep = _byte_view(data)
-        self._descs: dict[str, bytes] = {}
-        self._remote: bytes | None = None
+        self._descs: dict[str, _native.Descriptor] = {}
+        self._remote: _native.Descriptor | None = None
         self._dropped = False
 
     @property
     def nbytes(self) -> int:
-        return self._view.nbytes if self._remote is None else _native.xfer_len(self._remote)
+        return self._view.nbytes if self._remote is None else self._remote.len
 
     size = nbytes
 
@@ -144,11 +144,7 @@ class TransferBuffer:
             src = self._view
             return _ThreadFuture(lambda: view.__setitem__(slice(None), src))
         desc, token = self._remote, _token_of(self._remote)
-
-        def fetch() -> None:
-            _native.xfer_fetch(desc, token, view, _buffers.STREAMS, handle=True)
-
-        return _ThreadFuture(fetch)
+        return _ThreadFuture(lambda: desc.fetch(token, view, _buffers.STREAMS, handle=True))
 
     def write_from(self, src: Any) -> Future[None]:
         """Copies ``src`` (same byte size) into the buffer, wherever it lives."""
@@ -160,7 +156,7 @@ class TransferBuffer:
             dst = self._view
             return _ThreadFuture(lambda: dst.__setitem__(slice(None), view))
         desc, token = self._remote, _token_of(self._remote)
-        return _ThreadFuture(lambda: _native.xfer_write(desc, token, view, 0))
+        return _ThreadFuture(lambda: desc.write(token, view, 0))
 
     def drop(self) -> Future[None]:
         """Ends the registration, from the owner or from any holder of the handle: the
@@ -169,9 +165,9 @@ class TransferBuffer:
         if not self._dropped:
             if self._remote is None:
                 for desc in self._descs.values():
-                    _native.xfer_drop(_native.xfer_id(desc))
+                    _native.xfer_drop(desc.id)
             else:
-                _native.xfer_release(self._remote, _token_of(self._remote))
+                self._remote.release(_token_of(self._remote))
         self._dropped = True
         return Future._resolved(None)
 
@@ -180,9 +176,9 @@ class TransferBuffer:
         return f"<TransferBuffer {self.nbytes:,} bytes, {where}>"
 
 
-def _remote(desc: bytes) -> TransferBuffer:
+def _remote(desc: _native.Descriptor) -> TransferBuffer:
     b = TransferBuffer.__new__(TransferBuffer)
-    b._view, b._keep, b._descs, b._remote, b._dropped = memoryview(b""), None, {}, bytes(desc), False
+    b._view, b._keep, b._descs, b._remote, b._dropped = memoryview(b""), None, {}, desc, False
     return b
 
 

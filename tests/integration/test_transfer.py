@@ -4,6 +4,7 @@ odd sizes, views, concurrency, TransferBuffer, failures, hostile frames, leaks."
 from __future__ import annotations
 
 import gc
+import hashlib
 import os
 import random
 import signal
@@ -263,7 +264,7 @@ def test_a_tcp_fetch_works_where_direct_reads_are_not_possible(monkeypatch):
     forged = bytearray(desc)
     forged[5:21] = bytes(16)  # another host: the engine must use TCP
     before = _native.xfer_stats()["bytes_tcp"]
-    got = _native.xfer_fetch_new(bytes(forged), "tok-tcp", 3)
+    got = _native.Descriptor(forged).fetch_new("tok-tcp", 3)
     assert bytes(memoryview(got)) == bytes(data)
     assert _native.xfer_stats()["bytes_tcp"] - before == len(data)
 
@@ -288,10 +289,30 @@ def test_the_tcp_path_can_be_forced_on_one_host(state_home):
         procs.stop()
 
 
+def test_a_descriptor_is_decoded_once_travels_as_its_bytes_and_pickles():
+    import pickle
+
+    data = bytearray(random.randbytes(1000))
+    desc = _native.xfer_register(data, "tok-desc", 0)
+    try:
+        assert desc.len == 1000 and desc.addr == _native.xfer_stats()["addr"]
+        assert desc.token_id == hashlib.sha256(b"tok-desc").digest()
+        wire = bytes(desc)
+        assert bytes(memoryview(desc)) == wire and memoryview(desc).readonly
+        assert _native.Descriptor(bytearray(wire)) == desc  # as a message's buffer arrives
+        back = pickle.loads(pickle.dumps(desc))
+        assert back == desc and hash(back) == hash(desc) and back.id == desc.id
+        assert bytes(memoryview(back.fetch_new("tok-desc"))) == bytes(data)
+        with pytest.raises(ValueError, match="malformed"):
+            _native.Descriptor(wire[:-1])
+    finally:
+        assert _native.xfer_drop(desc.id)
+
+
 def test_a_wrong_token_is_refused_and_counted():
     desc = _native.xfer_register(bytearray(BIG), "right-token", 0)
     with pytest.raises(ValueError, match="another mesh"):
-        _native.xfer_fetch_new(desc, "wrong-token")
+        desc.fetch_new("wrong-token")
     host, port = _native.xfer_stats()["addr"].rsplit(":", 1)
     denied = _native.xfer_stats()["denied"]
     with socket.create_connection((host, int(port))) as s:
@@ -299,7 +320,7 @@ def test_a_wrong_token_is_refused_and_counted():
         s.sendall((65).to_bytes(4, "little") + bytes([1]) + bytes(64))  # a Hello with a bad MAC
         assert s.recv(9)[0] == 3  # Denied
     assert _native.xfer_stats()["denied"] == denied + 1
-    assert _native.xfer_drop(_native.xfer_id(desc))
+    assert _native.xfer_drop(desc.id)
 
 
 def test_ten_thousand_random_frames_never_crash_the_engine():
@@ -324,7 +345,7 @@ def test_ten_thousand_random_frames_never_crash_the_engine():
     desc = _native.xfer_register(data, "after-fuzz", 1)
     forged = bytearray(desc)
     forged[5:21] = bytes(16)
-    assert bytes(memoryview(_native.xfer_fetch_new(bytes(forged), "after-fuzz"))) == bytes(data)
+    assert bytes(memoryview(_native.Descriptor(forged).fetch_new("after-fuzz"))) == bytes(data)
     assert _native.xfer_stats()["rejected_frames"] + _native.xfer_stats()["denied"] > rejected
 
 
@@ -425,7 +446,6 @@ def test_gpu_procs_get_cuda_tensors_through_ipc_or_the_staged_copy(state_home):
 
 
 def test_a_recorded_handshake_cannot_be_replayed():
-    import hashlib
     import hmac
 
     token = "replay-token"
@@ -447,4 +467,55 @@ def test_a_recorded_handshake_cannot_be_replayed():
         s.sendall(recorded)
         assert s.recv(9)[0] == 3  # Denied
     assert _native.xfer_stats()["denied"] == denied + 1
-    assert _native.xfer_drop(_native.xfer_id(desc))
+    assert _native.xfer_drop(desc.id)
+
+
+def test_waiting_for_readers_ends_when_they_read_or_a_receiver_is_gone():
+    desc = _native.xfer_register(bytearray(BIG), "tok-wait", 1)
+    reader = threading.Timer(0.2, lambda: desc.fetch_new("tok-wait"))
+    reader.start()
+    assert _native.xfer_wait_read([desc.id], [], TIMEOUT) is True
+    reader.join()
+    unread = _native.xfer_register(bytearray(16), "tok-wait", 1)
+    try:
+        assert _native.xfer_wait_read([unread.id], [], TIMEOUT, lambda: True) is False
+        assert _native.xfer_wait_read([unread.id], [], 0.05) is False
+    finally:
+        assert _native.xfer_drop(unread.id)
+
+
+def test_waiting_for_readers_lets_an_interrupt_in():
+    unread = _native.xfer_register(bytearray(16), "tok-interrupt", 1)
+    interrupt = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    interrupt.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _buffers.wait_read([unread.id], limit=TIMEOUT)
+    finally:
+        interrupt.cancel()
+        assert _native.xfer_drop(unread.id)
+
+
+def test_waiting_for_readers_ends_when_a_receivers_connection_is_lost(state_home):
+    procs = this_host().spawn_procs(per_host={"procs": 1})
+    procs.on_failure(lambda f: None)
+    unread = _native.xfer_register(bytearray(16), "tok-lost", 1)  # nobody will read it
+    try:
+        s = procs.spawn("s", Store)
+        pid = s.keep.call_one(None).get(timeout=TIMEOUT)
+        pending = s.nap.call_one(10 * TIMEOUT)
+        threading.Timer(0.3, os.kill, (pid, signal.SIGKILL)).start()
+        started = time.monotonic()
+        # No gone() here: the call's lost connection alone ends the wait.
+        assert _native.xfer_wait_read([unread.id], pending._calls, 10 * TIMEOUT) is False
+        assert time.monotonic() - started < TIMEOUT  # long before the limit
+    finally:
+        _native.xfer_drop(unread.id)
+        procs.stop()
+
+
+def test_the_wire_formats_python_uses_are_the_native_engines():
+    assert _buffers.HEADER is _native.MESSAGE_HEADER and _buffers.HEADER == b"\x00MKX"
+    assert _native.TRANSFER_STREAMS_ENV == "MONARCH_TRANSFER_STREAMS"
+    expected = int(os.environ.get("MONARCH_TRANSFER_STREAMS", _native.DEFAULT_TRANSFER_STREAMS))
+    assert _buffers.STREAMS == expected and _native.DEFAULT_TRANSFER_STREAMS >= 1

@@ -111,6 +111,17 @@ impl PendingCall {
             conn,
         }
     }
+
+    /// The slot its reply completes: the transfer bindings hook the end of the
+    /// registrations a call carries on it, and wait on it.
+    pub(crate) fn slot(&self) -> &Arc<Slot> {
+        &self.slot
+    }
+
+    /// Its connection: once lost, its receiver will not read what it carries.
+    pub(crate) fn conn(&self) -> &Arc<WorkerConn> {
+        &self.conn
+    }
 }
 
 #[pymethods]

@@ -37,11 +37,5 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     transfer::register_python_bindings(m)?;
     m.add_function(wrap_pyfunction!(shutdown_runtime, m)?)?;
     m.add("MAX_MESSAGE_BYTES", crate::rpc::MAX_MESSAGE_BYTES)?;
-    m.add(
-        "MESSAGE_HEADER",
-        pyo3::types::PyBytes::new(m.py(), b"\x00MKX"),
-    )?;
-    m.add("TRANSFER_STREAMS_ENV", "MONARCH_TRANSFER_STREAMS")?;
-    m.add("DEFAULT_TRANSFER_STREAMS", 4)?;
     Ok(())
 }

@@ -1,5 +1,5 @@
 //! The transfer engine's wire format: small control frames, checked before anything
-//! is allocated or read (XFER-2).
+//! is allocated or read (XFER-3).
 //!
 //! A frame is a 4-byte little-endian length, then that many bytes: one kind byte and
 //! its fields. Lengths above [`MAX_FRAME`] are refused without reading further. Data
@@ -244,7 +244,7 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(20_000))]
 
-        // XFER-2: any bytes decode to a request or an error, never a panic.
+        // XFER-3: any bytes decode to a request or an error, never a panic.
         #[test]
         fn arbitrary_bodies_never_panic(body in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = decode(&body);
