@@ -5,6 +5,11 @@ from typing import final
 
 from typing_extensions import Buffer
 
+# The native core raises monarch_kernel.errors' own classes (one exception root).
+from monarch_kernel.errors import ConnectionLost as ConnectionLost
+from monarch_kernel.errors import NativeError as NativeError
+from monarch_kernel.errors import TransferError as TransferError
+
 MAX_MESSAGE_BYTES: int
 MESSAGE_HEADER: bytes
 TRANSFER_STREAMS_ENV: str
@@ -21,11 +26,6 @@ REPLY_RESULT: int
 REPLY_EXCEPTION: int
 REPLY_REJECTED: int
 REPLY_FENCED: int
-
-class NativeError(Exception): ...
-class ConnectionLost(NativeError): ...
-class AuthError(NativeError): ...
-class MessageTooLarge(NativeError): ...
 
 _Reply = tuple[int, bytes, list[bytearray]]
 
@@ -131,9 +131,6 @@ def start_agent(
 def exit_when_stdin_closes() -> None: ...
 def split_origin(line: bytes) -> tuple[str, bytes]: ...
 def shutdown_runtime() -> None: ...
-
-class TransferError(NativeError): ...
-
 def xfer_register(
     obj: Buffer, token: str, readers: int = 1, ttl: float | None = ..., writable: bool = False
 ) -> Descriptor: ...

@@ -14,7 +14,14 @@
     ├── MeshNotFoundError          no running mesh of that name (also LookupError)
     ├── UnknownEndpointError       no such endpoint on the actor (also AttributeError)
     ├── DimensionError             slicing names a dimension the mesh lacks (also TypeError)
-    └── MeshIndexError             slicing with an index out of range (also IndexError)
+    ├── MeshIndexError             slicing with an index out of range (also IndexError)
+    └── NativeError                the native core failed (raised by ``_native``)
+        ├── ConnectionLost         the peer process went away before replying
+        └── TransferError          a data-plane transfer failed
+
+The native core raises these classes itself (``native/src/py/errors.rs`` is the one
+mapping of its errors), ``MeshAuthError`` for a rejected token and
+``MessageTooLargeError`` for a message above the control plane's limit included.
 
 The second base classes keep Monarch's exception types, so code that catches
 ``ValueError`` or ``IndexError`` around Monarch calls keeps working. Every message
@@ -27,6 +34,7 @@ from typing import Any
 
 __all__ = [
     "ActorError",
+    "ConnectionLost",
     "DimensionError",
     "DistributedSetupError",
     "MeshAuthError",
@@ -37,8 +45,10 @@ __all__ = [
     "MeshStoppedError",
     "MessageTooLargeError",
     "MonarchKernelError",
+    "NativeError",
     "SerializationError",
     "SupervisionError",
+    "TransferError",
     "UnknownEndpointError",
 ]
 
@@ -150,3 +160,16 @@ class DimensionError(MonarchKernelError, TypeError):
 
 class MeshIndexError(MonarchKernelError, IndexError):
     """An index is out of range for a mesh dimension."""
+
+
+class NativeError(MonarchKernelError):
+    """The native core failed (a connection, the runtime); raised by ``_native``."""
+
+
+class ConnectionLost(NativeError):
+    """The peer process went away before replying."""
+
+
+class TransferError(NativeError):
+    """A data-plane transfer failed: the sender died, the token was wrong, the buffer
+    is gone, or the transfer engine could not start (the message says which)."""

@@ -11,6 +11,7 @@ from typing import Any
 from monarch_kernel import _native
 from monarch_kernel.control import agent_client
 from monarch_kernel.errors import (
+    ConnectionLost,
     MeshAuthError,
     MeshOwnershipError,
     MeshStoppedError,
@@ -112,9 +113,9 @@ class ProcRef:
 
     def explain(self, exc: BaseException, rank: int, what: str) -> BaseException:
         """Turns a native failure of a call to proc ``rank`` into the error a user sees."""
-        if isinstance(exc, _native.MessageTooLarge):
+        if isinstance(exc, MessageTooLargeError):
             return MessageTooLargeError(f"{what}: {exc}")
-        if isinstance(exc, _native.AuthError):
+        if isinstance(exc, MeshAuthError):
             return MeshAuthError(f"{what}: mesh {self.name!r} rejected the token: {exc}")
         st = self.state()
         if st.stopped:
@@ -123,7 +124,7 @@ class ProcRef:
             )
         if st.lost is not None:
             return st.lost
-        if isinstance(exc, _native.ConnectionLost):
+        if isinstance(exc, ConnectionLost):
             return self.lost(rank, what, str(exc))
         return SupervisionError(
             f"{what} failed on rank {rank} of mesh {self.name!r}: {exc}", mesh=self.name, rank=rank

@@ -4,12 +4,9 @@
 //! tie registrations to calls (XFER-1, XFER-2).
 
 use super::client::PendingCall;
-use super::errors::TransferError;
 use crate::rpc::client::WorkerConn;
 use crate::rpc::slot::Slot;
-use crate::transfer::{
-    engine, Descriptor, Engine, Waited, XferError, DEFAULT_STREAMS, HEADER, STREAMS_ENV,
-};
+use crate::transfer::{engine, Descriptor, Engine, Waited, DEFAULT_STREAMS, HEADER, STREAMS_ENV};
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -18,12 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-fn to_py(e: XferError) -> PyErr {
-    match e {
-        XferError::Invalid(m) => PyValueError::new_err(m),
-        other => TransferError::new_err(other.to_string()),
-    }
-}
+use super::errors::xfer_to_py as to_py;
 
 /// This process's engine; a `TransferError` saying what failed and what to do if it
 /// cannot start (it is tried again on next use).
