@@ -9,7 +9,7 @@ use bytes::Bytes;
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyList, PyString};
 use std::os::fd::FromRawFd;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +20,9 @@ pub struct PyWorkerServer {
     host: WorkerHost,
 }
 
-/// One message of a lane: a spawn, a stop, a call or a cancel.
+/// One message of a lane: a spawn, a stop, a call or a cancel. Its fields are Python
+/// objects made once, so reading one is a reference, not a conversion (the dispatcher
+/// reads several per call).
 #[pyclass(frozen, get_all, name = "Incoming", module = "monarch_kernel._native")]
 pub struct PyIncoming {
     /// What answers it (`WorkerServer.reply`); 0 for messages with no reply (oneway).
@@ -30,19 +32,19 @@ pub struct PyIncoming {
     /// The caller's id of the call (what a cancel names).
     call_id: u64,
     /// The actor mesh's name.
-    actor: String,
+    actor: Py<PyString>,
     /// The endpoint (calls) or "" (others).
-    method: String,
+    method: Py<PyString>,
     /// The pickled arguments (or class and arguments, for a spawn).
     payload: Py<PyBytes>,
     /// The out-of-band buffers (pulled already where the transfer engine carried them).
-    buffers: Vec<Py<PyAny>>,
+    buffers: Py<PyList>,
     /// The rank of the receiving actor in the caller's (sliced) mesh, and that mesh's dims.
     rank: u32,
-    dims: Vec<String>,
-    sizes: Vec<u32>,
+    dims: Py<PyList>,
+    sizes: Py<PyList>,
     /// The origin of the call (the notebook cell that made it), for output routing.
-    origin: String,
+    origin: Py<PyString>,
 }
 
 #[pymethods]
@@ -153,14 +155,14 @@ fn to_py_items(py: Python<'_>, items: Vec<Incoming>) -> PyResult<Vec<PyIncoming>
                 token: i.token,
                 kind: i.kind as u8,
                 call_id: i.call_id,
-                buffers: buffers_to_py(py, &i.payload, &i.buffers)?,
+                buffers: PyList::new(py, buffers_to_py(py, &i.payload, &i.buffers)?)?.unbind(),
                 payload: PyBytes::new(py, &i.payload).unbind(),
-                actor: i.actor,
-                method: i.method,
+                actor: PyString::new(py, &i.actor).unbind(),
+                method: PyString::new(py, &i.method).unbind(),
                 rank: i.rank,
-                dims: i.dims,
-                sizes: i.sizes,
-                origin: i.origin,
+                dims: PyList::new(py, &i.dims)?.unbind(),
+                sizes: PyList::new(py, &i.sizes)?.unbind(),
+                origin: PyString::new(py, &i.origin).unbind(),
             })
         })
         .collect()

@@ -18,7 +18,7 @@ pub const HEADER: &str = "authorization";
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
     /// AUTH-2.
-    #[error("the mesh token is empty; a mesh always has a secret token (see MONARCH_TOKEN)")]
+    #[error("the mesh token is empty; a mesh always has a secret token (its state file has it)")]
     Empty,
     /// Only printable ASCII can travel in gRPC metadata.
     #[error("the mesh token must be printable ASCII")]

@@ -157,7 +157,7 @@ impl Lane {
 ///
 /// INBOX-3: calls to an actor routed to a lane of its own (by [`Inbox::route`]) wake
 /// only the thread that runs that actor, so a call costs one thread wake-up in Python;
-/// everything else goes to [`LANE_LOOP`], which an asyncio loop waits on.
+/// everything else goes to [`LANE_LOOP`], which the dispatcher's routing thread waits on.
 pub struct Inbox {
     /// Lane 0 is [`LANE_LOOP`]; closed lanes are `None`.
     lanes: RwLock<Vec<Option<Arc<Lane>>>>,
