@@ -314,8 +314,8 @@ class Session:
     def pdb_input(self, rank: int, line: str, timeout: float = 10.0) -> bool:
         """Sends ``line`` to the debugger waiting on worker ``rank``; True if one was."""
         (call,) = self._builtin([rank], "pdb_input", line.encode())
-        _kind, payload, buffers = call.wait(timeout)
-        return bool(loads(payload, buffers, self.token))
+        ref = self.state.ref
+        return bool(decode_reply(call.wait(timeout), ref, rank, ref.point(rank), f"{BUILTIN}.pdb_input"))
 
     def stacks(self, ranks: list[int], timeout: float = 10.0) -> list[str]:
         """The Python stacks of workers ``ranks`` (text; a dead or silent rank says so)."""
@@ -324,8 +324,8 @@ class Session:
         deadline = time.monotonic() + timeout
         for r, c in zip(ranks, calls):
             try:
-                _kind, payload, buffers = c.wait(max(0.0, deadline - time.monotonic()))
-                out.append(str(loads(payload, buffers, self.token)))
+                reply = c.wait(max(0.0, deadline - time.monotonic()))
+                out.append(str(decode_reply(reply, self.state.ref, r, self.state.ref.point(r), "stacks")))
             except TimeoutError:
                 out.append(f"(rank {r} did not answer within {timeout:g} s: stopped, or hung in native code)")
             except Exception as e:

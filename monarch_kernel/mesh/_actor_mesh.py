@@ -55,7 +55,7 @@ def decode_reply(
     call WHAT failed."); ``value=False``: a reply that carries no value (a spawn)."""
     if isinstance(reply, BaseException):
         raise proc.explain(reply, base_rank, what) from None
-    kind, payload, buffers = reply
+    kind, payload, buffers = reply.kind, reply.payload, reply.buffers
     if kind == _RESULT:
         if not value:
             return None

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyTimeoutError;
 use pyo3::prelude::*;
-use pyo3::types::{PyByteArray, PyBytes, PyDict};
+use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -52,14 +52,22 @@ pub(crate) fn buffers_to_py(
         .collect()
 }
 
-type PyReply = (i32, Py<PyBytes>, Vec<Py<PyAny>>);
+/// A call's reply: its kind (`REPLY_RESULT`, `REPLY_EXCEPTION`, `REPLY_REJECTED`,
+/// `REPLY_FENCED`), the pickled payload (or, rejected or fenced, the reason in UTF-8)
+/// and its out-of-band buffers.
+#[pyclass(frozen, get_all, name = "Reply", module = "monarch_kernel._native")]
+pub struct PyReply {
+    kind: i32,
+    payload: Py<PyBytes>,
+    buffers: Py<PyList>,
+}
 
 fn reply_to_py(py: Python<'_>, r: &Reply) -> PyResult<PyReply> {
-    Ok((
-        r.kind,
-        PyBytes::new(py, &r.payload).unbind(),
-        buffers_to_py(py, &r.payload, &r.buffers)?,
-    ))
+    Ok(PyReply {
+        kind: r.kind,
+        payload: PyBytes::new(py, &r.payload).unbind(),
+        buffers: PyList::new(py, buffers_to_py(py, &r.payload, &r.buffers)?)?.unbind(),
+    })
 }
 
 fn outcome_to_py(py: Python<'_>, o: Outcome) -> PyResult<PyReply> {
@@ -309,7 +317,7 @@ fn wait_all(
     for c in &calls {
         let o = wait_slot(py, &c.slot, d)?;
         out.push(match outcome_to_py(py, o) {
-            Ok(t) => t.into_pyobject(py)?.into_any().unbind(),
+            Ok(t) => Py::new(py, t)?.into_any(),
             Err(e) => e.into_value(py).into_any(),
         });
     }
@@ -365,6 +373,7 @@ pub fn register_python_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(set_epoch, m)?)?;
     m.add_class::<PyWorkerConn>()?;
     m.add_class::<PendingCall>()?;
+    m.add_class::<PyReply>()?;
     m.add_function(wrap_pyfunction!(call, m)?)?;
     m.add_function(wrap_pyfunction!(wait_all, m)?)?;
     Ok(())
