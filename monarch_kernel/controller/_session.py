@@ -32,12 +32,12 @@ from monarch_kernel.hosts import AgentProcess, _registry
 from monarch_kernel.hosts._admin import agent_alive
 from monarch_kernel.hosts._registry import MeshRecord
 from monarch_kernel.mesh._actor_mesh import decode_reply
+from monarch_kernel.mesh._buffers import know_token
 from monarch_kernel.mesh._future import Future
 from monarch_kernel.mesh._proc_mesh import ProcMesh
 from monarch_kernel.mesh._proc_ref import MeshState, ProcRef
 from monarch_kernel.mesh._serial import loads
 from monarch_kernel.mesh._shape import Extent, Shape
-from monarch_kernel.mesh._transfer_buffer import know_token
 from monarch_kernel.torch import setup as torch_setup
 
 

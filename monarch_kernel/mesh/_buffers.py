@@ -11,6 +11,7 @@ memory without another copy.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 import struct
@@ -40,6 +41,27 @@ current_readers: ContextVar[tuple[int, list[int] | None]] = ContextVar(
 )
 #: This process's own mesh token, in a worker (set at start-up).
 process_token: list[str | None] = [None]
+
+
+#: Tokens of the meshes this process talks to, by SHA-256: a descriptor finds its own.
+_tokens: dict[bytes, str] = {}
+
+
+def know_token(token: str) -> None:
+    """Lets this process read buffers registered under ``token`` (its meshes' own)."""
+    _tokens[hashlib.sha256(token.encode()).digest()] = token
+
+
+def token_of(desc: _native.Descriptor) -> str:
+    """The token of the mesh ``desc``'s buffer is registered under, if this process
+    knows it (it controls or belongs to that mesh)."""
+    own = process_token[0]
+    if own is not None:
+        know_token(own)
+    token = _tokens.get(desc.token_id)
+    if token is None:
+        raise RuntimeError("this TransferBuffer belongs to a mesh this process is not part of")
+    return token
 
 
 def prefer_huge_pages() -> None:
@@ -279,9 +301,7 @@ def rebuild_cuda(
 ) -> Any:
     import torch
 
-    from monarch_kernel.mesh._transfer_buffer import _token_of
-
-    token = _token_of(desc)
+    token = token_of(desc)
     local = _visible_cuda_index(gpu)
     t = None
     if ipc is not None and local is not None:

@@ -10,7 +10,6 @@ registered until it calls ``drop()`` (or the handle is garbage collected there).
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -18,25 +17,10 @@ from typing import Any
 from monarch_kernel import _native
 from monarch_kernel.errors import SerializationError
 from monarch_kernel.mesh import _buffers
+from monarch_kernel.mesh._buffers import token_of as _token_of
 from monarch_kernel.mesh._future import Future
-
-#: Tokens of the meshes this process talks to, by SHA-256: remote handles find theirs.
-_tokens: dict[bytes, str] = {}
-
-
-def know_token(token: str) -> None:
-    _tokens[hashlib.sha256(token.encode()).digest()] = token
-
-
-def _token_of(desc: _native.Descriptor) -> str:
-    tid = desc.token_id
-    own = _buffers.process_token[0]
-    if own is not None:
-        know_token(own)
-    token = _tokens.get(tid)
-    if token is None:
-        raise RuntimeError("this TransferBuffer belongs to a mesh this process is not part of")
-    return token
+from monarch_kernel.mesh._shape import Point, Shape
+from monarch_kernel.mesh._value_mesh import ValueMesh
 
 
 def _byte_view(data: Any) -> tuple[memoryview, Any]:
@@ -200,8 +184,6 @@ def gather(values: Any, stack: bool = False, *, dim: int | None = None, mesh_dim
         return values
     import torch
 
-    from monarch_kernel.mesh._value_mesh import ValueMesh
-
     def join(tensors: list[Any]) -> Any:
         return torch.stack(tensors, dim or 0) if stack else torch.cat(tensors, dim)  # type: ignore[arg-type]
 
@@ -230,9 +212,6 @@ def scatter(
     through the transfer engine."""
     import torch
 
-    from monarch_kernel.mesh._shape import Point, Shape
-    from monarch_kernel.mesh._value_mesh import ValueMesh
-
     mesh = endpoint._mesh
     extent = mesh._shape.extent
     points = [Point(i, extent) for i in range(len(mesh._shape))]
@@ -251,4 +230,4 @@ def scatter(
     return _ThreadFuture(lambda: ValueMesh(shape, [f.get() for f in futures]))
 
 
-__all__ = ["TransferBuffer", "gather", "know_token", "scatter"]
+__all__ = ["TransferBuffer", "gather", "scatter"]

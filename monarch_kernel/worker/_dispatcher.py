@@ -39,7 +39,7 @@ from monarch_kernel.actor import Context, Instance, _current, _process_default, 
 from monarch_kernel.mesh._buffers import wait_read
 from monarch_kernel.mesh._serial import dumps, dumps_exception, loads
 from monarch_kernel.mesh._shape import Extent, Point
-from monarch_kernel.worker import _output
+from monarch_kernel.worker import _debug, _output
 from monarch_kernel.worker._builtin import serve_builtin
 from monarch_kernel.worker._lanes import LaneThread, lane_threads
 
@@ -476,8 +476,6 @@ class Dispatcher:
         if hasattr(exc, "__monarch_tb__"):
             del exc.__monarch_tb__  # a traceback does not pickle
         if start is not None and not isinstance(exc, KeyboardInterrupt):
-            from monarch_kernel.worker import _debug
-
             _debug.last_traceback[0] = start  # for %mesh debug --post-mortem
         formatted = "".join(traceback.format_exception(type(exc), exc, start))
         if not token:
