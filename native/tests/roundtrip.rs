@@ -4,7 +4,8 @@
 use bytes::Bytes;
 use monarch_kernel_native::proto::v1::ReplyKind;
 use monarch_kernel_native::rpc::client::{reply_kind, Target, WorkerConn};
-use monarch_kernel_native::rpc::server::{WorkerHost, LANE_LOOP};
+use monarch_kernel_native::rpc::inbox::LANE_LOOP;
+use monarch_kernel_native::rpc::server::WorkerHost;
 use monarch_kernel_native::rpc::RpcError;
 use std::time::Duration;
 

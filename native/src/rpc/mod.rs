@@ -5,6 +5,7 @@
 pub mod auth;
 pub mod batch;
 pub mod client;
+pub mod inbox;
 pub mod server;
 pub mod slot;
 

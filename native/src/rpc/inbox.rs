@@ -1,0 +1,312 @@
+//! The inbox between the `Worker` service and the process's Python dispatcher: lanes
+//! of queued spawns, stops, calls and cancels, the routing of an actor's calls to a
+//! lane of its own, the admission of commands by epoch (fencing), and the replies.
+//!
+//! INBOX-1: a lane's eventfd is readable whenever its queue is non-empty, so a
+//! dispatcher thread waits on it (`take_wait`, with the GIL released) and never polls.
+//! INBOX-2: each queued item that expects an answer holds a reply token; answering a
+//! token whose caller has gone is not an error (the reply is dropped).
+
+use super::RpcError;
+use crate::proto::v1::{Reply, ReplyKind};
+use bytes::Bytes;
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// What an inbox item asks the dispatcher to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    /// Create or replace an actor.
+    Spawn = 1,
+    /// Stop an actor.
+    Stop = 2,
+    /// Run an endpoint.
+    Call = 3,
+    /// Cancel the call with `call_id`.
+    Cancel = 4,
+}
+
+/// One item for the dispatcher.
+#[derive(Debug)]
+pub struct Incoming {
+    /// Reply token for [`Inbox::reply`]; 0 when no reply is expected.
+    pub token: u64,
+    /// What to do.
+    pub kind: Kind,
+    /// The caller's call id (calls and cancels).
+    pub call_id: u64,
+    /// Actor name.
+    pub actor: String,
+    /// Endpoint name (calls).
+    pub method: String,
+    /// Pickled arguments.
+    pub payload: Bytes,
+    /// Out-of-band pickle buffers.
+    pub buffers: Vec<Bytes>,
+    /// Index within the called mesh (calls).
+    pub rank: u32,
+    /// Dims of the called mesh (calls).
+    pub dims: Vec<String>,
+    /// Sizes of the called mesh (calls).
+    pub sizes: Vec<u32>,
+    /// Where the call comes from (calls and spawns; may be empty).
+    pub origin: String,
+}
+
+/// Where a reply goes.
+pub(crate) enum Sink {
+    /// Back on a `Messages` stream, tagged with the caller's call id.
+    Stream(mpsc::UnboundedSender<Reply>, u64),
+    /// As the answer of a unary RPC.
+    Unary(oneshot::Sender<Reply>),
+}
+
+/// The lane of everything not routed elsewhere: async actors, spawns, stops, cancels.
+pub const LANE_LOOP: usize = 0;
+
+/// One queue and the eventfd that says it is non-empty (INBOX-1).
+pub struct Lane {
+    /// Items not yet taken by the dispatcher.
+    queue: Mutex<VecDeque<Incoming>>,
+    efd: OwnedFd,
+}
+
+impl Lane {
+    fn new() -> Result<Self, RpcError> {
+        // SAFETY: eventfd has no memory-safety preconditions; we check the result.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(RpcError::Io(std::io::Error::last_os_error().to_string()));
+        }
+        Ok(Lane {
+            queue: Mutex::new(VecDeque::new()),
+            // SAFETY: fd is a fresh descriptor that nothing else owns.
+            efd: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
+    }
+
+    /// Makes a waiter on this lane return (with whatever is queued, maybe nothing).
+    pub fn signal(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a valid u64 to our own eventfd. A full counter
+        // (EAGAIN) still leaves it readable, which is all INBOX-1 needs.
+        unsafe {
+            libc::write(
+                self.efd.as_raw_fd(),
+                &one as *const u64 as *const libc::c_void,
+                8,
+            );
+        }
+    }
+
+    /// The eventfd to wait on (INBOX-1).
+    pub fn fd(&self) -> RawFd {
+        self.efd.as_raw_fd()
+    }
+
+    /// Like [`Lane::take`], but first waits up to `timeout` for an item (or a
+    /// [`Lane::signal`]) if there is none. Blocks: call it without the GIL.
+    pub fn take_wait(&self, timeout: Duration) -> Vec<Incoming> {
+        let items = self.take();
+        if !items.is_empty() {
+            return items;
+        }
+        let mut pfd = libc::pollfd {
+            fd: self.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: polls one valid pollfd that lives for the call.
+        unsafe { libc::poll(&mut pfd, 1, ms) };
+        self.take()
+    }
+
+    /// Takes every queued item and clears the eventfd.
+    pub fn take(&self) -> Vec<Incoming> {
+        let mut buf: u64 = 0;
+        // SAFETY: reads 8 bytes into a valid u64 from our own non-blocking eventfd.
+        unsafe {
+            libc::read(
+                self.efd.as_raw_fd(),
+                &mut buf as *mut u64 as *mut libc::c_void,
+                8,
+            );
+        }
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        q.drain(..).collect()
+    }
+}
+
+/// The queues between the gRPC service and the Python dispatcher.
+///
+/// INBOX-3: calls to an actor routed to a lane of its own (by [`Inbox::route`]) wake
+/// only the thread that runs that actor, so a call costs one thread wake-up in Python;
+/// everything else goes to [`LANE_LOOP`], which the dispatcher's routing thread waits on.
+pub struct Inbox {
+    /// Lane 0 is [`LANE_LOOP`]; closed lanes are `None`.
+    lanes: RwLock<Vec<Option<Arc<Lane>>>>,
+    /// Which lane each actor's calls go to; absent means [`LANE_LOOP`].
+    routes: Mutex<HashMap<String, usize>>,
+    /// Reply sinks by token (INBOX-2).
+    sinks: Mutex<HashMap<u64, Sink>>,
+    next_token: AtomicU64,
+    /// Calls received, for `Stats`.
+    pub(crate) received: AtomicU64,
+    /// The highest controller epoch seen (fencing, see worker.proto).
+    epoch: AtomicU64,
+    /// Flips to true once, on shutdown: ends every `Messages` stream, so callers see
+    /// the connection end instead of waiting for replies that will not come.
+    pub(crate) stopping: watch::Sender<bool>,
+}
+
+impl Inbox {
+    pub(crate) async fn stopped(&self) {
+        let mut rx = self.stopping.subscribe();
+        let _ = rx.wait_for(|s| *s).await;
+    }
+
+    /// Stops the server: ends the streams and drops every pending reply sink.
+    pub(crate) fn close(&self) {
+        self.stopping.send_replace(true);
+        self.sinks.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
+    pub(crate) fn new() -> Result<Arc<Self>, RpcError> {
+        Ok(Arc::new(Inbox {
+            stopping: watch::channel(false).0,
+            lanes: RwLock::new(vec![Some(Arc::new(Lane::new()?))]),
+            routes: Mutex::new(HashMap::new()),
+            sinks: Mutex::new(HashMap::new()),
+            next_token: AtomicU64::new(1),
+            received: AtomicU64::new(0),
+            epoch: AtomicU64::new(0),
+        }))
+    }
+
+    /// The lane with index `lane`, unless closed or unknown.
+    pub fn lane(&self, lane: usize) -> Option<Arc<Lane>> {
+        let lanes = self.lanes.read().unwrap_or_else(|e| e.into_inner());
+        lanes.get(lane).cloned().flatten()
+    }
+
+    /// Opens a new lane; returns its index.
+    pub fn open_lane(&self) -> Result<usize, RpcError> {
+        let lane = Arc::new(Lane::new()?);
+        let mut lanes = self.lanes.write().unwrap_or_else(|e| e.into_inner());
+        lanes.push(Some(lane));
+        Ok(lanes.len() - 1)
+    }
+
+    /// Closes `lane` (never [`LANE_LOOP`]); its queued items are returned.
+    pub fn close_lane(&self, lane: usize) -> Vec<Incoming> {
+        if lane == LANE_LOOP {
+            return Vec::new();
+        }
+        let closed = {
+            let mut lanes = self.lanes.write().unwrap_or_else(|e| e.into_inner());
+            lanes.get_mut(lane).and_then(Option::take)
+        };
+        closed.map(|l| l.take()).unwrap_or_default()
+    }
+
+    /// Sends later calls to `actor` to `lane`, or back to [`LANE_LOOP`] if `None`.
+    pub fn route(&self, actor: &str, lane: Option<usize>) {
+        let mut r = self.routes.lock().unwrap_or_else(|e| e.into_inner());
+        match lane {
+            Some(l) => {
+                r.insert(actor.to_string(), l);
+            }
+            None => {
+                r.remove(actor);
+            }
+        }
+    }
+
+    pub(crate) fn push(&self, item: Incoming, sink: Option<Sink>) {
+        let mut item = item;
+        if let Some(sink) = sink {
+            let token = self.next_token.fetch_add(1, Ordering::Relaxed);
+            item.token = token;
+            self.sinks
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(token, sink);
+        }
+        let routed = if item.kind == Kind::Call {
+            let r = self.routes.lock().unwrap_or_else(|e| e.into_inner());
+            r.get(&item.actor).copied().unwrap_or(LANE_LOOP)
+        } else {
+            LANE_LOOP
+        };
+        let Some(lane) = self.lane(routed).or_else(|| self.lane(LANE_LOOP)) else {
+            return;
+        };
+        let was_empty = {
+            let mut q = lane.queue.lock().unwrap_or_else(|e| e.into_inner());
+            let was_empty = q.is_empty();
+            q.push_back(item);
+            was_empty
+        };
+        if was_empty {
+            lane.signal();
+        }
+    }
+
+    /// Answers the item that carried `token` (INBOX-2).
+    pub fn reply(&self, token: u64, kind: ReplyKind, payload: Bytes, buffers: Vec<Bytes>) {
+        let sink = self
+            .sinks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&token);
+        let mut reply = Reply {
+            call_id: 0,
+            kind: kind as i32,
+            payload,
+            buffers,
+        };
+        match sink {
+            Some(Sink::Stream(tx, call_id)) => {
+                reply.call_id = call_id;
+                let _ = tx.send(reply);
+            }
+            Some(Sink::Unary(tx)) => {
+                let _ = tx.send(reply);
+            }
+            None => {}
+        }
+    }
+
+    /// Admits a command from a controller at `epoch` (FENCE-1): a newer epoch becomes
+    /// the worker's; an older one is refused with the message to send back. Epoch 0
+    /// (peers inside the mesh) is always admitted.
+    pub fn admit(&self, epoch: u64) -> Result<(), String> {
+        if epoch == 0 {
+            return Ok(());
+        }
+        let current = self.epoch.fetch_max(epoch, Ordering::SeqCst).max(epoch);
+        if epoch < current {
+            return Err(format!(
+                "this controller attached at epoch {epoch}, but another controller has attached \
+                 since (epoch {current}) and owns the mesh now"
+            ));
+        }
+        Ok(())
+    }
+
+    /// The highest controller epoch seen.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+
+    /// Items answered by nobody yet (in flight).
+    pub fn in_flight(&self) -> usize {
+        self.sinks.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
