@@ -42,13 +42,10 @@ def _payload() -> bytes:
     return dumps(((), {}), "x")[0]
 
 
-def test_a_call_with_the_wrong_token_is_rejected_before_the_unpickler(counter):
-    addr = counter._proc.addrs[0]
-    good = _native.WorkerConn(addr, counter._proc.token)
-    before = good.stats()
-    bad = _native.WorkerConn(addr, "wrong-token")
+def _incr_on(conn: _native.WorkerConn) -> _native.PendingCall:
+    """``counter.incr()`` sent straight through the native client on ``conn``."""
     (pending,) = _native.call(
-        [bad],
+        [conn],
         ranks=[0],
         dims=["procs"],
         sizes=[1],
@@ -57,6 +54,14 @@ def test_a_call_with_the_wrong_token_is_rejected_before_the_unpickler(counter):
         payload=_payload(),
         buffers=[],
     )
+    return pending
+
+
+def test_a_call_with_the_wrong_token_is_rejected_before_the_unpickler(counter):
+    addr = counter._proc.addrs[0]
+    good = _native.WorkerConn(addr, counter._proc.token)
+    before = good.stats()
+    pending = _incr_on(_native.WorkerConn(addr, "wrong-token"))
     with pytest.raises(_native.AuthError):
         pending.wait(timeout=TIMEOUT)
     after = good.stats()
@@ -70,17 +75,7 @@ def test_a_call_with_the_right_token_is_counted(counter):
     addr = counter._proc.addrs[1]
     good = _native.WorkerConn(addr, counter._proc.token)
     before = good.stats()["calls_received"]
-    (pending,) = _native.call(
-        [good],
-        ranks=[0],
-        dims=["procs"],
-        sizes=[1],
-        actor="counter",
-        method="incr",
-        payload=_payload(),
-        buffers=[],
-    )
-    kind = pending.wait(timeout=TIMEOUT).kind
+    kind = _incr_on(good).wait(timeout=TIMEOUT).kind
     assert kind == _native.REPLY_RESULT
     assert good.stats()["calls_received"] == before + 1
 

@@ -104,3 +104,17 @@ def start() -> Kernel:
 def stop(k: Kernel) -> None:
     k.kc.stop_channels()
     k.km.shutdown_kernel(now=True)
+
+
+#: An actor that prints what it is told (after an optional delay) and returns it,
+#: defined in the kernel by the tests that need one.
+TALKER = (
+    "from monarch_kernel import Actor, endpoint\n"
+    "import time\n"
+    "class Talker(Actor):\n"
+    "    @endpoint\n"
+    "    def say(self, text, delay=0.0):\n"
+    "        time.sleep(delay)\n"
+    "        print(text, flush=True)\n"
+    "        return text\n"
+)

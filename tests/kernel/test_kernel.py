@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from kernel_harness import TIMEOUT, start, stop
+from kernel_harness import TALKER, TIMEOUT, start, stop
 
 
 def test_the_first_cell_names_the_running_meshes_and_the_kernel_says_who_it_is(jupyter_path):
@@ -133,17 +133,7 @@ def test_a_failing_mesh_cell_shows_each_ranks_remote_traceback_with_the_cells_li
 
 
 def test_what_an_endpoint_prints_shows_in_the_cell_that_called_it(kernel, mesh):
-    define = kernel.run(
-        "from monarch_kernel import Actor, endpoint\n"
-        "import time\n"
-        "class Talker(Actor):\n"
-        "    @endpoint\n"
-        "    def say(self, text, delay=0.0):\n"
-        "        time.sleep(delay)\n"
-        "        print(text, flush=True)\n"
-        "        return text\n"
-        "talker = procs.spawn('talker', Talker)"
-    )
+    define = kernel.run(TALKER + "talker = procs.spawn('talker', Talker)")
     assert define.error is None, define.traceback
     now = kernel.run("talker.say.call('right away').get()")
     assert "[" in now.stdout and "right away" in now.stdout

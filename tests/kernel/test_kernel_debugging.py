@@ -10,25 +10,13 @@ import time
 from typing import Any
 
 import pytest
-from kernel_harness import TIMEOUT, Kernel, Outcome
+from kernel_harness import TALKER, TIMEOUT, Kernel, Outcome
 from proc_helpers import still_alive
-
-#: What tests of this module use, defined once in the kernel (a test may run alone).
-DEFINITIONS = (
-    "from monarch_kernel import Actor, endpoint\n"
-    "import time\n"
-    "class Talker(Actor):\n"
-    "    @endpoint\n"
-    "    def say(self, text, delay=0.0):\n"
-    "        time.sleep(delay)\n"
-    "        print(text, flush=True)\n"
-    "        return text\n"
-)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def definitions(kernel: Kernel, mesh: str) -> None:
-    out = kernel.run(DEFINITIONS)
+    out = kernel.run(TALKER)
     assert out.error is None, out.traceback
 
 
