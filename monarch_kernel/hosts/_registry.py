@@ -26,7 +26,7 @@ from monarch_kernel.errors import MeshSpecError
 from monarch_kernel.hosts import state_dir
 
 VERSION = 1
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 class MeshStateWarning(UserWarning):
@@ -65,7 +65,7 @@ class MeshRecord:
 
 
 def check_name(name: object) -> str:
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise MeshSpecError(
             f"mesh name {name!r} is not valid: use 1 to 64 letters, digits, '_', '-' or '.', "
             "starting with a letter or digit (e.g. 'train')"
