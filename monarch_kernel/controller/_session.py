@@ -112,6 +112,9 @@ class Session:
     def _on_event(self, ev: Any) -> None:
         if ev.HasField("worker_exited"):
             self.supervisor.worker_died(ev.worker_exited, notify=True)
+        elif ev.HasField("stopping"):
+            if not (self.stopping or self.closed):  # someone else stops it
+                self.supervisor.stopped_by(ev.stopping.by)
         elif ev.HasField("dropped") and not self.closed:  # this watcher fell behind the workers
             text = (
                 f"monarch: mesh {self.name!r}: {ev.dropped} lines of worker output were not shown "

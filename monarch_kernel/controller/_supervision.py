@@ -40,6 +40,13 @@ _HINTS = {
     "recovered": "it answers again",
     "lost": "",
     "fenced": "",
+    "stopped": "",
+}
+#: Who stopped a mesh, as the agent says it (``Stopping.by``), in words.
+_STOPPED_BY = {
+    "administrator": "an administrator (monarch-kernel down, or %mesh down from another controller)",
+    "controller": "its controller",
+    "idle timeout": "its idle timeout",
 }
 
 
@@ -75,6 +82,23 @@ class Supervisor:
         s.forget_record()
         self.notify(MeshFailure.of(lost, "lost"))
 
+    def stopped_by(self, by: str) -> None:
+        """The agent is stopping the mesh at someone else's request (``by``): its
+        workers' exits are that stop, not failures; said once."""
+        s = self.s
+        s.stopping = True
+        s.state.stopped = True
+        s.state.changed()
+        who = _STOPPED_BY.get(by, by or "someone")
+        self.notify(
+            MeshFailure(
+                s.name,
+                "stopped",
+                f"mesh {s.name!r} was stopped by {who}; its workers exit. Start it again with "
+                f"this_host().spawn_procs(..., name={s.name!r}) (or %mesh up {s.name} --procs N).",
+            )
+        )
+
     def worker_died(self, w: Any, notify: bool) -> None:
         """SUPERVISE-1: worker ``w`` (the agent's WorkerInfo) exited."""
         s = self.s
@@ -83,7 +107,13 @@ class Supervisor:
             info["log_tail"] = list(s.client.logs(rank=info["rank"], tail=10))
         except MonarchKernelError:
             info["log_tail"] = []
-        err = death_error(s.name, info["rank"], info, None)
+        rank = info["rank"]
+        try:  # (all ranks may be going at once: the agent knows which have)
+            gone = {w.rank for w in s.client.list_workers_raw() if has_exited(w)}
+        except MonarchKernelError:
+            gone = set(s.state.dead)
+        others = any(r != rank and r not in gone and r not in s.state.dead for r in range(s.nprocs))
+        err = death_error(s.name, rank, info, None, others_alive=others)
         with self._dead_lock:  # the watch and the heartbeat may both see it
             known = s.state.dead.get(info["rank"])
             if known is not None and known.pid == info["pid"]:
@@ -155,7 +185,7 @@ class Supervisor:
     def _beat(self) -> None:
         s = self.s
         misses: dict[int, int] = {}
-        while not s.closed and s.state.lost is None:
+        while not s.closed and s.state.lost is None and not s.state.stopped:
             started = time.monotonic()
             ranks = [r for r in range(len(s.state.ref.addrs)) if r not in s.state.dead]
             try:

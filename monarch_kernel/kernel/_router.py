@@ -249,7 +249,8 @@ class Router:
 
 
 def format_failure(failure: Any) -> str:
-    return f"monarch: mesh {failure.mesh!r}: {failure.message}\n"
+    """A failure as the notebook shows it (its message names the mesh already)."""
+    return f"monarch: {failure.message}\n"
 
 
 __all__ = ["Router", "format_failure"]

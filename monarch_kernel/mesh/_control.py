@@ -25,7 +25,8 @@ class MeshFailure:
     """What went wrong with a mesh, as given to ``on_failure`` callbacks and actors'
     ``__supervise__``. ``kind`` is "dead" (a worker exited), "unresponsive" (alive but
     not answering heartbeats), "recovered" (answering again), "lost" (the host agent
-    is gone, so is every worker) or "fenced" (another controller attached)."""
+    is gone, so is every worker), "fenced" (another controller attached) or "stopped"
+    (stopped by someone else: an administrator, the idle timeout)."""
 
     mesh: str
     kind: str

@@ -131,7 +131,9 @@ class ProcRef:
         )
 
     def lost(self, rank: int, what: str, cause: str) -> SupervisionError:
-        return death_error(self.name, rank, self._worker(rank, wait_exit=1.0), what, cause)
+        st = self.state()
+        others = any(r != rank and r not in st.dead for r in range(len(st.ref.addrs)))
+        return death_error(self.name, rank, self._worker(rank, wait_exit=1.0), what, cause, others)
 
     def fenced(self, message: str, rank: int, what: str) -> MeshOwnershipError:
         return MeshOwnershipError(
@@ -161,6 +163,15 @@ def worker_report(client: Any, rank: int, wait_exit: float) -> dict[str, Any] | 
     return info
 
 
+def _others(alive: bool | None) -> str:
+    """What a death report says of the mesh's other ranks: only what is known."""
+    if alive is None:
+        return ""
+    if alive:
+        return "\nThe other ranks keep running."
+    return "\nNo rank of the mesh is left running; procs.respawn() starts them again."
+
+
 def describe(info: dict[str, Any], cause: str = "") -> str:
     """How a worker ended (or why it does not answer), in words."""
     if info["state"] == "exited":
@@ -173,9 +184,16 @@ def describe(info: dict[str, Any], cause: str = "") -> str:
 
 
 def death_error(
-    mesh: str, rank: int, info: dict[str, Any] | None, what: str | None, cause: str = ""
+    mesh: str,
+    rank: int,
+    info: dict[str, Any] | None,
+    what: str | None,
+    cause: str = "",
+    others_alive: bool | None = None,
 ) -> SupervisionError:
-    """The SupervisionError for worker ``rank`` of ``mesh`` given what its agent said."""
+    """The SupervisionError for worker ``rank`` of ``mesh`` given what its agent said;
+    ``others_alive``: whether another rank of the mesh still runs (None: not known,
+    and then the message says nothing of them)."""
     prefix = f"{what} failed: the" if what else "The"
     if info is None:
         return SupervisionError(
@@ -189,7 +207,7 @@ def death_error(
     exited = info["state"] == "exited"
     return SupervisionError(
         f"{prefix} worker of rank {rank} of mesh {mesh!r} (pid {info['pid']} on "
-        f"{info['host']}) {describe(info, cause)}{last}\nThe other ranks keep running.",
+        f"{info['host']}) {describe(info, cause)}{last}{_others(others_alive)}",
         mesh=mesh,
         rank=rank,
         host=info["host"],

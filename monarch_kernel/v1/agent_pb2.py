@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dmonarch_kernel/v1/agent.proto\x12\x11monarch_kernel.v1\"\xcc\x01\n\x13SpawnWorkersRequest\x12\r\n\x05\x63ount\x18\x01 \x01(\r\x12\x12\n\nexecutable\x18\x02 \x01(\t\x12\x0c\n\x04\x61rgs\x18\x03 \x03(\t\x12<\n\x03\x65nv\x18\x04 \x03(\x0b\x32/.monarch_kernel.v1.SpawnWorkersRequest.EnvEntry\x12\x0b\n\x03\x63wd\x18\x05 \x01(\t\x12\r\n\x05\x65poch\x18\x06 \x01(\x04\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xbb\x01\n\nWorkerInfo\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0b\n\x03pid\x18\x02 \x01(\r\x12\x0c\n\x04\x61\x64\x64r\x18\x03 \x01(\t\x12-\n\x05state\x18\x04 \x01(\x0e\x32\x1e.monarch_kernel.v1.WorkerState\x12\x11\n\texit_code\x18\x05 \x01(\x05\x12\x0e\n\x06signal\x18\x06 \x01(\x05\x12\x0c\n\x04host\x18\x07 \x01(\t\x12\x12\n\nproc_state\x18\x08 \x01(\t\x12\x10\n\x08restarts\x18\t \x01(\r\"C\n\x11SpawnWorkersReply\x12.\n\x07workers\x18\x01 \x03(\x0b\x32\x1d.monarch_kernel.v1.WorkerInfo\"\x14\n\x12ListWorkersRequest\"B\n\x10ListWorkersReply\x12.\n\x07workers\x18\x01 \x03(\x0b\x32\x1d.monarch_kernel.v1.WorkerInfo\")\n\x0bLogsRequest\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x0c\n\x04tail\x18\x02 \x01(\r\"E\n\x07LogLine\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0e\n\x06stream\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x0e\n\x06origin\x18\x04 \x01(\t\"6\n\tLogsReply\x12)\n\x05lines\x18\x01 \x03(\x0b\x32\x1a.monarch_kernel.v1.LogLine\"\x0e\n\x0cWatchRequest\"\x8b\x01\n\nAgentEvent\x12\x36\n\rworker_exited\x18\x01 \x01(\x0b\x32\x1d.monarch_kernel.v1.WorkerInfoH\x00\x12)\n\x03log\x18\x02 \x01(\x0b\x32\x1a.monarch_kernel.v1.LogLineH\x00\x12\x11\n\x07\x64ropped\x18\x03 \x01(\x04H\x00\x42\x07\n\x05\x65vent\" \n\x0fShutdownRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\"\x0f\n\rShutdownReply\"\x12\n\x10\x41gentPingRequest\"L\n\x0e\x41gentPingReply\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x10\n\x08watchers\x18\x04 \x01(\r\"\x0f\n\rAttachRequest\"\x98\x01\n\x0b\x41ttachReply\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04meta\x18\x03 \x01(\t\x12.\n\x07workers\x18\x04 \x03(\x0b\x32\x1d.monarch_kernel.v1.WorkerInfo\x12.\n\x06\x61\x63tors\x18\x05 \x03(\x0b\x32\x1e.monarch_kernel.v1.ActorRecord\"[\n\x0b\x41\x63torRecord\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12\x0f\n\x07\x62uffers\x18\x03 \x03(\x0c\x12\r\n\x05shape\x18\x04 \x01(\x0c\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\"\x12\n\x10RecordActorReply\"1\n\x12\x46orgetActorRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\"5\n\x15RespawnWorkersRequest\x12\r\n\x05ranks\x18\x01 \x03(\r\x12\r\n\x05\x65poch\x18\x02 \x01(\x04*^\n\x0bWorkerState\x12\x1c\n\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14WORKER_STATE_RUNNING\x10\x01\x12\x17\n\x13WORKER_STATE_EXITED\x10\x02\x32\xd4\x06\n\tHostAgent\x12\\\n\x0cSpawnWorkers\x12&.monarch_kernel.v1.SpawnWorkersRequest\x1a$.monarch_kernel.v1.SpawnWorkersReply\x12Y\n\x0bListWorkers\x12%.monarch_kernel.v1.ListWorkersRequest\x1a#.monarch_kernel.v1.ListWorkersReply\x12\x44\n\x04Logs\x12\x1e.monarch_kernel.v1.LogsRequest\x1a\x1c.monarch_kernel.v1.LogsReply\x12I\n\x05Watch\x12\x1f.monarch_kernel.v1.WatchRequest\x1a\x1d.monarch_kernel.v1.AgentEvent0\x01\x12P\n\x08Shutdown\x12\".monarch_kernel.v1.ShutdownRequest\x1a .monarch_kernel.v1.ShutdownReply\x12N\n\x04Ping\x12#.monarch_kernel.v1.AgentPingRequest\x1a!.monarch_kernel.v1.AgentPingReply\x12J\n\x06\x41ttach\x12 .monarch_kernel.v1.AttachRequest\x1a\x1e.monarch_kernel.v1.AttachReply\x12R\n\x0bRecordActor\x12\x1e.monarch_kernel.v1.ActorRecord\x1a#.monarch_kernel.v1.RecordActorReply\x12Y\n\x0b\x46orgetActor\x12%.monarch_kernel.v1.ForgetActorRequest\x1a#.monarch_kernel.v1.RecordActorReply\x12`\n\x0eRespawnWorkers\x12(.monarch_kernel.v1.RespawnWorkersRequest\x1a$.monarch_kernel.v1.SpawnWorkersReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dmonarch_kernel/v1/agent.proto\x12\x11monarch_kernel.v1\"\xcc\x01\n\x13SpawnWorkersRequest\x12\r\n\x05\x63ount\x18\x01 \x01(\r\x12\x12\n\nexecutable\x18\x02 \x01(\t\x12\x0c\n\x04\x61rgs\x18\x03 \x03(\t\x12<\n\x03\x65nv\x18\x04 \x03(\x0b\x32/.monarch_kernel.v1.SpawnWorkersRequest.EnvEntry\x12\x0b\n\x03\x63wd\x18\x05 \x01(\t\x12\r\n\x05\x65poch\x18\x06 \x01(\x04\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xbb\x01\n\nWorkerInfo\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0b\n\x03pid\x18\x02 \x01(\r\x12\x0c\n\x04\x61\x64\x64r\x18\x03 \x01(\t\x12-\n\x05state\x18\x04 \x01(\x0e\x32\x1e.monarch_kernel.v1.WorkerState\x12\x11\n\texit_code\x18\x05 \x01(\x05\x12\x0e\n\x06signal\x18\x06 \x01(\x05\x12\x0c\n\x04host\x18\x07 \x01(\t\x12\x12\n\nproc_state\x18\x08 \x01(\t\x12\x10\n\x08restarts\x18\t \x01(\r\"C\n\x11SpawnWorkersReply\x12.\n\x07workers\x18\x01 \x03(\x0b\x32\x1d.monarch_kernel.v1.WorkerInfo\"\x14\n\x12ListWorkersRequest\"B\n\x10ListWorkersReply\x12.\n\x07workers\x18\x01 \x03(\x0b\x32\x1d.monarch_kernel.v1.WorkerInfo\")\n\x0bLogsRequest\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x0c\n\x04tail\x18\x02 \x01(\r\"E\n\x07LogLine\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0e\n\x06stream\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x0e\n\x06origin\x18\x04 \x01(\t\"6\n\tLogsReply\x12)\n\x05lines\x18\x01 \x03(\x0b\x32\x1a.monarch_kernel.v1.LogLine\"\x0e\n\x0cWatchRequest\"\xbc\x01\n\nAgentEvent\x12\x36\n\rworker_exited\x18\x01 \x01(\x0b\x32\x1d.monarch_kernel.v1.WorkerInfoH\x00\x12)\n\x03log\x18\x02 \x01(\x0b\x32\x1a.monarch_kernel.v1.LogLineH\x00\x12\x11\n\x07\x64ropped\x18\x03 \x01(\x04H\x00\x12/\n\x08stopping\x18\x04 \x01(\x0b\x32\x1b.monarch_kernel.v1.StoppingH\x00\x42\x07\n\x05\x65vent\"\x16\n\x08Stopping\x12\n\n\x02\x62y\x18\x01 \x01(\t\" \n\x0fShutdownRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\"\x0f\n\rShutdownReply\"\x12\n\x10\x41gentPingRequest\"L\n\x0e\x41gentPingReply\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x10\n\x08watchers\x18\x04 \x01(\r\"\x0f\n\rAttachRequest\"\x98\x01\n\x0b\x41ttachReply\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04meta\x18\x03 \x01(\t\x12.\n\x07workers\x18\x04 \x03(\x0b\x32\x1d.monarch_kernel.v1.WorkerInfo\x12.\n\x06\x61\x63tors\x18\x05 \x03(\x0b\x32\x1e.monarch_kernel.v1.ActorRecord\"[\n\x0b\x41\x63torRecord\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12\x0f\n\x07\x62uffers\x18\x03 \x03(\x0c\x12\r\n\x05shape\x18\x04 \x01(\x0c\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\"\x12\n\x10RecordActorReply\"1\n\x12\x46orgetActorRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\"5\n\x15RespawnWorkersRequest\x12\r\n\x05ranks\x18\x01 \x03(\r\x12\r\n\x05\x65poch\x18\x02 \x01(\x04*^\n\x0bWorkerState\x12\x1c\n\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14WORKER_STATE_RUNNING\x10\x01\x12\x17\n\x13WORKER_STATE_EXITED\x10\x02\x32\xd4\x06\n\tHostAgent\x12\\\n\x0cSpawnWorkers\x12&.monarch_kernel.v1.SpawnWorkersRequest\x1a$.monarch_kernel.v1.SpawnWorkersReply\x12Y\n\x0bListWorkers\x12%.monarch_kernel.v1.ListWorkersRequest\x1a#.monarch_kernel.v1.ListWorkersReply\x12\x44\n\x04Logs\x12\x1e.monarch_kernel.v1.LogsRequest\x1a\x1c.monarch_kernel.v1.LogsReply\x12I\n\x05Watch\x12\x1f.monarch_kernel.v1.WatchRequest\x1a\x1d.monarch_kernel.v1.AgentEvent0\x01\x12P\n\x08Shutdown\x12\".monarch_kernel.v1.ShutdownRequest\x1a .monarch_kernel.v1.ShutdownReply\x12N\n\x04Ping\x12#.monarch_kernel.v1.AgentPingRequest\x1a!.monarch_kernel.v1.AgentPingReply\x12J\n\x06\x41ttach\x12 .monarch_kernel.v1.AttachRequest\x1a\x1e.monarch_kernel.v1.AttachReply\x12R\n\x0bRecordActor\x12\x1e.monarch_kernel.v1.ActorRecord\x1a#.monarch_kernel.v1.RecordActorReply\x12Y\n\x0b\x46orgetActor\x12%.monarch_kernel.v1.ForgetActorRequest\x1a#.monarch_kernel.v1.RecordActorReply\x12`\n\x0eRespawnWorkers\x12(.monarch_kernel.v1.RespawnWorkersRequest\x1a$.monarch_kernel.v1.SpawnWorkersReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SPAWNWORKERSREQUEST_ENVENTRY']._loaded_options = None
   _globals['_SPAWNWORKERSREQUEST_ENVENTRY']._serialized_options = b'8\001'
-  _globals['_WORKERSTATE']._serialized_start=1476
-  _globals['_WORKERSTATE']._serialized_end=1570
+  _globals['_WORKERSTATE']._serialized_start=1549
+  _globals['_WORKERSTATE']._serialized_end=1643
   _globals['_SPAWNWORKERSREQUEST']._serialized_start=53
   _globals['_SPAWNWORKERSREQUEST']._serialized_end=257
   _globals['_SPAWNWORKERSREQUEST_ENVENTRY']._serialized_start=215
@@ -56,27 +56,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WATCHREQUEST']._serialized_start=778
   _globals['_WATCHREQUEST']._serialized_end=792
   _globals['_AGENTEVENT']._serialized_start=795
-  _globals['_AGENTEVENT']._serialized_end=934
-  _globals['_SHUTDOWNREQUEST']._serialized_start=936
-  _globals['_SHUTDOWNREQUEST']._serialized_end=968
-  _globals['_SHUTDOWNREPLY']._serialized_start=970
-  _globals['_SHUTDOWNREPLY']._serialized_end=985
-  _globals['_AGENTPINGREQUEST']._serialized_start=987
-  _globals['_AGENTPINGREQUEST']._serialized_end=1005
-  _globals['_AGENTPINGREPLY']._serialized_start=1007
-  _globals['_AGENTPINGREPLY']._serialized_end=1083
-  _globals['_ATTACHREQUEST']._serialized_start=1085
-  _globals['_ATTACHREQUEST']._serialized_end=1100
-  _globals['_ATTACHREPLY']._serialized_start=1103
-  _globals['_ATTACHREPLY']._serialized_end=1255
-  _globals['_ACTORRECORD']._serialized_start=1257
-  _globals['_ACTORRECORD']._serialized_end=1348
-  _globals['_RECORDACTORREPLY']._serialized_start=1350
-  _globals['_RECORDACTORREPLY']._serialized_end=1368
-  _globals['_FORGETACTORREQUEST']._serialized_start=1370
-  _globals['_FORGETACTORREQUEST']._serialized_end=1419
-  _globals['_RESPAWNWORKERSREQUEST']._serialized_start=1421
-  _globals['_RESPAWNWORKERSREQUEST']._serialized_end=1474
-  _globals['_HOSTAGENT']._serialized_start=1573
-  _globals['_HOSTAGENT']._serialized_end=2425
+  _globals['_AGENTEVENT']._serialized_end=983
+  _globals['_STOPPING']._serialized_start=985
+  _globals['_STOPPING']._serialized_end=1007
+  _globals['_SHUTDOWNREQUEST']._serialized_start=1009
+  _globals['_SHUTDOWNREQUEST']._serialized_end=1041
+  _globals['_SHUTDOWNREPLY']._serialized_start=1043
+  _globals['_SHUTDOWNREPLY']._serialized_end=1058
+  _globals['_AGENTPINGREQUEST']._serialized_start=1060
+  _globals['_AGENTPINGREQUEST']._serialized_end=1078
+  _globals['_AGENTPINGREPLY']._serialized_start=1080
+  _globals['_AGENTPINGREPLY']._serialized_end=1156
+  _globals['_ATTACHREQUEST']._serialized_start=1158
+  _globals['_ATTACHREQUEST']._serialized_end=1173
+  _globals['_ATTACHREPLY']._serialized_start=1176
+  _globals['_ATTACHREPLY']._serialized_end=1328
+  _globals['_ACTORRECORD']._serialized_start=1330
+  _globals['_ACTORRECORD']._serialized_end=1421
+  _globals['_RECORDACTORREPLY']._serialized_start=1423
+  _globals['_RECORDACTORREPLY']._serialized_end=1441
+  _globals['_FORGETACTORREQUEST']._serialized_start=1443
+  _globals['_FORGETACTORREQUEST']._serialized_end=1492
+  _globals['_RESPAWNWORKERSREQUEST']._serialized_start=1494
+  _globals['_RESPAWNWORKERSREQUEST']._serialized_end=1547
+  _globals['_HOSTAGENT']._serialized_start=1646
+  _globals['_HOSTAGENT']._serialized_end=2498
 # @@protoc_insertion_point(module_scope)

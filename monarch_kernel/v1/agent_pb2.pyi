@@ -108,14 +108,22 @@ class WatchRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class AgentEvent(_message.Message):
-    __slots__ = ("worker_exited", "log", "dropped")
+    __slots__ = ("worker_exited", "log", "dropped", "stopping")
     WORKER_EXITED_FIELD_NUMBER: _ClassVar[int]
     LOG_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
+    STOPPING_FIELD_NUMBER: _ClassVar[int]
     worker_exited: WorkerInfo
     log: LogLine
     dropped: int
-    def __init__(self, worker_exited: _Optional[_Union[WorkerInfo, _Mapping]] = ..., log: _Optional[_Union[LogLine, _Mapping]] = ..., dropped: _Optional[int] = ...) -> None: ...
+    stopping: Stopping
+    def __init__(self, worker_exited: _Optional[_Union[WorkerInfo, _Mapping]] = ..., log: _Optional[_Union[LogLine, _Mapping]] = ..., dropped: _Optional[int] = ..., stopping: _Optional[_Union[Stopping, _Mapping]] = ...) -> None: ...
+
+class Stopping(_message.Message):
+    __slots__ = ("by",)
+    BY_FIELD_NUMBER: _ClassVar[int]
+    by: str
+    def __init__(self, by: _Optional[str] = ...) -> None: ...
 
 class ShutdownRequest(_message.Message):
     __slots__ = ("epoch",)

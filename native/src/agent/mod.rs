@@ -17,7 +17,7 @@ use crate::proto::v1::{
     ActorRecord, AgentEvent, AgentPingReply, AgentPingRequest, AttachReply, AttachRequest,
     ForgetActorRequest, ListWorkersReply, ListWorkersRequest, LogsReply, LogsRequest,
     RecordActorReply, RespawnWorkersRequest, ShutdownReply, ShutdownRequest, SpawnWorkersReply,
-    SpawnWorkersRequest, WatchRequest, WorkerState,
+    SpawnWorkersRequest, Stopping, WatchRequest, WorkerState,
 };
 use crate::rpc::auth::TokenCheck;
 use process::Workers;
@@ -100,8 +100,13 @@ impl Drop for Lease {
 }
 
 impl Agent {
-    /// Stops every worker, then lets the server end.
-    pub async fn stop_all(&self) {
+    /// Tells the watchers why (`by`), stops every worker, then lets the server end.
+    pub async fn stop_all(&self, by: &str) {
+        let _ = self.events.send(AgentEvent {
+            event: Some(agent_event::Event::Stopping(Stopping {
+                by: by.to_string(),
+            })),
+        });
         self.workers.stop_all(Duration::from_secs(2)).await;
         self.stopping.send_replace(true);
     }
@@ -236,8 +241,15 @@ impl HostAgent for Service {
         &self,
         req: Request<ShutdownRequest>,
     ) -> Result<Response<ShutdownReply>, Status> {
-        self.0.admit(req.into_inner().epoch)?;
-        self.0.stop_all().await;
+        let epoch = req.into_inner().epoch;
+        self.0.admit(epoch)?;
+        self.0
+            .stop_all(if epoch == 0 {
+                "administrator"
+            } else {
+                "controller"
+            })
+            .await;
         Ok(Response::new(ShutdownReply {}))
     }
 
@@ -360,7 +372,7 @@ pub fn start(
             loop {
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 if a3.idle_expired() {
-                    a3.stop_all().await;
+                    a3.stop_all("idle timeout").await;
                     return;
                 }
             }
