@@ -24,7 +24,7 @@ from monarch_kernel.control import has_exited, worker_dict
 from monarch_kernel.controller._frontend import frontend
 from monarch_kernel.errors import MonarchKernelError, SupervisionError
 from monarch_kernel.mesh._control import MeshFailure
-from monarch_kernel.mesh._proc_ref import death_error, describe
+from monarch_kernel.mesh._proc_ref import death_error, describe, tail_lines
 from monarch_kernel.mesh._serial import dumps, loads
 
 if TYPE_CHECKING:
@@ -104,7 +104,7 @@ class Supervisor:
         s = self.s
         info = worker_dict(w)
         try:
-            info["log_tail"] = list(s.client.logs(rank=info["rank"], tail=10))
+            info["log_tail"] = list(s.client.logs(rank=info["rank"], tail=tail_lines(info)))
         except MonarchKernelError:
             info["log_tail"] = []
         rank = info["rank"]

@@ -159,7 +159,7 @@ def worker_report(client: Any, rank: int, wait_exit: float) -> dict[str, Any] | 
             break
         time.sleep(0.02)
     if info is not None:
-        info["log_tail"] = list(client.logs(rank=rank, tail=10))
+        info["log_tail"] = list(client.logs(rank=rank, tail=tail_lines(info)))
     return info
 
 
@@ -170,6 +170,16 @@ def _others(alive: bool | None) -> str:
     if alive:
         return "\nThe other ranks keep running."
     return "\nNo rank of the mesh is left running; procs.respawn() starts them again."
+
+
+#: Last lines of a dead worker's output in its report; more for a native crash, whose
+#: last lines are the Python stack faulthandler wrote (see ``worker/__main__.py``).
+TAIL_LINES, CRASH_TAIL_LINES = 10, 24
+
+
+def tail_lines(info: dict[str, Any]) -> int:
+    """How many of a dead worker's last lines its report shows."""
+    return CRASH_TAIL_LINES if info.get("signal") else TAIL_LINES
 
 
 def describe(info: dict[str, Any], cause: str = "") -> str:

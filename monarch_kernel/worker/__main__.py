@@ -9,12 +9,16 @@ later means the agent is gone, and the worker exits), a listening socket
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import sys
 
 
 def main() -> None:
+    # A native crash (SIGSEGV, SIGABRT, SIGBUS...) writes the Python stack of the thread
+    # that crashed to the real stderr, so the death report's last lines show where.
+    faulthandler.enable(file=sys.__stderr__, all_threads=False)
     token = sys.stdin.readline().strip()
     from monarch_kernel import _native
 

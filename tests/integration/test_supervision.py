@@ -195,7 +195,12 @@ def _die_by_exit(procs, mesh, pid: int):
 
 
 def _die_by_segfault(procs, mesh, pid: int):
-    return mesh.slice(procs=1).segfault.call_one(), ["rank 1 reads address 0"]
+    # faulthandler: where the native crash happened, in Python terms.
+    return mesh.slice(procs=1).segfault.call_one(), [
+        "rank 1 reads address 0",
+        "Fatal Python error: Segmentation fault",
+        "in segfault",
+    ]
 
 
 def _die_by_memory_limit(procs, mesh, pid: int):
