@@ -30,7 +30,8 @@ class Frontend:
     #: monarch's own notices about a mesh's output (lines dropped). None: stderr.
     on_notice: Callable[[str], None] | None = None
     #: ``wait(calls, timeout, what)`` for waits that last more than a second (it shows
-    #: progress). None: plain waits.
+    #: progress); it returns what ``_native.wait_all(..., fail_fast=True)`` does.
+    #: None: plain waits.
     slow_wait: Callable[[Sequence[Any], float | None, str], list[Any]] | None = None
 
 

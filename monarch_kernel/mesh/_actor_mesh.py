@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from monarch_kernel import _native, _origin
@@ -72,6 +72,19 @@ def decode_reply(
     if kind == _FENCED:
         raise proc.fenced(bytes(payload).decode("utf-8", "replace"), base_rank, what)
     raise proc.rejected(bytes(payload).decode("utf-8", "replace"), base_rank, what)
+
+
+def decode_all(
+    replies: list[Any], proc: ProcRef, ranks: Sequence[int], points: Iterable[Point], what: str, **kw: Any
+) -> list[Any]:
+    """Decodes the replies of a call to several ranks, in rank order; but first, a rank
+    whose call failed (its worker died) raises, even while other ranks still run
+    (their entries are None: ``wait_calls`` returned at the first failure)."""
+    points = list(points)
+    for r, base, p in zip(replies, ranks, points):
+        if isinstance(r, BaseException):
+            decode_reply(r, proc, base, p, what, **kw)  # raises
+    return [decode_reply(r, proc, base, p, what, **kw) for r, base, p in zip(replies, ranks, points)]
 
 
 def _finish_one(proc: ProcRef, base_rank: int, point: Point, what: str) -> Callable[[list[Any]], Any]:
@@ -154,11 +167,7 @@ class Endpoint(Generic[R]):
         local_shape = Shape(shape.extent)
 
         def finish(replies: list[Any]) -> ValueMesh[R]:
-            values = [
-                decode_reply(r, proc, base, p, what)
-                for r, base, p in zip(replies, shape.ranks, local_shape.points())
-            ]
-            return ValueMesh(local_shape, values)
+            return ValueMesh(local_shape, decode_all(replies, proc, shape.ranks, local_shape.points(), what))
 
         return Future(_calls=calls, _finish=finish)
 
@@ -293,8 +302,7 @@ class ActorMesh(MeshTrait, Generic[R]):
         local = Shape(shape.extent)
 
         def finish(replies: list[Any]) -> None:
-            for r, base, p in zip(replies, shape.ranks, local.points()):
-                decode_reply(r, proc, base, p, what)
+            decode_all(replies, proc, shape.ranks, local.points(), what)
 
         return Future(_calls=calls, _finish=finish)
 
@@ -317,4 +325,4 @@ def check_endpoint_names(cls: type) -> None:
         )
 
 
-__all__ = ["ActorMesh", "Endpoint", "check_endpoint_names", "decode_reply"]
+__all__ = ["ActorMesh", "Endpoint", "check_endpoint_names", "decode_all", "decode_reply"]

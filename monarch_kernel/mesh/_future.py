@@ -79,12 +79,14 @@ def escalate_interrupted() -> int:
 
 
 def wait_calls(calls: Sequence[Any], timeout: float | None, what: str = "calls") -> list[Any]:
-    """``_native.wait_all``, handing waits longer than ``SLOW_S`` to ``slow_wait``."""
+    """``_native.wait_all`` with ``fail_fast`` (a call whose worker died ends the wait at
+    once: None stands for the calls still running), handing waits longer than
+    ``SLOW_S`` to ``slow_wait``."""
     hook = _slow_wait[0]
     if hook is None or (timeout is not None and timeout <= SLOW_S):
-        return _native.wait_all(list(calls), timeout)
+        return _native.wait_all(list(calls), timeout, fail_fast=True)
     try:
-        return _native.wait_all(list(calls), SLOW_S)
+        return _native.wait_all(list(calls), SLOW_S, fail_fast=True)
     except TimeoutError:
         return hook(calls, None if timeout is None else timeout - SLOW_S, what)
 

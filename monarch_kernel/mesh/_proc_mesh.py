@@ -17,7 +17,7 @@ from monarch_kernel.errors import (
     MeshSpecError,
     SerializationError,
 )
-from monarch_kernel.mesh._actor_mesh import ActorMesh, check_endpoint_names, decode_reply
+from monarch_kernel.mesh._actor_mesh import ActorMesh, check_endpoint_names, decode_all
 from monarch_kernel.mesh._buffers import HEADER, drop_now, drop_when_done
 from monarch_kernel.mesh._control import MeshControl, MeshFailure, session_for
 from monarch_kernel.mesh._future import Future, wait_calls
@@ -130,9 +130,8 @@ class ProcMesh(MeshTrait):
         drop_when_done(calls, regs)
         replies = wait_calls(calls, SPAWN_TIMEOUT, f"spawn of {name} on {len(calls)} procs")
         failed = f"Actor {name} ({cls.__qualname__}) failed in __init__."
-        for r, base in zip(replies, ranks):
-            point = self._proc.point(base)
-            decode_reply(r, self._proc, base, point, f"spawn of {name}", failed=failed, value=False)
+        points = [self._proc.point(base) for base in ranks]
+        decode_all(replies, self._proc, ranks, points, f"spawn of {name}", failed=failed, value=False)
         session = session_for(self._proc)
         if session is not None:  # so that attach() and respawn() find it
             if payload[:4] == HEADER:  # the record keeps its own copy, for later controllers

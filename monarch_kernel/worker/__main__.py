@@ -18,7 +18,7 @@ import sys
 def main() -> None:
     # A native crash (SIGSEGV, SIGABRT, SIGBUS...) writes the Python stack of the thread
     # that crashed to the real stderr, so the death report's last lines show where.
-    faulthandler.enable(file=sys.__stderr__, all_threads=False)
+    faulthandler.enable(file=2, all_threads=False)  # fd 2: the pipe the agent reads
     token = sys.stdin.readline().strip()
     from monarch_kernel import _native
 

@@ -302,19 +302,31 @@ fn call(
         .collect())
 }
 
-/// Waits for every call, with one deadline for all. Returns, in order, each reply
-/// tuple or the exception instance that call failed with; raises TimeoutError if the
-/// deadline passes first.
+/// Waits for every call, with one deadline for all. Returns, in order, each `Reply`
+/// or the exception instance that call failed with; raises TimeoutError if the
+/// deadline passes first. With `fail_fast`, it returns as soon as one call has
+/// failed (its worker died: a reply from a live worker, even an exception, is not a
+/// failure), with None for the calls still running, so a dead rank is known at once
+/// whatever the others do.
 #[pyfunction]
-#[pyo3(signature = (calls, timeout=None))]
+#[pyo3(signature = (calls, timeout=None, fail_fast=false))]
 fn wait_all(
     py: Python<'_>,
     calls: Vec<PyRef<'_, PendingCall>>,
     timeout: Option<f64>,
+    fail_fast: bool,
 ) -> PyResult<Vec<Py<PyAny>>> {
     let d = deadline(timeout);
+    let early = fail_fast && calls.len() > 1;
+    if early {
+        wait_first_failure(py, &calls, d)?;
+    }
     let mut out = Vec::with_capacity(calls.len());
     for c in &calls {
+        if early && !c.slot.is_done() {
+            out.push(py.None());
+            continue;
+        }
         let o = wait_slot(py, &c.slot, d)?;
         out.push(match outcome_to_py(py, o) {
             Ok(t) => Py::new(py, t)?.into_any(),
@@ -322,6 +334,53 @@ fn wait_all(
         });
     }
     Ok(out)
+}
+
+/// Waits until every call is done or one has failed (or the deadline passes:
+/// TimeoutError), with the GIL released and signals checked every 50 ms. Each slot
+/// rings one bell when it completes, so the wait wakes at the first completion.
+fn wait_first_failure(
+    py: Python<'_>,
+    calls: &[PyRef<'_, PendingCall>],
+    deadline: Option<Instant>,
+) -> PyResult<()> {
+    let bell = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+    for c in calls {
+        let b = bell.clone();
+        c.slot.on_done(Box::new(move || {
+            *b.0.lock().unwrap_or_else(|e| e.into_inner()) = true;
+            b.1.notify_all();
+        }));
+    }
+    let slots: Vec<Arc<Slot>> = calls.iter().map(|c| c.slot.clone()).collect();
+    loop {
+        let settled = py.detach(|| {
+            let mut rung = bell.0.lock().unwrap_or_else(|e| e.into_inner());
+            let chunk = match deadline {
+                None => Duration::from_millis(50),
+                Some(d) => d
+                    .saturating_duration_since(Instant::now())
+                    .min(Duration::from_millis(50)),
+            };
+            if !*rung {
+                rung = bell
+                    .1
+                    .wait_timeout(rung, chunk)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+            *rung = false;
+            drop(rung);
+            slots.iter().all(|s| s.is_done()) || slots.iter().any(|s| s.has_failed())
+        });
+        if settled {
+            return Ok(());
+        }
+        py.check_signals()?;
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(PyTimeoutError::new_err("timed out waiting for the reply"));
+        }
+    }
 }
 
 /// Sets the epoch that this process's commands to the mesh with `token` carry

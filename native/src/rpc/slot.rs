@@ -77,6 +77,15 @@ impl Slot {
         )
     }
 
+    /// True once complete with an error (the call failed: its worker went away, or
+    /// the message could not be sent), not with a reply.
+    pub fn has_failed(&self) -> bool {
+        matches!(
+            *self.state.lock().unwrap_or_else(|e| e.into_inner()),
+            State::Done(Err(_))
+        )
+    }
+
     /// Runs `cb` when the slot completes (at once, on this thread, if it already has).
     pub fn on_done(&self, cb: Callback) {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
