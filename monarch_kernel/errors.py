@@ -6,7 +6,8 @@
     ├── ActorError                 an endpoint raised; carries the remote traceback and rank
     ├── SupervisionError           a worker or actor failed (also a RuntimeError, as in Monarch)
     │   ├── MeshStoppedError       the mesh or actor mesh was stopped
-    │   └── MeshOwnershipError     another controller attached to the mesh since (fencing)
+    │   ├── MeshOwnershipError     another controller attached to the mesh since (fencing)
+    │   └── AgentUnresponsiveError a mesh's host agent runs but does not answer
     ├── MessageTooLargeError       a message is above the control plane's limit (also ValueError)
     ├── SerializationError         arguments or results cannot be pickled (also TypeError)
     ├── MeshAuthError              a peer rejected the mesh token
@@ -34,6 +35,7 @@ from typing import Any
 
 __all__ = [
     "ActorError",
+    "AgentUnresponsiveError",
     "ConnectionLost",
     "DimensionError",
     "DistributedSetupError",
@@ -123,6 +125,11 @@ class MeshStoppedError(SupervisionError):
 class MeshOwnershipError(SupervisionError):
     """Another controller attached to the mesh after this one: this one may no longer
     command it. ``attach(name)`` takes it back (and fences the other)."""
+
+
+class AgentUnresponsiveError(SupervisionError):
+    """A mesh's host agent runs but does not answer (stopped, hung, or overloaded);
+    ``monarch-kernel down NAME`` ends it."""
 
 
 class MeshNotFoundError(MonarchKernelError, LookupError):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from monarch_kernel.control import AgentClient
-from monarch_kernel.errors import MonarchKernelError
+from monarch_kernel.errors import AgentUnresponsiveError, MeshAuthError, MonarchKernelError
 from monarch_kernel.hosts import _registry
 from monarch_kernel.hosts._registry import MeshRecord
 
@@ -38,23 +38,33 @@ def agent_alive(rec: MeshRecord) -> bool:
     return b"monarch_kernel.hosts._agent_main" in cmd and state not in ("Z", "X")
 
 
-class AgentBusy(MonarchKernelError):
-    """The agent runs but did not answer in time."""
-
-
 def connect(rec: MeshRecord) -> AgentClient | None:
     """A client of ``rec``'s agent if it answers as that mesh; None if it is gone
     (REGISTRY-3: only then may its record be removed). An agent that runs but does
-    not answer raises ``AgentBusy``."""
+    not answer raises ``AgentUnresponsiveError``; one that refuses the state file's
+    token, ``MeshAuthError`` (the file does not belong to that agent)."""
     client = AgentClient(rec.agent_addr, rec.token)
     try:
         if client.ping(timeout=3.0)["name"] == rec.name:
             return client
+    except MeshAuthError:
+        client.close()
+        if not agent_alive(rec):
+            return None
+        raise MeshAuthError(
+            f"mesh {rec.name!r}: its host agent (pid {rec.agent_pid}) refuses the token in the state "
+            f"file {_registry.path_of(rec.name)}: the file was changed, or is another mesh's. "
+            f"monarch-kernel down {rec.name} stops that agent; then start the mesh again."
+        ) from None
     except MonarchKernelError as e:
         if agent_alive(rec):
             client.close()
-            raise AgentBusy(
-                f"the host agent of mesh {rec.name!r} (pid {rec.agent_pid}) runs but does not answer: {e}"
+            raise AgentUnresponsiveError(
+                f"the host agent of mesh {rec.name!r} (pid {rec.agent_pid}) runs but does not answer: "
+                f"{e}. If it is stopped (SIGSTOP), SIGCONT resumes it; monarch-kernel down "
+                f"{rec.name} ends it.",
+                mesh=rec.name,
+                pid=rec.agent_pid,
             ) from None
     client.close()
     return None
@@ -65,7 +75,10 @@ def stop_unowned(rec: MeshRecord) -> bool:
     its agent; True if it was running."""
     try:
         client = connect(rec)
-    except AgentBusy:  # hung: its workers exit with it (AGENT-1)
+    except (
+        AgentUnresponsiveError,
+        MeshAuthError,
+    ):  # hung, or not ours to talk to: its workers exit with it (AGENT-1)
         os.kill(rec.agent_pid, signal.SIGKILL)
         _registry.remove_if_ours(rec.name, rec.token)
         return True
@@ -108,7 +121,7 @@ def list_meshes() -> list[MeshInfo]:
                 continue
             try:
                 client = connect(rec)
-            except AgentBusy as e:
+            except (AgentUnresponsiveError, MeshAuthError) as e:
                 warnings.warn(str(e), _registry.MeshStateWarning, stacklevel=2)
                 continue
             if client is None:
@@ -144,4 +157,12 @@ def list_meshes() -> list[MeshInfo]:
     return out
 
 
-__all__ = ["AgentBusy", "MeshInfo", "agent_alive", "connect", "list_meshes", "stop_unowned"]
+__all__ = [
+    "AgentBusy",
+    "AgentUnresponsiveError",
+    "MeshInfo",
+    "agent_alive",
+    "connect",
+    "list_meshes",
+    "stop_unowned",
+]
