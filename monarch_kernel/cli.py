@@ -22,19 +22,38 @@ def _ls(_args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
-    from monarch_kernel.controller._admin import all_names, down
+    from monarch_kernel.controller._admin import down, left_running, plan_down_all
 
     if args.all == bool(args.names):
         print("monarch-kernel down: give mesh names, or --all (not both)", file=sys.stderr)
         return 2
+    names = args.names
+    if args.all:
+        names, keep = plan_down_all(args.force)
+        for line in left_running(keep):
+            print(line, file=sys.stderr)
+        if names and not args.yes and not _confirm(f"stop {len(names)} meshes ({', '.join(names)})?"):
+            print(
+                f"monarch-kernel down --all: nothing stopped; it would stop {', '.join(names)}. "
+                "Add --yes to stop them without asking.",
+                file=sys.stderr,
+            )
+            return 2
     status = 0
-    for ok, text in down(all_names() if args.all else args.names):
+    for ok, text in down(names):
         if ok:
             print(text)
         else:
             print(f"monarch-kernel down: {text}", file=sys.stderr)
             status = 1
     return status
+
+
+def _confirm(question: str) -> bool:
+    """Asks on a terminal; never where no one can answer (a script, CI)."""
+    if not sys.stdin.isatty():
+        return False
+    return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
 
 
 def _install(args: argparse.Namespace) -> int:
@@ -54,7 +73,13 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("ls", help="list running meshes").set_defaults(run=_ls)
     down = sub.add_parser("down", help="stop meshes (as an administrator)")
     down.add_argument("names", nargs="*", metavar="NAME")
-    down.add_argument("--all", action="store_true", help="stop every running mesh")
+    down.add_argument(
+        "--all",
+        action="store_true",
+        help="stop every running mesh nobody is attached to (asks first; --yes does not)",
+    )
+    down.add_argument("--force", action="store_true", help="with --all: also meshes a controller uses")
+    down.add_argument("--yes", action="store_true", help="with --all: do not ask")
     down.set_defaults(run=_down)
     inst = sub.add_parser("install", help="install the Jupyter kernelspec 'monarch'")
     where = inst.add_mutually_exclusive_group()

@@ -12,7 +12,8 @@ front ends:
   waits go (the kernel shows them in the notebook);
 - ``run_cell(...)``: a ``%%mesh`` cell on ranks of a mesh, one native call;
 - ``interrupt(futures)``, ``escalate_interrupted()``: the stop button;
-- ``mesh_table()``, ``down(names)``, ``all_names()``: ``ls`` and ``down``;
+- ``mesh_table()``, ``down(names)``, ``plan_down_all(force)``, ``left_running(names)``:
+  ``ls`` and ``down``;
 - ``TORCH_BACKENDS``, ``prefer_huge_pages()``.
 
 CONTROL-1: importing this package registers its sessions with the mesh API
@@ -21,7 +22,7 @@ CONTROL-1: importing this package registers its sessions with the mesh API
 
 from __future__ import annotations
 
-from monarch_kernel.controller._admin import all_names, down, mesh_table
+from monarch_kernel.controller._admin import all_names, down, left_running, mesh_table, plan_down_all
 from monarch_kernel.controller._cells import CELLS_ACTOR, run_cell, spmd_actors
 from monarch_kernel.controller._frontend import Frontend, frontend, set_frontend
 from monarch_kernel.controller._host_mesh import HostMesh, attach, list_meshes, this_host, this_proc
@@ -63,8 +64,10 @@ __all__ = [
     "escalate_interrupted",
     "frontend",
     "interrupt",
+    "left_running",
     "list_meshes",
     "mesh_table",
+    "plan_down_all",
     "prefer_huge_pages",
     "run_cell",
     "session",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 from monarch_kernel.controller._lifecycle import stop_record
+from monarch_kernel.controller._session import sessions
 from monarch_kernel.hosts import _registry
 from monarch_kernel.hosts._admin import MeshInfo, list_meshes
 
@@ -63,4 +64,21 @@ def all_names() -> list[str]:
     return _registry.names()
 
 
-__all__ = ["all_names", "down", "mesh_table"]
+def plan_down_all(force: bool) -> tuple[list[str], list[str]]:
+    """What ``down --all`` stops and what it leaves running: a mesh another controller
+    is attached to (a kernel in use) is left, unless ``force``; this process's own
+    meshes and meshes nobody is attached to are stopped."""
+    ours = {s.name for s in sessions.values() if not s.closed}
+    stop: list[str] = []
+    keep: list[str] = []
+    for m in list_meshes():
+        (keep if m.attached and m.name not in ours and not force else stop).append(m.name)
+    return stop, keep
+
+
+def left_running(names: list[str]) -> list[str]:
+    """What ``down --all`` says of the meshes it left running."""
+    return [f"left running: {n} (another controller is attached to it; --force stops it too)" for n in names]
+
+
+__all__ = ["all_names", "down", "left_running", "mesh_table", "plan_down_all"]

@@ -311,6 +311,7 @@ class Session:
     def post_mortem(self, rank: int) -> Future[None]:
         """Starts pdb on worker ``rank``'s last exception; the Future completes when
         the debugging session ends."""
+        self._check_rank(rank, "post_mortem()")
         (call,) = self._builtin([rank], "post_mortem", origin=_origin.current())
         return Future(_calls=[call], _finish=lambda _replies: None)
 

@@ -158,8 +158,6 @@ def list_meshes() -> list[MeshInfo]:
 
 
 __all__ = [
-    "AgentBusy",
-    "AgentUnresponsiveError",
     "MeshInfo",
     "agent_alive",
     "connect",

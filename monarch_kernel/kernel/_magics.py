@@ -42,7 +42,6 @@ from __future__ import annotations
 import io
 import keyword
 import shlex
-import sys
 import time
 import tokenize
 from typing import Any
@@ -53,7 +52,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 
 from monarch_kernel import controller
-from monarch_kernel.errors import MeshNotFoundError, MeshSpecError
+from monarch_kernel.errors import MeshIndexError, MeshNotFoundError, MeshSpecError
 from monarch_kernel.kernel._cells import run_cell, select_ranks
 
 _HELP = __doc__
@@ -202,19 +201,29 @@ class MeshMagics(Magics):
 
     @magic_arguments()
     @argument("names", nargs="*")
-    @argument("--all", action="store_true")
+    @argument("--all", action="store_true", help="this kernel's meshes and those nobody is attached to")
+    @argument("--force", action="store_true", help="with --all: also meshes other controllers use")
     def _mesh_down(self, rest: str) -> None:
         """Stop meshes."""
         args = parse_argstring(self._mesh_down, rest)
         if args.all == bool(args.names):
-            raise UsageError("%mesh down NAME ... | --all")
-        for ok, text in controller.down(controller.all_names() if args.all else args.names):
+            raise UsageError("%mesh down NAME ... | --all [--force]")
+        keep: list[str] = []
+        names = args.names
+        if args.all:
+            names, keep = controller.plan_down_all(args.force)
+        missing = []
+        for ok, text in controller.down(names):
             if ok:
                 print(text)
             else:
-                print(f"monarch-kernel down: {text}", file=sys.stderr)
+                missing.append(text)
+        for line in controller.left_running(keep):
+            print(line)
         if args.all or self.default in args.names:
             self.default = None
+        if missing:
+            raise UsageError("%mesh down: " + "; ".join(missing))
 
     @magic_arguments()
     @argument("name")
@@ -277,7 +286,11 @@ class MeshMagics(Magics):
         args = parse_argstring(self._mesh_debug, rest)
         router = getattr(getattr(self.shell, "kernel", None), "router", None)
         if args.post_mortem is not None:
-            self._session(args.name).post_mortem(args.post_mortem).get()
+            try:
+                pending = self._session(args.name).post_mortem(args.post_mortem)
+            except MeshIndexError as e:
+                raise UsageError(f"%mesh debug --post-mortem: {e}") from None
+            pending.get()
             return
         if router is None:
             raise UsageError("%mesh debug needs the monarch kernel")

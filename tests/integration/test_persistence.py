@@ -474,7 +474,11 @@ def test_the_cli_lists_and_stops_meshes():
         out = _cli("down", "no-such-mesh")
         assert out.returncode == 1 and "no mesh named" in out.stderr
         assert _cli("down").returncode == 2
+        # This process is attached to the other mesh: --all leaves it, --force stops it.
         out = _cli("down", "--all")
+        assert out.returncode == 0 and f"left running: {names[1]}" in out.stderr
+        assert names[1] in _cli("ls").stdout
+        out = _cli("down", "--all", "--force", "--yes")
         assert out.returncode == 0 and f"stopped {names[1]}" in out.stdout
         assert _cli("ls").stdout.strip() == "no running meshes"
     finally:

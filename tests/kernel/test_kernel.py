@@ -181,6 +181,8 @@ def test_bad_magic_arguments_raise_usage_error_with_the_fix(kernel, mesh):
     assert "KEY=VALUE" in usage("%mesh up x --procs 1 --env NOEQUALS")
     assert "--torch-dist must be one of gloo, nccl, auto" in usage("%mesh up x --procs 1 --torch-dist mpi")
     assert "ranks 0 to 1" in usage("%%mesh --ranks 5\n1")
+    assert "ranks 0 to 1" in usage("%mesh debug --post-mortem 5")  # (was a raw IndexError)
+    assert "no mesh named 'nosuchmesh'" in usage("%mesh down nosuchmesh")  # (was reported as done)
     help_text = kernel.kc.inspect("%mesh", reply=True)["content"]
     assert help_text["found"] and "push NAME=EXPR" in help_text["data"]["text/plain"]
     assert "--torch-dist" in help_text["data"]["text/plain"]
