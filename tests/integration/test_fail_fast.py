@@ -8,6 +8,7 @@ import os
 import time
 
 import pytest
+from proc_helpers import wait_for
 
 from monarch_kernel import Actor, SupervisionError, endpoint, this_host
 
@@ -41,7 +42,7 @@ def test_a_mesh_wide_call_fails_at_the_first_dead_rank_while_the_others_still_ru
     assert "code 3" in str(info.value)
     with pytest.raises(SupervisionError):  # the Future keeps its result
         future.get(timeout=1)
-    assert procs2.status() == ["alive", "dead"]
+    assert wait_for(lambda: procs2.status() == ["alive", "dead"])  # the agent's report follows
 
 
 def test_a_spawn_fails_at_the_first_dead_rank_too(procs2):
