@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import threading
 import time
 from collections.abc import Callable, Generator, Sequence
@@ -41,19 +42,26 @@ _interrupted_lock = threading.Lock()
 SAME_INTERRUPT_S = 0.5
 
 
-def cancel_calls(calls: Sequence[Any]) -> int:
-    """An interrupt: each of ``calls`` still running is cancelled once (a sync endpoint
-    gets KeyboardInterrupt, an async one is cancelled), and every call interrupted by an
-    earlier interrupt that still runs is cancelled again: INTERRUPT-2, a second
-    interrupt escalates (its worker exits if the call has not stopped 1 s later, is
-    reported dead, and ``procs.respawn()`` restarts it). Returns how many calls were
-    escalated."""
+def cancel_calls(calls: Sequence[Any], *, all_earlier: bool = False) -> int:
+    """An interrupt: each of ``calls`` still running is cancelled (a sync endpoint gets
+    KeyboardInterrupt, an async one is cancelled). INTERRUPT-2: only a repeated
+    interrupt of the *same* call escalates: one of ``calls`` that an earlier interrupt
+    did not stop is cancelled again, and its worker exits if the call has not stopped
+    1 s later (reported dead; ``procs.respawn()`` restarts it). Calls of other cells
+    are never touched, except with ``all_earlier`` (a stop pressed while the kernel is
+    idle: the cell that was stopped has ended, its call runs on). Returns how many
+    calls were escalated."""
     now = time.monotonic()
+    mine = {id(c) for c in calls}
     with _interrupted_lock:
         for key, (c, _t) in list(_interrupted.items()):
             if c.done():
                 del _interrupted[key]
-        again = [c for c, t in _interrupted.values() if now - t >= SAME_INTERRUPT_S]
+        again = [
+            c
+            for c, t in _interrupted.values()
+            if now - t >= SAME_INTERRUPT_S and (all_earlier or id(c) in mine)
+        ]
         for c in again:
             del _interrupted[id(c)]
         escalated = {id(c) for c in again}
@@ -68,14 +76,43 @@ def cancel_calls(calls: Sequence[Any]) -> int:
 
 
 def interrupt(futures: Sequence[Future[Any]]) -> None:
-    """An interrupt of ``futures``' remote calls, as one (see :func:`cancel_calls`)."""
+    """An interrupt of ``futures``' remote calls, as one (see :func:`cancel_calls`);
+    says which of them it did not stop."""
     cancel_calls([c for f in futures for c in f._calls])
+    say_still_running([c for f in futures for c in f._calls], [lb for f in futures for lb in f._labels])
+
+
+#: How long an interrupt gives the remote calls to stop before it says which did not.
+STOP_GRACE_S = 0.3
+
+
+def say_still_running(calls: Sequence[Any], labels: Sequence[str]) -> None:
+    """After an interrupt: says (on stderr: the cell's output) which calls still run
+    ``STOP_GRACE_S`` later, and what stops them. Never silent: escalation
+    (INTERRUPT-2) comes only after this."""
+    pending = [c for c in calls if not c.done()]
+    if not pending:
+        return
+    try:
+        _native.wait_all(pending, STOP_GRACE_S)
+    except TimeoutError:
+        pass
+    still = [label for c, label in zip(calls, labels) if not c.done()]
+    if still:
+        print(
+            f"monarch: the interrupt did not stop {', '.join(still)}: its code does not see "
+            "interrupts (a blocking native call?). Press stop again to end that worker (its "
+            "actors' state is lost; procs.respawn() starts it again), or let the call finish; "
+            "%mesh stacks shows what it runs.",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def escalate_interrupted() -> int:
     """A second interrupt with no call to interrupt (the kernel is idle): escalates
     what earlier interrupts did not stop (see :func:`cancel_calls`)."""
-    return cancel_calls([])
+    return cancel_calls([], all_earlier=True)
 
 
 def wait_calls(calls: Sequence[Any], timeout: float | None, what: str = "calls") -> list[Any]:
@@ -97,11 +134,19 @@ class Future(Generic[R]):
     Not constructed by users; endpoints' adverbs return them.
     """
 
-    __slots__ = ("_calls", "_finish", "_value", "_error")
+    __slots__ = ("_calls", "_finish", "_value", "_error", "_labels")
 
-    def __init__(self, *, _calls: Sequence[Any], _finish: Callable[[list[Any]], R]) -> None:
+    def __init__(
+        self,
+        *,
+        _calls: Sequence[Any],
+        _finish: Callable[[list[Any]], R],
+        _labels: Sequence[str] | None = None,
+    ) -> None:
         self._calls = list(_calls)
         self._finish = _finish
+        #: What each call is, for a user ("rank 1 of mesh 'm' (counter.incr)").
+        self._labels = list(_labels) if _labels is not None else [f"call {c.call_id}" for c in self._calls]
         self._value: Any = _UNSET
         self._error: BaseException | None = None
 
@@ -133,6 +178,7 @@ class Future(Generic[R]):
                 replies = wait_calls(self._calls, timeout, f"{len(self._calls)} call(s)")
             except KeyboardInterrupt:  # the remote code gets it too, then we stop waiting
                 self._cancel_remote()
+                say_still_running(self._calls, self._labels)
                 raise
             self._settle(replies)
         if self._error is not None:

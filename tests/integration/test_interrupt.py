@@ -129,3 +129,27 @@ def test_an_interrupt_stops_an_async_endpoint_that_never_awaits(state_home):
         assert procs.status() == ["alive"]
     finally:
         procs.stop()
+
+
+def test_stops_of_two_different_calls_never_escalate_and_each_says_what_it_did_not_stop(state_home, capfd):
+    procs = this_host().spawn_procs(per_host={"procs": 2})
+    try:
+        s = procs.spawn("s", Sleeper)
+        first, second = s.slice(procs=0).block.call_one(60), s.slice(procs=1).block.call_one(60)
+        _interrupt_soon()  # "cell 1": stop
+        with pytest.raises(KeyboardInterrupt):
+            first.get(timeout=TIMEOUT)
+        _interrupt_soon()  # "cell 2": stop a different call
+        with pytest.raises(KeyboardInterrupt):
+            second.get(timeout=TIMEOUT)
+        err = capfd.readouterr().err
+        # Each stop said, in the cell, which call it could not stop and what to do.
+        assert f"did not stop rank 0 of mesh {procs.name!r} (s.block)" in err, err
+        assert f"did not stop rank 1 of mesh {procs.name!r} (s.block)" in err, err
+        assert "Press stop again" in err
+        time.sleep(1.5)  # past the escalation grace
+        assert procs.status() == ["alive", "alive"]  # two stops of two calls kill nothing
+        other = procs.spawn("o", Sleeper)
+        assert len(other.pid.call().get(timeout=TIMEOUT).values()) == 2
+    finally:
+        procs.stop()
