@@ -12,6 +12,7 @@ front ends:
   waits go (the kernel shows them in the notebook);
 - ``run_cell(...)``: a ``%%mesh`` cell on ranks of a mesh, one native call;
 - ``interrupt(futures)``, ``escalate_interrupted()``: the stop button;
+- ``describe_wait(calls)``: what a long wait waits behind (a busy or silent rank);
 - ``mesh_table()``, ``down(names)``, ``plan_down_all(force)``, ``left_running(names)``:
   ``ls`` and ``down``;
 - ``TORCH_BACKENDS``, ``prefer_huge_pages()``.
@@ -30,6 +31,7 @@ from monarch_kernel.controller._lifecycle import session_for, stop_record
 from monarch_kernel.controller._session import Session, sessions_lock
 from monarch_kernel.controller._session import sessions as _by_name
 from monarch_kernel.controller._supervision import MeshFailure
+from monarch_kernel.controller._waits import calls_of, describe_wait
 from monarch_kernel.hosts._admin import MeshInfo
 from monarch_kernel.mesh import _control
 from monarch_kernel.mesh._buffers import prefer_huge_pages
@@ -60,6 +62,8 @@ __all__ = [
     "Session",
     "all_names",
     "attach",
+    "calls_of",
+    "describe_wait",
     "down",
     "escalate_interrupted",
     "frontend",

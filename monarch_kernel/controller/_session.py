@@ -321,6 +321,15 @@ class Session:
         ref = self.state.ref
         return bool(decode_reply(call.wait(timeout), ref, rank, ref.point(rank), f"{BUILTIN}.pdb_input"))
 
+    def busy(self, rank: int, timeout: float = 1.0) -> list[tuple[int, str, str]]:
+        """What worker ``rank``'s actors run now: (call id, ``actor.method``, where).
+        Answered by the worker's routing thread, so a busy actor does not hold it up;
+        TimeoutError if the worker does not answer (stopped, or hung in native code)."""
+        self._check_rank(rank, "busy()")
+        (call,) = self._builtin([rank], "busy")
+        ref = self.state.ref
+        return list(decode_reply(call.wait(timeout), ref, rank, ref.point(rank), f"{BUILTIN}.busy"))
+
     def stacks(self, ranks: list[int], timeout: float = 10.0) -> list[str]:
         """The Python stacks of workers ``ranks`` (text; a dead or silent rank says so)."""
         calls = self._builtin(ranks, "stacks")

@@ -13,7 +13,7 @@ from IPython.display import display
 
 from monarch_kernel import Shape, _origin, controller
 from monarch_kernel.errors import ActorError, MonarchKernelError
-from monarch_kernel.kernel._progress import Bar, answer_prompts
+from monarch_kernel.kernel._progress import Bar, answer_prompts, say_what_it_waits_for
 
 #: Remote tracebacks shown in full when many ranks fail.
 SHOW_TRACEBACKS = 3
@@ -74,7 +74,7 @@ class MeshCellRun:
         run, session = self, self.session
         blocks = _Blocks(run.ranks, group)
         deadline = None if timeout is None else time.monotonic() + timeout
-        started, bar = time.monotonic(), None
+        started, bar, said = time.monotonic(), None, False
         try:
             while not run.done():
                 blocks.drain(q)
@@ -82,6 +82,9 @@ class MeshCellRun:
                     bar = Bar(len(run.ranks), f"%%mesh on {run.mesh}")
                 if bar is not None:
                     bar.update(sum(f.done() for f in run.futures))
+                if not said and time.monotonic() - started > 2.0:
+                    said = True
+                    say_what_it_waits_for(controller.calls_of(run.futures))
                 answer_prompts(drain=lambda: blocks.drain(q))
                 if deadline is not None and time.monotonic() > deadline:
                     run.cancel()

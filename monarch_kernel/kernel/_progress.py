@@ -6,6 +6,7 @@ place, and removes it when done; short waits show nothing. Plain HTML ``<progres
 from __future__ import annotations
 
 import html
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -13,10 +14,13 @@ from typing import Any
 
 from IPython.display import HTML, display
 
-from monarch_kernel import _native
+from monarch_kernel import _native, controller
 
 #: Seconds between updates.
 EVERY = 0.25
+#: Seconds into the progress bar (two into the wait) when the cell says what it waits
+#: behind: a rank busy with another call, or one that does not answer.
+SAY_WAIT_S = 1.0
 
 
 class Bar:
@@ -54,6 +58,7 @@ def slow_wait(calls: Sequence[Any], timeout: float | None, what: str) -> list[An
         return _native.wait_all(list(calls), timeout, fail_fast=True)
     deadline = None if timeout is None else time.monotonic() + timeout
     bar = Bar(len(calls), what)
+    say_at: float | None = time.monotonic() + SAY_WAIT_S
     try:
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -65,8 +70,17 @@ def slow_wait(calls: Sequence[Any], timeout: float | None, what: str) -> list[An
                     raise TimeoutError(f"{what}: not done within the timeout") from None
                 bar.update(sum(c.done() for c in calls))
                 answer_prompts()
+                if say_at is not None and time.monotonic() >= say_at:
+                    say_at = None
+                    say_what_it_waits_for(calls)
     finally:
         bar.close()
+
+
+def say_what_it_waits_for(calls: Sequence[Any]) -> None:
+    """Says in the cell (stderr) which ranks the wait is stuck behind, if any."""
+    for line in controller.describe_wait(calls):
+        print(f"monarch: {line}", file=sys.stderr, flush=True)
 
 
 def answer_prompts(drain: Any = None) -> None:

@@ -26,10 +26,15 @@ def serve_builtin(d: Dispatcher, item: _native.Incoming) -> None:
     ``pdb_input``: the payload (UTF-8) is the next line for the debugger waiting
     longest in this worker (see ``_debug``).
 
+    ``busy``: what the worker's actors run now (see ``Dispatcher.busy``).
+
     ``stacks``: the current Python stack of every thread, as text; answered here
     (not by an actor's thread), so it works while the main thread or an actor is
     busy in Python code."""
     token, method = item.token, item.method
+    if method == "busy":
+        d._reply(token, d.busy(), f"{BUILTIN}.busy")
+        return
     if method == "stacks":
         d._reply(token, thread_stacks(), f"{BUILTIN}.stacks")
         return

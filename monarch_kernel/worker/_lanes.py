@@ -57,6 +57,8 @@ class LaneThread:
         self.jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self.stopped = False
         self.running_call: int | None = None
+        #: ``actor.method`` of the running call (what a call queued behind it waits for).
+        self.running_what = ""
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         lane_threads.add(self)
 

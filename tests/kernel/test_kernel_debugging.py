@@ -141,6 +141,17 @@ def test_long_waits_show_a_progress_bar_and_short_ones_nothing(kernel, mesh):
     assert any("<progress" in h and "%%mesh on" in h for h in cell.html)
 
 
+def test_a_cell_waiting_behind_a_busy_rank_says_which_call_it_waits_for(kernel, mesh):
+    assert kernel.run("blocker = procs.spawn('blocker', Talker)").error is None
+    busy = kernel.run("pending = blocker.slice(procs=0).say.call_one('long', delay=6)")
+    assert busy.error is None, busy.traceback
+    out = kernel.run("blocker.slice(procs=0).say.call_one('next').get(timeout=4)")
+    assert out.error is not None and out.error["ename"] == "TimeoutError"
+    assert f"rank 0 of mesh {mesh!r} is busy with blocker.say" in out.stderr, out.stderr
+    assert "%mesh stacks" in out.stderr
+    assert kernel.run("pending.get(timeout=30)").error is None
+
+
 def _answer_pdb(kernel: Kernel, out: Outcome, answers: list[str]) -> list[str]:
     """Answers the input requests of a running cell with ``answers``; returns the prompts."""
     prompts = []
