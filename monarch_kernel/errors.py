@@ -31,6 +31,8 @@ names the thing (mesh, actor, rank, pid) and what to do next.
 
 from __future__ import annotations
 
+import os
+import traceback
 from typing import Any
 
 __all__ = [
@@ -55,8 +57,31 @@ __all__ = [
 ]
 
 
+#: monarch-kernel's own code: its frames are left out of tracebacks a notebook shows.
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+#: Set to 1 (``%env MONARCH_FULL_TRACEBACK=1``) to see every frame, and the chain.
+FULL_TRACEBACK_ENV = "MONARCH_FULL_TRACEBACK"
+
+
 class MonarchKernelError(Exception):
     """Base of every monarch-kernel error."""
+
+    def _render_traceback_(self) -> list[str]:
+        """How IPython shows it: the user's own frames and the message, not the
+        frames of monarch's call machinery (they say nothing the message does not);
+        ``MONARCH_FULL_TRACEBACK=1`` shows everything, chained exceptions included."""
+        if os.environ.get(FULL_TRACEBACK_ENV) == "1":
+            return "".join(traceback.format_exception(self)).rstrip("\n").splitlines()
+        frames = [
+            f
+            for f in traceback.extract_tb(self.__traceback__)
+            if not f.filename.startswith(_PACKAGE_DIR) and f"{os.sep}IPython{os.sep}" not in f.filename
+        ]
+        lines = ["Traceback (most recent call last):"] if frames else []
+        lines += "".join(traceback.format_list(frames)).rstrip("\n").splitlines()
+        lines.append(f"{type(self).__name__}: {self}")
+        lines.append(f"(monarch's own frames are not shown; %env {FULL_TRACEBACK_ENV}=1 shows them)")
+        return lines
 
 
 class ActorError(MonarchKernelError):

@@ -176,10 +176,10 @@ class Future(Generic[R]):
         if self._value is _UNSET:
             try:
                 replies = wait_calls(self._calls, timeout, f"{len(self._calls)} call(s)")
-            except KeyboardInterrupt:  # the remote code gets it too, then we stop waiting
+            except KeyboardInterrupt as e:  # the remote code gets it too, then we stop waiting
                 self._cancel_remote()
                 say_still_running(self._calls, self._labels)
-                raise
+                raise e.with_traceback(None) from None  # from the caller's frame, not the wait machinery's
             self._settle(replies)
         if self._error is not None:
             raise self._error

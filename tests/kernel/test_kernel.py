@@ -258,3 +258,21 @@ def test_output_without_a_final_newline_is_shown_and_the_flush_marker_never_is(k
     assert not any("monarch flush" in t for t in texts)
     logs = kernel.run("%mesh logs --rank 0 -n 50").stdout
     assert "no newline at the end" in logs and "monarch flush" not in logs
+
+
+def test_a_control_plane_error_shows_the_users_frame_and_the_message_not_monarchs_frames(kernel, mesh):
+    assert kernel.run(TALKER + "chatty = procs.spawn('chatty', Talker)").error is None
+    code = "import threading\nchatty.say.call(threading.Lock()).get()"  # a lock cannot be pickled
+    out = kernel.run(code)
+    assert out.error is not None and out.error["ename"] == "SerializationError", out.error
+    tb = "\n".join(out.error["traceback"])
+    assert "monarch_kernel/" not in tb, tb  # none of the library's frames
+    assert "chatty.say.call(threading.Lock()).get()" in tb  # the user's own line
+    assert "MONARCH_FULL_TRACEBACK=1" in tb
+    assert len(out.error["traceback"]) <= 12, tb
+    full = kernel.run("%env MONARCH_FULL_TRACEBACK=1\n" + code)
+    try:
+        assert "monarch_kernel/mesh/" in "\n".join(full.error["traceback"])  # one flag away
+    finally:
+        kernel.run("%env MONARCH_FULL_TRACEBACK=0")
+
