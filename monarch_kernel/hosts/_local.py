@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -38,14 +39,45 @@ class AgentProcess:
             self.popen.wait(5)
 
 
+#: Logs of a mesh that no longer runs are removed this long after they last changed.
+KEEP_LOGS_S = 7 * 24 * 3600.0
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` (and its parents under the state folder) as folders only their owner
+    can read: logs hold what the workers printed."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(path, 0o700)
+    return path
+
+
+def fresh_log_dir(name: str) -> Path:
+    """The log folder of a new mesh ``name`` (mode 0700; the logs of an earlier mesh
+    of that name are removed first), after removing the logs of meshes that stopped
+    more than ``KEEP_LOGS_S`` ago. A mesh that runs keeps its logs: its state file
+    names it."""
+    logs = private_dir(state_dir() / "logs")
+    private_dir(state_dir())
+    meshes = state_dir() / "meshes"
+    now = time.time()
+    for d in logs.iterdir():
+        running = (meshes / f"{d.name}.json").exists()
+        try:
+            stale = now - max(p.stat().st_mtime for p in [d, *d.iterdir()]) > KEEP_LOGS_S
+        except (OSError, ValueError):
+            continue
+        if d.is_dir() and not running and (d.name == name or stale):
+            shutil.rmtree(d, ignore_errors=True)
+    return private_dir(logs / name)
+
+
 def start_local_agent(
     name: str, token: str, idle_timeout: float, meta: str = "", state_file: str = "", timeout: float = 30.0
 ) -> AgentProcess:
     """Starts a host agent for mesh ``name`` and waits until it listens. ``meta`` is
     handed to every controller that attaches; ``state_file`` is removed when the agent
     stops, if it still names this mesh."""
-    log_dir = state_dir() / "logs" / name
-    log_dir.mkdir(parents=True, exist_ok=True)
+    log_dir = fresh_log_dir(name)
     cfg = {
         "name": name,
         "token": token,
@@ -54,7 +86,8 @@ def start_local_agent(
         "meta": meta,
         "state_file": state_file,
     }
-    with open(log_dir / "agent.log", "ab") as log_file:  # the child keeps its own copy
+    fd = os.open(log_dir / "agent.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(fd, "ab") as log_file:  # the child keeps its own copy
         popen = subprocess.Popen(
             [sys.executable, "-m", "monarch_kernel.hosts._agent_main"],
             stdin=subprocess.PIPE,

@@ -275,4 +275,3 @@ def test_a_control_plane_error_shows_the_users_frame_and_the_message_not_monarch
         assert "monarch_kernel/mesh/" in "\n".join(full.error["traceback"])  # one flag away
     finally:
         kernel.run("%env MONARCH_FULL_TRACEBACK=0")
-

@@ -12,6 +12,7 @@ use crate::proto::v1::{
 use std::collections::VecDeque;
 use std::io::Write;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -277,9 +278,11 @@ impl Workers {
     ) {
         let records = self.records.clone();
         tokio::spawn(async move {
+            // Readable by its owner only: it holds what the worker printed.
             let mut file = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
+                .mode(0o600)
                 .open(&path)
                 .ok();
             let mut reader = BufReader::new(pipe);

@@ -441,6 +441,11 @@ fn xfer_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("bytes_sent", s.bytes_sent.load(Ordering::Relaxed))?;
     d.set_item("bytes_local", s.bytes_local.load(Ordering::Relaxed))?;
     d.set_item("bytes_tcp", s.bytes_tcp.load(Ordering::Relaxed))?;
+    d.set_item(
+        "refused_connections",
+        s.refused_connections.load(Ordering::Relaxed),
+    )?;
+    d.set_item("open_connections", crate::transfer::open_connections())?;
     Ok(d)
 }
 

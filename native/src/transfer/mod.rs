@@ -44,6 +44,7 @@ pub use prefetch::{
     discard_message, prefetch, prefetched_count, take_message, take_prefetched, HEADER,
 };
 pub use registry::{Stats, Waited, HANDLE};
+pub use server::{open_connections, HANDSHAKE_WINDOW, MAX_CONNECTIONS};
 
 use frame::MAC_LEN;
 use std::collections::HashMap;

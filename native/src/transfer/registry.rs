@@ -50,6 +50,8 @@ pub struct Stats {
     pub bytes_local: AtomicU64,
     /// Reads done over TCP by this process (bytes).
     pub bytes_tcp: AtomicU64,
+    /// Connections closed at once because [`super::server::MAX_CONNECTIONS`] were open.
+    pub refused_connections: AtomicU64,
 }
 
 impl Engine {

@@ -1,4 +1,7 @@
 //! The engine's TCP side: one thread accepts, one thread per connection serves it.
+//! At most [`MAX_CONNECTIONS`] are served at once (more are closed at once, and
+//! counted), and a peer has [`HANDSHAKE_WINDOW`] to prove the token: idle or
+//! unauthenticated connections cannot pile up threads.
 //! A connection starts with the handshake (XFER-3), then carries `Read`, `Write`
 //! and `Release` requests against the registrations ([`Engine::lookup`],
 //! [`Engine::release`]); every frame is checked before anything is read or
@@ -8,19 +11,50 @@ use super::frame::{self, Request, Status, MAC_LEN};
 use super::{auth, Engine, XferError};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+
+/// Connections served at once; a busy mesh needs a few per peer (parallel streams).
+pub const MAX_CONNECTIONS: usize = 256;
+/// How long a new connection may take to complete the handshake.
+pub const HANDSHAKE_WINDOW: Duration = Duration::from_secs(5);
+
+/// Connections being served now.
+static OPEN: AtomicUsize = AtomicUsize::new(0);
+
+/// Ends one served connection's count when its thread ends, however it ends.
+struct Served;
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        OPEN.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 /// Accepts connections for `e` for as long as the process lives.
 pub(super) fn serve(e: &'static Engine, listener: TcpListener) {
     for conn in listener.incoming() {
         let Ok(conn) = conn else { continue };
-        let _ = std::thread::Builder::new()
+        if OPEN.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
+            OPEN.fetch_sub(1, Ordering::AcqRel);
+            e.stats.refused_connections.fetch_add(1, Ordering::Relaxed);
+            drop(conn); // closed at once: the peer sees a reset, not a hang
+            continue;
+        }
+        let served = Served;
+        let spawned = std::thread::Builder::new()
             .name("monarch-xfer-conn".into())
             .spawn(move || {
+                let _served = served;
                 let _ = handle(e, conn);
             });
+        drop(spawned);
     }
+}
+
+/// Connections the engine serves now (for its stats).
+pub fn open_connections() -> usize {
+    OPEN.load(Ordering::Acquire)
 }
 
 fn read_frame(s: &mut TcpStream) -> std::io::Result<Result<Request, frame::FrameError>> {
@@ -87,7 +121,7 @@ fn handshake(
 
 fn handle(e: &Engine, mut s: TcpStream) -> std::io::Result<()> {
     s.set_nodelay(true)?;
-    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    s.set_read_timeout(Some(HANDSHAKE_WINDOW))?;
     let Some(tid) = handshake(e, &mut s, auth::nonce())? else {
         return Ok(());
     };
