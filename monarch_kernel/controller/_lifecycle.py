@@ -5,6 +5,7 @@ stop and persistent ones are let go."""
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import json
 import os
 import sys
@@ -23,6 +24,9 @@ from monarch_kernel.mesh._proc_ref import ProcRef
 
 #: Default idle timeout of a named mesh: how long it waits for a controller.
 DEFAULT_IDLE_TIMEOUT = 24 * 3600.0
+#: How long attach and get-or-create wait for a corrupt state file to be put back by
+#: its running agent (REGISTRY-2) before taking the mesh for gone.
+RESTORE_WAIT_S = 2.0
 
 
 def session_for(ref: ProcRef) -> Session | None:
@@ -81,12 +85,25 @@ def create(
     token = _new_token()
     spec = {"per_host": sizes, "env": dict(env or {})}
     meta = json.dumps({"spec": spec, "ephemeral": ephemeral, "idle_timeout": idle_timeout})
+    # The agent writes the state file itself as soon as it listens (REGISTRY-2), so no
+    # path (an error or an interrupt right after it starts) leaves an agent unlisted.
+    first = MeshRecord(
+        name=mesh_name,
+        token=token,
+        agent_addr="",
+        agent_pid=0,
+        host=os.uname().nodename,
+        spec=spec,
+        idle_timeout=idle_timeout,
+        ephemeral=ephemeral,
+    )
     agent = start_local_agent(
         mesh_name,
         token,
         idle_timeout=idle_timeout,
         meta=meta,
         state_file=str(_registry.path_of(mesh_name)),
+        record=dataclasses.asdict(first),
     )
     client = AgentClient(agent.addr, token)
     try:
@@ -155,7 +172,7 @@ def get_or_create(
     _registry.check_name(name)
     spec = {"per_host": sizes, "env": dict(env or {})}
     with _registry.locked(name):
-        rec = _registry.read(name)
+        rec = _registry.read(name, wait_restore=RESTORE_WAIT_S)
         if rec is not None:
             mine = sessions.get(name)
             if rec.spec == spec:
@@ -200,7 +217,7 @@ def attach_session(name: str) -> Session:
     """Attaches to the running mesh ``name`` (see ``attach_record``)."""
     _registry.check_name(name)
     with _registry.locked(name):
-        rec = _registry.read(name)
+        rec = _registry.read(name, wait_restore=RESTORE_WAIT_S)
         if rec is None:
             running = ", ".join(repr(n) for n in _registry.names()) or "none"
             raise MeshNotFoundError(

@@ -20,6 +20,14 @@ def main() -> None:
     agent = _native.start_agent(
         cfg["name"], cfg["token"], cfg["log_dir"], float(cfg["idle_timeout"]), meta=cfg.get("meta", "")
     )
+    state_file = cfg.get("state_file", "")
+    if state_file and cfg.get("record"):  # REGISTRY-2: listed from the first moment
+        _write(
+            state_file,
+            json.dumps(
+                {**cfg["record"], "agent_addr": agent.addr, "agent_pid": os.getpid()}, indent=1
+            ).encode(),
+        )
     sys.stdout.write(f"MONARCH_AGENT_READY {agent.addr}\n")
     sys.stdout.flush()
     # Nobody reads our stdout from now on: send it to the log like stderr.
@@ -50,6 +58,13 @@ def _keep_state_file(
     if not state_file:
         return
     saved: bytes | None = None
+    try:  # what this agent wrote at start, if it did
+        with open(state_file, "rb") as f:
+            first = f.read()
+        if json.loads(first).get("token") == token:
+            saved = first
+    except (OSError, ValueError, AttributeError):
+        pass
     while not stop.wait(every if saved is not None else 0.1):  # often until the first copy
         try:
             with open(state_file, "rb") as f:
@@ -69,15 +84,20 @@ def _keep_state_file(
                 continue  # ours (kept), or another mesh's: left alone
         if saved is None or stopping():
             continue  # the controller has not written it yet, or removes it as the mesh stops
-        tmp = f"{state_file}.{os.getpid()}.restore"
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(saved)
-            os.replace(tmp, state_file)
+            _write(state_file, saved)
             print(f"monarch agent: restored the state file {state_file}", file=sys.stderr, flush=True)
         except OSError:
             pass
+
+
+def _write(state_file: str, data: bytes) -> None:
+    """Writes the state file atomically, readable by its owner only."""
+    tmp = f"{state_file}.{os.getpid()}.restore"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, state_file)
 
 
 def _forget(state_file: str, token: str) -> None:

@@ -11,6 +11,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from monarch_kernel.errors import SupervisionError
 
@@ -72,11 +73,18 @@ def fresh_log_dir(name: str) -> Path:
 
 
 def start_local_agent(
-    name: str, token: str, idle_timeout: float, meta: str = "", state_file: str = "", timeout: float = 30.0
+    name: str,
+    token: str,
+    idle_timeout: float,
+    meta: str = "",
+    state_file: str = "",
+    timeout: float = 30.0,
+    record: dict[str, Any] | None = None,
 ) -> AgentProcess:
     """Starts a host agent for mesh ``name`` and waits until it listens. ``meta`` is
-    handed to every controller that attaches; ``state_file`` is removed when the agent
-    stops, if it still names this mesh."""
+    handed to every controller that attaches; ``state_file`` is written by the agent
+    from ``record`` (with its own address and pid) before it says it listens, kept
+    while it runs, and removed when it stops, if it still names this mesh."""
     log_dir = fresh_log_dir(name)
     cfg = {
         "name": name,
@@ -85,6 +93,7 @@ def start_local_agent(
         "idle_timeout": idle_timeout,
         "meta": meta,
         "state_file": state_file,
+        "record": record,
     }
     fd = os.open(log_dir / "agent.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     with os.fdopen(fd, "ab") as log_file:  # the child keeps its own copy

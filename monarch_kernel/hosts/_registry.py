@@ -114,8 +114,27 @@ def remove_if_ours(name: str, token: str) -> None:
         discard(name)
 
 
-def read(name: str) -> MeshRecord | None:
-    """The record of ``name``, or None; a corrupt file is reported and removed."""
+def read(name: str, wait_restore: float = 0.0) -> MeshRecord | None:
+    """The record of ``name``, or None; a corrupt file is reported and removed. With
+    ``wait_restore``, a corrupt file's agent, if it runs, gets that long to put the
+    file back (REGISTRY-2: it does within a second), so a mesh being restored is not
+    taken for one that is gone."""
+    rec = _read(name)
+    if rec is _CORRUPT and wait_restore > 0:
+        deadline = time.monotonic() + wait_restore
+        while rec is _CORRUPT or (rec is None and time.monotonic() < deadline):
+            time.sleep(0.05)
+            rec = _read(name)
+            if time.monotonic() >= deadline:
+                break
+    return rec if isinstance(rec, MeshRecord) else None
+
+
+#: What ``_read`` says of a file it found corrupt (and removed).
+_CORRUPT: Any = object()
+
+
+def _read(name: str) -> Any:
     path = path_of(name)
     try:
         text = path.read_text()
@@ -128,7 +147,7 @@ def read(name: str) -> MeshRecord | None:
         return MeshRecord.from_json(json.loads(text))
     except (ValueError, TypeError) as e:
         discard(name, f"state file {path} is corrupt ({e})")
-        return None
+        return _CORRUPT
 
 
 def names() -> list[str]:

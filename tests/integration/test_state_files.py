@@ -1,0 +1,69 @@
+"""No running agent is ever unlisted (real agents): the agent writes its mesh's state
+file as soon as it listens, puts it back from the first moment, and a mesh whose file
+is being put back is not taken for gone."""
+
+from __future__ import annotations
+
+import uuid
+import warnings
+
+import pytest
+from proc_helpers import wait_for
+
+from monarch_kernel import attach, list_meshes, this_host
+from monarch_kernel.control import AgentClient
+from monarch_kernel.controller import stop_record
+from monarch_kernel.hosts import AgentProcess, _registry
+
+
+def _name() -> str:
+    return f"sf-{uuid.uuid4().hex[:6]}"
+
+
+def test_an_interrupt_right_after_the_agent_starts_leaves_nothing_unlisted(state_home, monkeypatch):
+    name = _name()
+
+    def interrupted(*_a, **_k):  # Ctrl-C during the first spawn...
+        raise KeyboardInterrupt
+
+    def cleanup_interrupted(*_a, **_k):  # ...and again during the clean-up
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(AgentClient, "spawn_workers_raw", interrupted)
+    monkeypatch.setattr(AgentClient, "shutdown", cleanup_interrupted)
+    monkeypatch.setattr(AgentProcess, "wait", cleanup_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        this_host().spawn_procs(per_host={"procs": 1}, name=name)
+    monkeypatch.undo()
+    # The agent the interrupted clean-up left runs on, but it is listed, and down ends it.
+    rec = _registry.read(name)
+    assert rec is not None and rec.agent_pid
+    assert name in [m.name for m in list_meshes()]
+    assert stop_record(rec)
+    assert _registry.read(name) is None
+
+
+def test_a_state_file_deleted_right_after_creation_is_put_back(state_home):
+    name = _name()
+    procs = this_host().spawn_procs(per_host={"procs": 1}, name=name)
+    try:
+        _registry.path_of(name).unlink()
+        assert wait_for(lambda: _registry.read(name) is not None)
+    finally:
+        procs.stop()
+
+
+def test_attach_while_a_corrupt_state_file_is_being_put_back_finds_the_mesh(state_home):
+    name = _name()
+    procs = this_host().spawn_procs(per_host={"procs": 1}, name=name)
+    try:
+        procs._session("test").detach()
+        _registry.path_of(name).write_text("{not json")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (the corrupt file is reported)
+            again = attach(name)
+        assert again.status() == ["alive"]
+    finally:
+        rec = _registry.read(name)
+        if rec is not None:
+            stop_record(rec)
