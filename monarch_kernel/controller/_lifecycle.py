@@ -7,6 +7,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import json
+import math
 import os
 import sys
 import uuid
@@ -18,6 +19,7 @@ from monarch_kernel.controller._session import Session, sessions, sessions_lock
 from monarch_kernel.errors import MeshNotFoundError, MeshOwnershipError, MeshSpecError
 from monarch_kernel.hosts import _registry, start_local_agent
 from monarch_kernel.hosts._admin import connect, stop_unowned
+from monarch_kernel.hosts._local import check_room
 from monarch_kernel.hosts._placement import placement_env
 from monarch_kernel.hosts._registry import MeshRecord
 from monarch_kernel.mesh._proc_ref import ProcRef
@@ -82,6 +84,8 @@ def create(
     """Starts a new mesh: a host agent, its workers, and (if named) a state file."""
     mesh_name = name or f"anon-{uuid.uuid4().hex[:8]}"
     gpu_env = placement_env(sizes)  # PLACE-1: checked before anything starts
+    nprocs = math.prod(sizes.values())
+    check_room(nprocs)  # and whether the host can hold them
     token = _new_token()
     spec = {"per_host": sizes, "env": dict(env or {})}
     meta = json.dumps({"spec": spec, "ephemeral": ephemeral, "idle_timeout": idle_timeout})
@@ -108,9 +112,6 @@ def create(
     client = AgentClient(agent.addr, token)
     try:
         epoch = client.attach().epoch
-        nprocs = 1
-        for v in sizes.values():
-            nprocs *= v
         worker_env = {
             "MONARCH_SHAPE": json.dumps([list(sizes), list(sizes.values())]),
             **_worker_env(env),

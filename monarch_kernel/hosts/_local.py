@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from monarch_kernel.errors import SupervisionError
+from monarch_kernel.errors import MeshSpecError, SupervisionError
 
 READY = "MONARCH_AGENT_READY"
 
@@ -70,6 +71,59 @@ def fresh_log_dir(name: str) -> Path:
         if d.is_dir() and not running and (d.name == name or stale):
             shutil.rmtree(d, ignore_errors=True)
     return private_dir(logs / name)
+
+
+#: What one worker is reckoned to need when the host's room is checked: memory (an
+#: idle worker, before user code imports torch, uses about 60 MiB) and threads.
+WORKER_MEMORY = 128 << 20
+WORKER_THREADS = 16
+#: Allows more procs than the host's room seems to allow (the check is a guard against
+#: a typo, not a scheduler).
+MAX_PROCS_ENV = "MONARCH_MAX_PROCS"
+
+
+def host_room() -> tuple[int, str]:
+    """How many workers this host can hold (at most), and what limits it, in words."""
+    import psutil
+
+    by_memory = int(psutil.virtual_memory().available // WORKER_MEMORY)
+    limits = [(by_memory, f"{psutil.virtual_memory().available >> 20} MiB of memory available")]
+    try:
+        with open("/proc/sys/kernel/threads-max") as f:
+            threads_max = int(f.read())
+        with open("/proc/loadavg") as f:
+            in_use = int(f.read().split()[3].split("/")[1])
+        limits.append(
+            ((threads_max - in_use) // WORKER_THREADS, f"{threads_max - in_use} more threads allowed")
+        )
+    except (OSError, ValueError, IndexError):
+        pass
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NPROC)
+    if soft != resource.RLIM_INFINITY:
+        limits.append((soft // WORKER_THREADS, f"ulimit -u {soft}"))
+    room, why = min(limits)
+    return max(room, 1), why
+
+
+def check_room(nprocs: int) -> None:
+    """Refuses a mesh of ``nprocs`` workers that this host cannot hold, naming the
+    limit and the override (``MONARCH_MAX_PROCS``)."""
+    override = os.environ.get(MAX_PROCS_ENV)
+    if override:
+        try:
+            allowed = int(override)
+        except ValueError:
+            raise MeshSpecError(f"{MAX_PROCS_ENV}={override!r} is not a number of procs") from None
+        if nprocs > allowed:
+            raise MeshSpecError(f"{nprocs} procs is more than {MAX_PROCS_ENV}={allowed} allows")
+        return
+    room, why = host_room()
+    if nprocs > room:
+        raise MeshSpecError(
+            f"{nprocs} procs is more than this host can hold: about {room} ({why}, reckoning "
+            f"{WORKER_MEMORY >> 20} MiB and {WORKER_THREADS} threads per worker). Ask for fewer, or set "
+            f"{MAX_PROCS_ENV}=N in the environment to allow up to N."
+        )
 
 
 def start_local_agent(

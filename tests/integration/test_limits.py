@@ -11,6 +11,7 @@ import time
 import uuid
 
 import numpy as np
+import pytest
 
 from monarch_kernel import Actor, _native, endpoint, this_host
 from monarch_kernel.hosts import state_dir
@@ -79,3 +80,20 @@ def test_idle_unauthenticated_connections_are_capped_and_do_not_pile_up_threads(
     while _native.xfer_stats()["open_connections"] and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _native.xfer_stats()["open_connections"] == 0
+
+
+def test_a_mesh_larger_than_the_host_can_hold_is_refused_before_anything_starts(state_home, monkeypatch):
+    from monarch_kernel import list_meshes
+    from monarch_kernel.errors import MeshSpecError
+
+    name = f"huge-{uuid.uuid4().hex[:6]}"
+    monkeypatch.delenv("MONARCH_MAX_PROCS", raising=False)
+    with pytest.raises(MeshSpecError) as info:
+        this_host().spawn_procs(per_host={"procs": 1_000_000}, name=name)
+    assert "more than this host can hold" in str(info.value)
+    assert "MONARCH_MAX_PROCS" in str(info.value)  # the override, named
+    assert name not in [m.name for m in list_meshes()]
+    assert not (state_dir() / "logs" / name).exists()  # no agent was started
+    monkeypatch.setenv("MONARCH_MAX_PROCS", "2")
+    with pytest.raises(MeshSpecError, match="MONARCH_MAX_PROCS=2"):
+        this_host().spawn_procs(per_host={"procs": 3})
