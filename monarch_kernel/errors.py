@@ -13,6 +13,7 @@
     ├── MeshAuthError              a peer rejected the mesh token
     ├── MeshSpecError              bad arguments to spawn_procs / spawn (also ValueError)
     ├── MeshNotFoundError          no running mesh of that name (also LookupError)
+    ├── MeshStateError             a mesh's state file cannot be written (also OSError)
     ├── UnknownEndpointError       no such endpoint on the actor (also AttributeError)
     ├── DimensionError             slicing names a dimension the mesh lacks (also TypeError)
     ├── MeshIndexError             slicing with an index out of range (also IndexError)
@@ -46,6 +47,7 @@ __all__ = [
     "MeshNotFoundError",
     "MeshOwnershipError",
     "MeshSpecError",
+    "MeshStateError",
     "MeshStoppedError",
     "MessageTooLargeError",
     "MonarchKernelError",
@@ -159,6 +161,11 @@ class AgentUnresponsiveError(SupervisionError):
 
 class MeshNotFoundError(MonarchKernelError, LookupError):
     """No running mesh has that name."""
+
+
+class MeshStateError(MonarchKernelError, OSError):
+    """A mesh's state file cannot be written (a read-only or full disk): the message
+    names the folder (``$XDG_STATE_HOME/monarch-kernel/meshes``)."""
 
 
 class MessageTooLargeError(MonarchKernelError, ValueError):

@@ -11,12 +11,13 @@ import math
 import os
 import sys
 import uuid
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 from monarch_kernel.control import AgentClient
 from monarch_kernel.controller._session import Session, sessions, sessions_lock
-from monarch_kernel.errors import MeshNotFoundError, MeshOwnershipError, MeshSpecError
+from monarch_kernel.errors import MeshNotFoundError, MeshOwnershipError, MeshSpecError, MeshStateError
 from monarch_kernel.hosts import _registry, start_local_agent
 from monarch_kernel.hosts._admin import connect, stop_unowned
 from monarch_kernel.hosts._local import check_room
@@ -59,6 +60,14 @@ def attach_record(rec: MeshRecord) -> Session:
                 "gone, and its state file was removed. Start it again with "
                 f"this_host().spawn_procs(..., name={rec.name!r})."
             )
+        # Transactional: the state file must be writable before the previous controller is
+        # fenced, or nobody would be left in control (the write after can still fail on a
+        # disk that fills meanwhile: then the attach stands, and the file keeps the old epoch).
+        try:
+            _registry.write(rec)
+        except MeshStateError:
+            client.close()
+            raise
         reply = client.attach()
         # The new lease opens before the old one (if this process had one) closes: an
         # ephemeral mesh must never see no controller in between.
@@ -69,7 +78,12 @@ def attach_record(rec: MeshRecord) -> Session:
             session.agent = old.agent
             old.detach()
         rec.epoch = session.epoch
-        _registry.write(rec)
+        try:
+            _registry.write(rec)
+        except MeshStateError as e:
+            warnings.warn(
+                f"{e} (this controller owns the mesh all the same)", _registry.MeshStateWarning, stacklevel=3
+            )
         sessions[rec.name] = session
         return session
 

@@ -22,12 +22,13 @@ def main() -> None:
     )
     state_file = cfg.get("state_file", "")
     if state_file and cfg.get("record"):  # REGISTRY-2: listed from the first moment
-        _write(
-            state_file,
-            json.dumps(
-                {**cfg["record"], "agent_addr": agent.addr, "agent_pid": os.getpid()}, indent=1
-            ).encode(),
-        )
+        record = {**cfg["record"], "agent_addr": agent.addr, "agent_pid": os.getpid()}
+        try:
+            _write(state_file, json.dumps(record, indent=1).encode())
+        except OSError as e:  # the controller's own write tells the user
+            print(
+                f"monarch agent: cannot write the state file {state_file}: {e}", file=sys.stderr, flush=True
+            )
     sys.stdout.write(f"MONARCH_AGENT_READY {agent.addr}\n")
     sys.stdout.flush()
     # Nobody reads our stdout from now on: send it to the log like stderr.

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from monarch_kernel.errors import MeshSpecError
+from monarch_kernel.errors import MeshSpecError, MeshStateError
 from monarch_kernel.hosts import state_dir
 
 VERSION = 1
@@ -84,13 +84,22 @@ def path_of(name: str) -> Path:
 
 
 def write(rec: MeshRecord) -> None:
-    """Writes ``rec`` atomically, readable by its owner only."""
+    """Writes ``rec`` atomically, readable by its owner only; a folder that cannot be
+    written (read-only, full) is a MeshStateError naming it."""
     final = path_of(rec.name)
     tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(asdict(rec), f, indent=1)
-    os.replace(tmp, final)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(asdict(rec), f, indent=1)
+        os.replace(tmp, final)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise MeshStateError(
+            f"mesh {rec.name!r}: cannot write its state file in {final.parent} ({e.strerror or e}); "
+            f"make the folder writable (or free space there), or set XDG_STATE_HOME to another folder"
+        ) from e
 
 
 def discard(name: str, reason: str | None = None) -> None:

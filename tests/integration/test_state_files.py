@@ -67,3 +67,62 @@ def test_attach_while_a_corrupt_state_file_is_being_put_back_finds_the_mesh(stat
         rec = _registry.read(name)
         if rec is not None:
             stop_record(rec)
+
+
+def test_attach_with_a_state_folder_that_cannot_be_written_fences_nobody(state_home, monkeypatch):
+    from monarch_kernel import errors
+
+    name = _name()
+    procs = this_host().spawn_procs(per_host={"procs": 1}, name=name)
+    session = procs._session("test")
+    epoch = session.client.ping()["epoch"]
+    session.detach()
+    real_write = _registry.write
+
+    def read_only(rec):  # (tests run as root, whom file modes do not stop)
+        raise _registry.MeshStateError(
+            f"mesh {rec.name!r}: cannot write its state file in {_registry.meshes_dir()}"
+        )
+
+    monkeypatch.setattr(_registry, "write", read_only)
+    try:
+        with pytest.raises(errors.MeshStateError) as info:
+            attach(name)
+        assert str(_registry.meshes_dir()) in str(info.value)
+        assert isinstance(info.value, OSError) and isinstance(info.value, errors.MonarchKernelError)
+        rec = _registry.read(name)
+        assert rec is not None
+        client = AgentClient(rec.agent_addr, rec.token)
+        try:
+            assert client.ping()["epoch"] == epoch  # nobody was fenced
+        finally:
+            client.close()
+    finally:
+        monkeypatch.setattr(_registry, "write", real_write)
+        rec = _registry.read(name)
+        if rec is not None:
+            stop_record(rec)
+
+
+def test_a_write_that_fails_says_which_folder_and_what_to_do(state_home, monkeypatch):
+    from monarch_kernel import errors
+    from monarch_kernel.hosts._registry import MeshRecord
+
+    rec = MeshRecord(
+        name="x",
+        token="t",
+        agent_addr="a",
+        agent_pid=1,
+        host="h",
+        spec={"per_host": {}},
+        idle_timeout=0.0,
+        ephemeral=True,
+    )
+
+    def no_space(*_a, **_k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(_registry.os, "open", no_space)
+    with pytest.raises(errors.MeshStateError, match="No space left on device") as info:
+        _registry.write(rec)
+    assert str(_registry.meshes_dir()) in str(info.value) and "XDG_STATE_HOME" in str(info.value)
