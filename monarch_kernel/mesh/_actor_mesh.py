@@ -87,11 +87,6 @@ def decode_all(
     return [decode_reply(r, proc, base, p, what, **kw) for r, base, p in zip(replies, ranks, points)]
 
 
-def _label(proc: ProcRef, rank: int, what: str) -> str:
-    """A call as a user knows it: ``rank 1 of mesh 'm' (counter.incr)``."""
-    return f"rank {rank} of mesh {proc.name!r} ({what})"
-
-
 def _finish_one(proc: ProcRef, base_rank: int, point: Point, what: str) -> Callable[[list[Any]], Any]:
     """Turns the one reply of a single-rank Future into its value."""
     return lambda replies: decode_reply(replies[0], proc, base_rank, point, what)
@@ -174,14 +169,14 @@ class Endpoint(Generic[R]):
         def finish(replies: list[Any]) -> ValueMesh[R]:
             return ValueMesh(local_shape, decode_all(replies, proc, shape.ranks, local_shape.points(), what))
 
-        return Future(_calls=calls, _finish=finish, _labels=[_label(proc, r, what) for r in shape.ranks])
+        return Future(_calls=calls, _finish=finish, _where=(proc.name, what, shape.ranks))
 
     def _one(self, i: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[R]:
         shape = self._mesh._shape
         (c,) = self._send(args, kwargs, [i], False)
         proc = self._mesh._proc
         finish = _finish_one(proc, shape.ranks[i], Point(i, shape.extent), self._what)
-        return Future(_calls=[c], _finish=finish, _labels=[_label(proc, shape.ranks[i], self._what)])
+        return Future(_calls=[c], _finish=finish, _where=(proc.name, self._what, (shape.ranks[i],)))
 
     def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
         """Calls the one actor of a single-actor mesh (slice first if needed)."""
@@ -217,7 +212,7 @@ class Endpoint(Generic[R]):
             Future(
                 _calls=[c],
                 _finish=_finish_one(proc, shape.ranks[i], Point(i, shape.extent), what),
-                _labels=[_label(proc, shape.ranks[i], what)],
+                _where=(proc.name, what, (shape.ranks[i],)),
             )
             for i, c in zip(local, calls)
         ]

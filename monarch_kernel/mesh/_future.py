@@ -134,21 +134,30 @@ class Future(Generic[R]):
     Not constructed by users; endpoints' adverbs return them.
     """
 
-    __slots__ = ("_calls", "_finish", "_value", "_error", "_labels")
+    __slots__ = ("_calls", "_finish", "_value", "_error", "_where")
 
     def __init__(
         self,
         *,
         _calls: Sequence[Any],
         _finish: Callable[[list[Any]], R],
-        _labels: Sequence[str] | None = None,
+        _where: tuple[str, str, Sequence[int]] | None = None,
     ) -> None:
         self._calls = list(_calls)
         self._finish = _finish
-        #: What each call is, for a user ("rank 1 of mesh 'm' (counter.incr)").
-        self._labels = list(_labels) if _labels is not None else [f"call {c.call_id}" for c in self._calls]
+        #: (mesh, endpoint, rank of each call): what the calls are, for a user.
+        self._where = _where
         self._value: Any = _UNSET
         self._error: BaseException | None = None
+
+    @property
+    def _labels(self) -> list[str]:
+        """Each call as a user knows it: ``rank 1 of mesh 'm' (counter.incr)``. Made
+        only when needed (an interrupt that did not stop a call), not per call."""
+        if self._where is None:
+            return [f"call {c.call_id}" for c in self._calls]
+        mesh, what, ranks = self._where
+        return [f"rank {r} of mesh {mesh!r} ({what})" for r in ranks]
 
     @classmethod
     def _resolved(cls, value: R) -> Future[R]:
