@@ -10,7 +10,7 @@ import time
 import pytest
 from proc_helpers import wait_for
 
-from monarch_kernel import Actor, SupervisionError, endpoint, this_host
+from monarch_kernel import Actor, SupervisionError, endpoint
 
 
 class Napper(Actor):
@@ -24,13 +24,6 @@ class Napper(Actor):
     @endpoint
     def ping(self) -> int:
         return int(os.environ["MONARCH_RANK"])
-
-
-@pytest.fixture
-def procs2(state_home):
-    procs = this_host().spawn_procs(per_host={"procs": 2})
-    yield procs
-    procs.stop()
 
 
 def test_a_mesh_wide_call_fails_at_the_first_dead_rank_while_the_others_still_run(procs2):

@@ -9,25 +9,17 @@ import os
 import signal
 import subprocess
 import sys
-import uuid
 
 import pytest
 from proc_helpers import wait_for
 
-from monarch_kernel import attach, errors, list_meshes, this_host
+from monarch_kernel import attach, errors, list_meshes
 from monarch_kernel.hosts import _registry
 
 
 @pytest.fixture
-def named(state_home):
-    name = f"err-{uuid.uuid4().hex[:6]}"
-    procs = this_host().spawn_procs(per_host={"procs": 1}, name=name)
-    yield name, procs
-    rec = _registry.read(name)
-    if rec is not None:
-        from monarch_kernel.controller import stop_record
-
-        stop_record(rec)
+def named(named_mesh):
+    return named_mesh(1, "err")
 
 
 def test_a_state_file_the_running_agent_refuses_is_a_mesh_auth_error_naming_the_file(named):

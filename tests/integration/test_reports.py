@@ -8,13 +8,11 @@ import signal
 import subprocess
 import sys
 import threading
-import uuid
 
 import pytest
 from proc_helpers import WITHIN
 
-from monarch_kernel import Actor, MeshFailure, MeshStoppedError, controller, endpoint, this_host
-from monarch_kernel.hosts import _registry
+from monarch_kernel import Actor, MeshFailure, MeshStoppedError, controller, endpoint
 from monarch_kernel.kernel._router import format_failure
 
 TIMEOUT = 30
@@ -44,13 +42,8 @@ class _Collect:
 
 
 @pytest.fixture
-def named2(state_home):
-    name = f"rep-{uuid.uuid4().hex[:6]}"
-    procs = this_host().spawn_procs(per_host={"procs": 2}, name=name)
-    yield name, procs
-    rec = _registry.read(name)
-    if rec is not None:  # (fenced or not: stopped as an administrator)
-        controller.stop_record(rec)
+def named2(named_mesh):
+    return named_mesh(2, "rep")
 
 
 def test_a_mesh_stopped_by_another_controllers_down_is_reported_once_as_stopped(named2):

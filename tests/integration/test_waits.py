@@ -7,9 +7,7 @@ import os
 import signal
 import time
 
-import pytest
-
-from monarch_kernel import Actor, controller, endpoint, this_host
+from monarch_kernel import Actor, controller, endpoint
 
 TIMEOUT = 30
 
@@ -23,13 +21,6 @@ class Busy(Actor):
     @endpoint
     def pid(self) -> int:
         return os.getpid()
-
-
-@pytest.fixture
-def procs1(state_home):
-    procs = this_host().spawn_procs(per_host={"procs": 1})
-    yield procs
-    procs.stop()
 
 
 def test_a_call_queued_behind_another_says_which_and_where_its_code_is(procs1):
