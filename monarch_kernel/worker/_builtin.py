@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from monarch_kernel import _native, _origin
 from monarch_kernel._wire import BUILTIN, FLUSH_MARK
@@ -26,14 +26,14 @@ def serve_builtin(d: Dispatcher, item: _native.Incoming) -> None:
     ``pdb_input``: the payload (UTF-8) is the next line for the debugger waiting
     longest in this worker (see ``_debug``).
 
-    ``busy``: what the worker's actors run now (see ``Dispatcher.busy``).
+    ``busy``: what the worker's actors run now (see ``running_calls``).
 
     ``stacks``: the current Python stack of every thread, as text; answered here
     (not by an actor's thread), so it works while the main thread or an actor is
     busy in Python code."""
     token, method = item.token, item.method
     if method == "busy":
-        d._reply(token, d.busy(), f"{BUILTIN}.busy")
+        d._reply(token, running_calls(d), f"{BUILTIN}.busy")
         return
     if method == "stacks":
         d._reply(token, thread_stacks(), f"{BUILTIN}.stacks")
@@ -65,6 +65,32 @@ def serve_builtin(d: Dispatcher, item: _native.Incoming) -> None:
         d._reply(token, None, f"{BUILTIN}.flush")
     else:
         d._reject(token, f"the built-in actor has no method {method!r}")
+
+
+def running_calls(d: Dispatcher) -> list[tuple[int, str, str]]:
+    """What this worker's actors run now: (call id, ``actor.method``, where its code
+    is: the innermost Python frame), for a caller whose call waits behind one."""
+    frames = sys._current_frames()
+    main = threading.main_thread().ident
+    out = []
+    for a in list(d.actors.values()):
+        r = a.runner
+        call, what = (r.running_call, r.running_what) if r is not None else (None, "")
+        if r is not None and call is not None:
+            frame = frames.get(r.thread.ident or -1)
+            if frame is not None and frame.f_code.co_filename.endswith("_main_thread.py"):
+                frame = frames.get(main or -1)  # a %%mesh cell: it runs on the main thread (MAIN-1)
+            out.append((call, what, _where(frame)))
+        for call_id in list(a.running):  # async actors
+            out.append((call_id, a.name, "(an async endpoint)"))
+    return out
+
+
+def _where(frame: Any) -> str:
+    """``func (file:line)`` of the innermost Python frame, or "?"."""
+    if frame is None:
+        return "?"
+    return f"{frame.f_code.co_name} ({frame.f_code.co_filename}:{frame.f_lineno})"
 
 
 __all__ = ["serve_builtin"]

@@ -394,24 +394,6 @@ class Dispatcher:
                 target=self._escalate, args=(call_id,), name="monarch-escalate", daemon=True
             ).start()
 
-    def busy(self) -> list[tuple[int, str, str]]:
-        """What this worker's actors run now: (call id, ``actor.method``, where its code
-        is: the innermost Python frame), for a caller whose call waits behind one."""
-        frames = sys._current_frames()
-        main = threading.main_thread().ident
-        out = []
-        for a in list(self.actors.values()):
-            r = a.runner
-            call, what = (r.running_call, r.running_what) if r is not None else (None, "")
-            if r is not None and call is not None:
-                frame = frames.get(r.thread.ident or -1)
-                if frame is not None and frame.f_code.co_filename.endswith("_main_thread.py"):
-                    frame = frames.get(main or -1)  # a %%mesh cell: it runs on the main thread (MAIN-1)
-                out.append((call, what, _where(frame)))
-            for call_id in list(a.running):  # async actors
-                out.append((call_id, a.name, "(an async endpoint)"))
-        return out
-
     def _running(self, call_id: int) -> str | None:
         """``actor.method``-ish name of what runs call ``call_id`` here, if anything does."""
         for a in list(self.actors.values()):
@@ -502,10 +484,3 @@ class Dispatcher:
             return
         data, raws = dumps_exception(exc, formatted)
         self.server.reply(token, _native.REPLY_EXCEPTION, data, raws)
-
-
-def _where(frame: Any) -> str:
-    """``func (file:line)`` of the innermost Python frame, or "?"."""
-    if frame is None:
-        return "?"
-    return f"{frame.f_code.co_name} ({frame.f_code.co_filename}:{frame.f_lineno})"
