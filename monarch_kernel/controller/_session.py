@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -38,6 +39,8 @@ from monarch_kernel.mesh._proc_mesh import ProcMesh
 from monarch_kernel.mesh._proc_ref import MeshState, ProcRef
 from monarch_kernel.mesh._serial import loads
 from monarch_kernel.mesh._shape import Extent, Shape
+from monarch_kernel.torch import DIST_ACTOR
+from monarch_kernel.torch import rejoin as torch_rejoin
 from monarch_kernel.torch import setup as torch_setup
 
 
@@ -217,6 +220,13 @@ class Session:
                             mesh=self.name,
                             rank=r,
                         ) from e
+            if DIST_ACTOR in self.records:  # the new ranks join torch.distributed too
+                why = torch_rejoin(self, self.procs(), ranks)
+                if why is not None:
+                    warnings.warn(
+                        f"mesh {self.name!r}: rank(s) {ranks} were restarted without torch.distributed: {why}",
+                        stacklevel=3,
+                    )
             return ranks
 
     def stop(self, timeout: float = 15.0) -> None:

@@ -165,6 +165,28 @@ def setup(session: MeshControl, procs: ProcMesh, backend: str, timeout: float) -
     }
 
 
+def rejoin(session: MeshControl, procs: ProcMesh, respawned: list[int], timeout: float = 60.0) -> str | None:
+    """After ``respawned`` ranks were restarted on a mesh whose torch.distributed was
+    set up: sets it up again for the whole group (every rank leaves the old group,
+    which the dead rank broke, and joins a new one), with the group's backend. Returns
+    None when done, or why it did not (the survivors' groups are slices of the mesh:
+    then each slice's setup is to be called again)."""
+    whole = Shape.of(session.sizes)
+    survivors = [r for r in whole.ranks if r not in respawned]
+    backend = "auto"
+    if survivors:
+        actors = procs.actors[DIST_ACTOR]
+        state = actors.slice(**dict(Point(survivors[0], whole.extent))).state.call_one().get(timeout=timeout)
+        if state is None or state["world_size"] != len(whole.ranks):
+            return (
+                f"rank {survivors[0]}'s process group is not the whole mesh's; call "
+                "setup_torch_distributed() again on each slice that had one"
+            )
+        backend = state["backend"]
+    setup(session, ProcMesh(procs._proc, whole), backend, timeout)
+    return None
+
+
 class _Silent:
     """A rank that did not answer in time."""
 
@@ -211,4 +233,4 @@ def _raise_for(
     raise DistributedSetupError("\n".join(lines))
 
 
-__all__ = ["BACKENDS", "DIST_ACTOR", "DistributedSetupError", "TorchDistributed", "setup"]
+__all__ = ["BACKENDS", "DIST_ACTOR", "DistributedSetupError", "TorchDistributed", "rejoin", "setup"]

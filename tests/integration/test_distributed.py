@@ -165,9 +165,11 @@ def test_a_dead_rank_is_named_before_anything_waits_and_a_respawn_rejoins(state_
         ):
             procs.setup_torch_distributed("gloo", timeout=5)
         procs.respawn()
-        # rank 0 still has the old group; both join a new one
-        assert procs.setup_torch_distributed("gloo", timeout=20)["new"]
+        # The respawn set torch.distributed up again for the whole group: rank 0 left the
+        # group the dead rank broke, and both joined a new one (the new rank was left
+        # uninitialised before, and the next collective hung).
         assert list(a.all_reduce.call(1.0).get(timeout=30).values()) == [2.0, 2.0]
+        assert not procs.setup_torch_distributed("gloo", timeout=20)["new"]  # already set up
     finally:
         procs.stop()
 
