@@ -328,10 +328,6 @@ def rebuild_cuda(
     return rebuild_tensor(buf, dtype, shape, stride, grad, target, param)
 
 
-def reduce_bytes(b: bytes) -> Any:
-    return bytes, (pickle.PickleBuffer(b),)
-
-
 def reduce_memoryview(m: memoryview) -> Any:
     c = m if m.c_contiguous else memoryview(m.tobytes())
     return _memoryview, (pickle.PickleBuffer(c.cast("B")), c.format, c.shape)
@@ -350,7 +346,6 @@ __all__ = [
     "is_tensor",
     "process_token",
     "receive_remote",
-    "reduce_bytes",
     "reduce_memoryview",
     "reduce_tensor",
     "send_remote",

@@ -35,9 +35,7 @@ class _Pickler(cloudpickle.Pickler):
     writes ``<dynamic-code>``) and carries its source lines, for remote tracebacks."""
 
     def reducer_override(self, obj: Any) -> Any:
-        t = type(obj)
-        if t is bytes and len(obj) >= _buffers.THRESHOLD:
-            return _buffers.reduce_bytes(obj)
+        t = type(obj)  # (never bytes: the C pickler writes those itself, see _OutOfBand)
         if t is memoryview:
             return _buffers.reduce_memoryview(obj)
         if _buffers.is_tensor(obj):
@@ -48,6 +46,43 @@ class _Pickler(cloudpickle.Pickler):
             args = tuple(filename if a == "<dynamic-code>" else a for a in args)
             return _code, (filename, linecache.getlines(filename), args)
         return super().reducer_override(obj)
+
+
+class _OutOfBand:
+    """A large ``bytes`` or ``bytearray``, to pickle out of band: the C pickler writes
+    those types inline without asking ``reducer_override``, so ``dumps`` wraps them
+    first (where they stand in tuples, lists and dicts, up to ``_WRAP_DEPTH`` deep)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes | bytearray) -> None:
+        self.data = data
+
+    def __reduce__(self) -> Any:
+        return type(self.data), (pickle.PickleBuffer(self.data),)
+
+
+#: How deep, and through how many items, ``_wrap_large`` looks for large bytes.
+_WRAP_DEPTH = 4
+_WRAP_ITEMS = 10_000
+
+
+def _wrap_large(obj: Any, budget: list[int], depth: int = 0) -> Any:
+    """``obj`` with its large ``bytes``/``bytearray`` (at tuple, list and dict item
+    positions) wrapped in ``_OutOfBand``; ``obj`` itself where there are none."""
+    t = type(obj)
+    if t is bytes or t is bytearray:
+        return _OutOfBand(obj) if len(obj) >= _buffers.THRESHOLD else obj
+    if depth >= _WRAP_DEPTH or (t is not tuple and t is not list and t is not dict) or budget[0] <= 0:
+        return obj
+    budget[0] -= len(obj)
+    if t is dict:
+        items = {k: _wrap_large(v, budget, depth + 1) for k, v in obj.items()}
+        return items if any(items[k] is not v for k, v in obj.items()) else obj
+    wrapped = [_wrap_large(x, budget, depth + 1) for x in obj]
+    if all(w is x for w, x in zip(wrapped, obj)):
+        return obj
+    return tuple(wrapped) if t is tuple else wrapped
 
 
 def _cloudpickle_dumps(obj: Any, buffer_callback: Any = None) -> bytes:
@@ -98,7 +133,7 @@ def dumps(
     by_reducers: list[int] = []  # what reducers registered while pickling (CUDA tensors)
     reset_readers = _buffers.current_readers.set((readers, by_reducers))
     try:
-        data = _cloudpickle_dumps(obj, buffers.append)
+        data = _cloudpickle_dumps(_wrap_large(obj, [_WRAP_ITEMS]), buffers.append)
     except Exception as e:  # pickling runs arbitrary __reduce__ code
         _buffers.drop_now(by_reducers)
         raise SerializationError(

@@ -21,14 +21,14 @@ def _procs(n: int) -> Iterator[Any]:
 
 
 @pytest.fixture
-def procs1(state_home):
-    """One proc, stopped after the test."""
+def fresh_procs1(state_home):
+    """One proc of the test's own (a test may break it), stopped after the test."""
     yield from _procs(1)
 
 
 @pytest.fixture
-def procs2(state_home):
-    """Two procs, stopped after the test."""
+def fresh_procs2(state_home):
+    """Two procs of the test's own (a test may break them), stopped after the test."""
     yield from _procs(2)
 
 

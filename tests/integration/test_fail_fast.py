@@ -26,8 +26,8 @@ class Napper(Actor):
         return int(os.environ["MONARCH_RANK"])
 
 
-def test_a_mesh_wide_call_fails_at_the_first_dead_rank_while_the_others_still_run(procs2):
-    nappers = procs2.spawn("napper", Napper)
+def test_a_mesh_wide_call_fails_at_the_first_dead_rank_while_the_others_still_run(fresh_procs2):
+    nappers = fresh_procs2.spawn("napper", Napper)
     future = nappers.nap_or_die.call(120.0)
     with pytest.raises(SupervisionError) as info:
         future.get(timeout=20)  # rank 0 naps for 120 s: only a fast failure ends this
@@ -35,10 +35,10 @@ def test_a_mesh_wide_call_fails_at_the_first_dead_rank_while_the_others_still_ru
     assert "code 3" in str(info.value)
     with pytest.raises(SupervisionError):  # the Future keeps its result
         future.get(timeout=1)
-    assert wait_for(lambda: procs2.status() == ["alive", "dead"])  # the agent's report follows
+    assert wait_for(lambda: fresh_procs2.status() == ["alive", "dead"])  # the agent's report follows
 
 
-def test_a_spawn_fails_at_the_first_dead_rank_too(procs2):
+def test_a_spawn_fails_at_the_first_dead_rank_too(fresh_procs2):
     class Doomed(Actor):
         def __init__(self) -> None:
             if os.environ["MONARCH_RANK"] == "0":
@@ -46,5 +46,5 @@ def test_a_spawn_fails_at_the_first_dead_rank_too(procs2):
             time.sleep(120)  # rank 1's constructor outlasts the test
 
     with pytest.raises(SupervisionError) as info:
-        procs2.spawn("doomed", Doomed)
+        fresh_procs2.spawn("doomed", Doomed)
     assert info.value.rank == 0

@@ -206,8 +206,9 @@ def _die_by_segfault(procs, mesh, pid: int):
 def _die_by_memory_limit(procs, mesh, pid: int):
     one = mesh.slice(procs=1)
     one.limit_memory.call_one(32 * MIB).get(timeout=TIMEOUT)
-    # The native runtime cannot allocate the message and aborts, saying so.
-    return one.size_of.call_one(bytes(100 * MIB)), ["rank 1 limits its memory to", "memory allocation of"]
+    # The native runtime cannot allocate the message and aborts, saying so (text travels in
+    # the message; large bytes would go through the transfer engine).
+    return one.size_of.call_one("x" * (100 * MIB)), ["rank 1 limits its memory to", "memory allocation of"]
 
 
 @pytest.mark.parametrize(

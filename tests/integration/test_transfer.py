@@ -519,3 +519,18 @@ def test_the_wire_formats_python_uses_are_the_native_engines():
     assert _native.TRANSFER_STREAMS_ENV == "MONARCH_TRANSFER_STREAMS"
     expected = int(os.environ.get("MONARCH_TRANSFER_STREAMS", _native.DEFAULT_TRANSFER_STREAMS))
     assert _buffers.STREAMS == expected and _native.DEFAULT_TRANSFER_STREAMS >= 1
+
+
+@pytest.mark.parametrize("kind", [bytes, bytearray])
+def test_large_bytes_go_through_the_engine_not_the_message(store, kind):
+    # CPython's pickler writes bytes inline without asking reducer_override: a bytes
+    # argument above the message limit failed with MessageTooLargeError.
+    big = kind(bytes(300 << 20) + b"\x01")  # above the message limit; one byte marks the end
+    before = _one(store).stats.call_one().get(timeout=TIMEOUT)
+    nested = {"payload": [big], "n": 1}
+    r = _one(store).echo.call_one(nested).get(timeout=120)
+    assert (
+        type(r["payload"][0]) is kind and len(r["payload"][0]) == len(big) and r["payload"][0][-1:] == b"\x01"
+    )
+    after = _one(store).stats.call_one().get(timeout=TIMEOUT)
+    assert after["bytes_local"] - before["bytes_local"] >= len(big)  # pulled, not in a message

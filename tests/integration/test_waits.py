@@ -23,28 +23,28 @@ class Busy(Actor):
         return os.getpid()
 
 
-def test_a_call_queued_behind_another_says_which_and_where_its_code_is(procs1):
-    b = procs1.spawn("b", Busy)
+def test_a_call_queued_behind_another_says_which_and_where_its_code_is(fresh_procs1):
+    b = fresh_procs1.spawn("b", Busy)
     pid = b.pid.call_one().get(timeout=TIMEOUT)
     first = b.block.call_one(5)
     time.sleep(0.5)
     queued = b.pid.call_one()
     (line,) = controller.describe_wait(controller.calls_of([queued]))
-    assert f"rank 0 of mesh {procs1.name!r} is busy with b.block" in line
+    assert f"rank 0 of mesh {fresh_procs1.name!r} is busy with b.block" in line
     assert "block (" in line and "test_waits.py" in line  # the frame: the endpoint's own code
     assert "stop" in line and "%mesh stacks" in line
     assert first.get(timeout=TIMEOUT) == "woke" and queued.get(timeout=TIMEOUT) == pid
     assert controller.describe_wait(controller.calls_of([queued])) == []  # nothing pending
 
 
-def test_a_rank_that_does_not_answer_is_named(procs1):
-    b = procs1.spawn("b", Busy)
+def test_a_rank_that_does_not_answer_is_named(fresh_procs1):
+    b = fresh_procs1.spawn("b", Busy)
     pid = b.pid.call_one().get(timeout=TIMEOUT)
     os.kill(pid, signal.SIGSTOP)
     try:
         waiting = b.pid.call_one()
         (line,) = controller.describe_wait(controller.calls_of([waiting]))
-        assert f"rank 0 of mesh {procs1.name!r} does not answer" in line
+        assert f"rank 0 of mesh {fresh_procs1.name!r} does not answer" in line
     finally:
         os.kill(pid, signal.SIGCONT)
     assert waiting.get(timeout=TIMEOUT) == pid
