@@ -62,16 +62,23 @@ class WorkerConn:
     def ping(self, timeout: float = 5.0) -> tuple[int, int]: ...
     def stats(self) -> dict[str, int]: ...
 
+@final
+class Endpoint:
+    """What a call is addressed to: an endpoint of an actor mesh over dims of sizes."""
+
+    def __new__(cls, actor: str, method: str, dims: list[str] = ..., sizes: list[int] = ...) -> Endpoint: ...
+    @property
+    def actor(self) -> str: ...
+    @property
+    def method(self) -> str: ...
+
 def call(
+    endpoint: Endpoint,
     conns: list[WorkerConn],
-    *,
     ranks: list[int],
-    dims: list[str],
-    sizes: list[int],
-    actor: str,
-    method: str,
     payload: bytes,
     buffers: list[memoryview],
+    *,
     oneway: bool = False,
     origin: str = "",
 ) -> list[PendingCall]: ...

@@ -306,17 +306,7 @@ class Session:
     def _builtin(self, ranks: list[int], method: str, payload: bytes = b"", origin: str = "") -> list[Any]:
         """Calls ``method`` of the actor every worker has (``Dispatcher._builtin``)."""
         conns = self.state.connect(ranks)
-        return _native.call(
-            conns,
-            ranks=ranks,
-            dims=[],
-            sizes=[],
-            actor=BUILTIN,
-            method=method,
-            payload=payload,
-            buffers=[],
-            origin=origin,
-        )
+        return _native.call(_native.Endpoint(BUILTIN, method), conns, ranks, payload, [], origin=origin)
 
     def post_mortem(self, rank: int) -> Future[None]:
         """Starts pdb on worker ``rank``'s last exception; the Future completes when

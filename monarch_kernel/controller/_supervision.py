@@ -166,17 +166,8 @@ class Supervisor:
                 continue
             conns = s.state.connect([shape.ranks[i] for i in local])
             data, raws = dumps(((failure,), {}), "supervision event")
-            _native.call(
-                conns,
-                ranks=local,
-                dims=list(shape.labels),
-                sizes=list(shape.extent.sizes),
-                actor=name,
-                method="__supervise__",
-                payload=data,
-                buffers=raws,
-                oneway=True,
-            )
+            target = _native.Endpoint(name, "__supervise__", list(shape.labels), list(shape.extent.sizes))
+            _native.call(target, conns, local, data, raws, oneway=True)
             any_hook = True
         return any_hook
 

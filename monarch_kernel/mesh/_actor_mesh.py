@@ -100,6 +100,8 @@ class Endpoint(Generic[R]):
         self._name = name
         self._prop = prop
         self._signature = _signature(prop)
+        #: Where its calls go, converted once (the native side keeps it).
+        self._target = _native.Endpoint(mesh._name, name, mesh._labels, mesh._sizes)
         self._positional = _positional_range(self._signature)
 
     @property
@@ -128,18 +130,7 @@ class Endpoint(Generic[R]):
         if origin:
             _origin.touched.add(mesh._proc.name)
         try:
-            calls = _native.call(
-                conns,
-                ranks=local,
-                dims=mesh._labels,
-                sizes=mesh._sizes,
-                actor=mesh._name,
-                method=self._name,
-                payload=payload,
-                buffers=buffers,
-                oneway=oneway,
-                origin=origin,
-            )
+            calls = _native.call(self._target, conns, local, payload, buffers, oneway=oneway, origin=origin)
         except BaseException:
             _buffers.drop_now(regs)  # nothing was sent: nobody will read them
             raise

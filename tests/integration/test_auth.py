@@ -45,14 +45,7 @@ def _payload() -> bytes:
 def _incr_on(conn: _native.WorkerConn) -> _native.PendingCall:
     """``counter.incr()`` sent straight through the native client on ``conn``."""
     (pending,) = _native.call(
-        [conn],
-        ranks=[0],
-        dims=["procs"],
-        sizes=[1],
-        actor="counter",
-        method="incr",
-        payload=_payload(),
-        buffers=[],
+        _native.Endpoint("counter", "incr", ["procs"], [1]), [conn], [0], _payload(), []
     )
     return pending
 

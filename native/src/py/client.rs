@@ -249,20 +249,56 @@ impl PyWorkerConn {
     }
 }
 
-/// Sends one call to every connection in `conns` (one Python call, one GIL release);
-/// `ranks[i]` is the index of `conns[i]` within the called mesh of `dims`/`sizes`.
-/// Returns the pending calls in the same order, or an empty list if `oneway`.
-#[pyfunction]
-#[pyo3(signature = (conns, *, ranks, dims, sizes, actor, method, payload, buffers, oneway=false, origin=""))]
-#[allow(clippy::too_many_arguments)]
-fn call(
-    py: Python<'_>,
-    conns: Vec<PyRef<'_, PyWorkerConn>>,
-    ranks: Vec<u32>,
+/// What a call is addressed to: an endpoint of an actor mesh laid out over `dims` of
+/// `sizes`. Made once per endpoint (converted once), used by every call to it.
+#[pyclass(frozen, name = "Endpoint", module = "monarch_kernel._native")]
+pub struct PyEndpoint {
+    actor: String,
+    method: String,
     dims: Vec<String>,
     sizes: Vec<u32>,
-    actor: &str,
-    method: &str,
+}
+
+#[pymethods]
+impl PyEndpoint {
+    #[new]
+    #[pyo3(signature = (actor, method, dims=Vec::new(), sizes=Vec::new()))]
+    fn new(actor: String, method: String, dims: Vec<String>, sizes: Vec<u32>) -> PyResult<Self> {
+        if dims.len() != sizes.len() {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "dims and sizes differ in length",
+            ));
+        }
+        Ok(PyEndpoint {
+            actor,
+            method,
+            dims,
+            sizes,
+        })
+    }
+
+    #[getter]
+    fn actor(&self) -> &str {
+        &self.actor
+    }
+
+    #[getter]
+    fn method(&self) -> &str {
+        &self.method
+    }
+}
+
+/// Sends one call of `endpoint` to every connection in `conns` (one Python call, one
+/// GIL release); `ranks[i]` is the index of `conns[i]` within the called mesh.
+/// Returns the pending calls in the same order, or an empty list if `oneway`.
+#[pyfunction]
+#[pyo3(signature = (endpoint, conns, ranks, payload, buffers, *, oneway=false, origin=""))]
+#[allow(clippy::too_many_arguments)] // seven from Python, and the GIL token
+fn call(
+    py: Python<'_>,
+    endpoint: PyRef<'_, PyEndpoint>,
+    conns: Vec<PyRef<'_, PyWorkerConn>>,
+    ranks: Vec<u32>,
     payload: &[u8],
     buffers: Vec<PyBuffer<u8>>,
     oneway: bool,
@@ -277,13 +313,13 @@ fn call(
     let payload = Bytes::copy_from_slice(payload);
     let targets: Vec<Arc<WorkerConn>> = conns.iter().map(|c| c.inner.clone()).collect();
     let t = Target {
-        actor,
-        method,
+        actor: &endpoint.actor,
+        method: &endpoint.method,
         payload: &payload,
         buffers: &bufs,
         oneway,
-        dims: &dims,
-        sizes: &sizes,
+        dims: &endpoint.dims,
+        sizes: &endpoint.sizes,
         origin,
     };
     let sent = py.detach(|| {
@@ -433,6 +469,7 @@ pub fn register_python_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyWorkerConn>()?;
     m.add_class::<PendingCall>()?;
     m.add_class::<PyReply>()?;
+    m.add_class::<PyEndpoint>()?;
     m.add_function(wrap_pyfunction!(call, m)?)?;
     m.add_function(wrap_pyfunction!(wait_all, m)?)?;
     Ok(())
