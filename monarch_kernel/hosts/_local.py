@@ -41,7 +41,7 @@ class AgentProcess:
             self.popen.wait(5)
 
 
-#: Logs of a mesh that no longer runs are removed this long after they last changed.
+#: Logs of a named mesh that no longer runs are removed this long after it started.
 KEEP_LOGS_S = 7 * 24 * 3600.0
 
 
@@ -56,19 +56,20 @@ def private_dir(path: Path) -> Path:
 def fresh_log_dir(name: str) -> Path:
     """The log folder of a new mesh ``name`` (mode 0700; the logs of an earlier mesh
     of that name are removed first), after removing the logs of meshes that stopped
-    more than ``KEEP_LOGS_S`` ago. A mesh that runs keeps its logs: its state file
-    names it."""
+    more than ``KEEP_LOGS_S`` ago, and of unnamed meshes that stopped (nobody can
+    attach to them again). A mesh that runs keeps its logs: its state file names it."""
     logs = private_dir(state_dir() / "logs")
     private_dir(state_dir())
     meshes = state_dir() / "meshes"
     now = time.time()
     for d in logs.iterdir():
-        running = (meshes / f"{d.name}.json").exists()
-        try:
-            stale = now - max(p.stat().st_mtime for p in [d, *d.iterdir()]) > KEEP_LOGS_S
-        except (OSError, ValueError):
+        if (meshes / f"{d.name}.json").exists():
+            continue  # running
+        try:  # (a folder's time changes when a log is created: its mesh's last start)
+            stale = now - d.stat().st_mtime > KEEP_LOGS_S
+        except OSError:
             continue
-        if d.is_dir() and not running and (d.name == name or stale):
+        if d.name == name or d.name.startswith("anon-") or stale:
             shutil.rmtree(d, ignore_errors=True)
     return private_dir(logs / name)
 
@@ -84,10 +85,8 @@ MAX_PROCS_ENV = "MONARCH_MAX_PROCS"
 
 def host_room() -> tuple[int, str]:
     """How many workers this host can hold (at most), and what limits it, in words."""
-    import psutil
-
-    by_memory = int(psutil.virtual_memory().available // WORKER_MEMORY)
-    limits = [(by_memory, f"{psutil.virtual_memory().available >> 20} MiB of memory available")]
+    available = _available_memory()
+    limits = [(available // WORKER_MEMORY, f"{available >> 20} MiB of memory available")]
     try:
         with open("/proc/sys/kernel/threads-max") as f:
             threads_max = int(f.read())
@@ -103,6 +102,21 @@ def host_room() -> tuple[int, str]:
         limits.append((soft // WORKER_THREADS, f"ulimit -u {soft}"))
     room, why = min(limits)
     return max(room, 1), why
+
+
+def _available_memory() -> int:
+    """Bytes of memory available to new processes (``MemAvailable``; read directly,
+    as importing psutil would cost a mesh's start some milliseconds)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    import psutil
+
+    return int(psutil.virtual_memory().available)
 
 
 def check_room(nprocs: int) -> None:
