@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from monarch_kernel import _native
-from monarch_kernel.control import agent_client
 from monarch_kernel.errors import (
     ConnectionLost,
     MeshAuthError,
@@ -105,6 +104,8 @@ class ProcRef:
         """What the agent knows of worker ``rank``, waiting up to ``wait_exit`` s for its exit to be recorded."""
         if self.agent_addr is None:
             return None
+        from monarch_kernel.control import agent_client  # (not at a worker's start)
+
         try:
             client = agent_client(self.agent_addr, self.token)
             return worker_report(client, rank, wait_exit)
