@@ -48,3 +48,34 @@ def still_alive(pids: Iterable[int], within: float = GONE_WITHIN) -> list[int]:
         time.sleep(0.05)
         left = [p for p in left if alive(p)]
     return left
+
+
+class Failures:
+    """An ``on_failure`` callback (or a front end's ``on_failure``) that keeps the
+    failures it is given, for a test to wait on."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.got: list[Any] = []
+        self.changed = threading.Condition()
+
+    def __call__(self, failure: Any) -> None:
+        with self.changed:
+            self.got.append(failure)
+            self.changed.notify_all()
+
+    def wait(self, pred: Callable[[list[Any]], bool], within: float = WITHIN) -> bool:
+        """True once ``pred(failures so far)`` holds, waiting up to ``within`` seconds."""
+        with self.changed:
+            return self.changed.wait_for(lambda: pred(self.got), timeout=within)
+
+    def wait_for(self, kind: str, within: float = WITHIN) -> Any:
+        """The first failure of ``kind``, waiting up to ``within`` seconds for it."""
+        self.wait(lambda got: any(f.kind == kind for f in got), within)
+        with self.changed:
+            return next((f for f in self.got if f.kind == kind), None)
+
+    def kinds(self) -> list[str]:
+        with self.changed:
+            return [f.kind for f in self.got]

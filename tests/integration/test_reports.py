@@ -7,12 +7,11 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 
 import pytest
-from proc_helpers import WITHIN
+from proc_helpers import Failures
 
-from monarch_kernel import Actor, MeshFailure, MeshStoppedError, controller, endpoint
+from monarch_kernel import Actor, MeshStoppedError, controller, endpoint
 from monarch_kernel.kernel._router import format_failure
 
 TIMEOUT = 30
@@ -24,23 +23,6 @@ class Pinger(Actor):
         return int(os.environ["MONARCH_RANK"])
 
 
-class _Collect:
-    """An ``on_failure`` callback (or front-end hook) that keeps what it is given."""
-
-    def __init__(self) -> None:
-        self.got: list[MeshFailure] = []
-        self.cond = threading.Condition()
-
-    def __call__(self, failure: MeshFailure) -> None:
-        with self.cond:
-            self.got.append(failure)
-            self.cond.notify_all()
-
-    def wait(self, pred, within: float = WITHIN) -> bool:
-        with self.cond:
-            return self.cond.wait_for(lambda: pred(self.got), timeout=within)
-
-
 @pytest.fixture
 def named2(named_mesh):
     return named_mesh(2, "rep")
@@ -49,7 +31,7 @@ def named2(named_mesh):
 def test_a_mesh_stopped_by_another_controllers_down_is_reported_once_as_stopped(named2):
     name, procs = named2
     assert procs.spawn("p", Pinger).ping.call().get(timeout=TIMEOUT).values() == [0, 1]
-    seen = _Collect()
+    seen = Failures()
     procs.on_failure(seen)
     out = subprocess.run(
         [sys.executable, "-m", "monarch_kernel", "down", name], capture_output=True, text=True, timeout=60
@@ -69,7 +51,7 @@ def test_a_mesh_stopped_by_another_controllers_down_is_reported_once_as_stopped(
 
 def test_when_every_rank_dies_the_last_report_does_not_say_the_others_keep_running(named2):
     _name, procs = named2
-    seen = _Collect()
+    seen = Failures()
     procs.on_failure(seen)
     pids = [w["pid"] for w in procs._session("test").client.list_workers()]
     for pid in pids:
@@ -82,7 +64,7 @@ def test_when_every_rank_dies_the_last_report_does_not_say_the_others_keep_runni
 
 def test_one_dead_rank_of_two_says_the_other_keeps_running(named2):
     _name, procs = named2
-    seen = _Collect()
+    seen = Failures()
     procs.on_failure(seen)
     pid = next(w["pid"] for w in procs._session("test").client.list_workers() if w["rank"] == 1)
     os.kill(pid, signal.SIGKILL)
@@ -92,7 +74,7 @@ def test_one_dead_rank_of_two_says_the_other_keeps_running(named2):
 
 def test_the_fencing_notice_names_the_mesh_once(named2):
     name, procs = named2
-    shown = _Collect()
+    shown = Failures()
     before = controller.frontend()
     controller.set_frontend(controller.Frontend(on_failure=shown))
     try:

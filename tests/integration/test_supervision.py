@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from proc_helpers import WITHIN, still_alive, wait_for
+from proc_helpers import WITHIN, Failures, still_alive, wait_for
 
 from monarch_kernel import (
     Actor,
@@ -136,29 +136,6 @@ def _workers(procs) -> list[dict]:
 
 def _worker(procs, rank: int) -> dict:
     return next(w for w in _workers(procs) if w["rank"] == rank)
-
-
-class _Failures:
-    """An ``on_failure`` callback that keeps what it is given."""
-
-    def __init__(self) -> None:
-        self.got: list[MeshFailure] = []
-        self.changed = threading.Condition()
-
-    def __call__(self, failure: MeshFailure) -> None:
-        with self.changed:
-            self.got.append(failure)
-            self.changed.notify_all()
-
-    def wait_for(self, kind: str, within: float = WITHIN) -> MeshFailure | None:
-        """The first failure of ``kind``, waiting up to ``within`` seconds for it."""
-        with self.changed:
-            self.changed.wait_for(lambda: any(f.kind == kind for f in self.got), timeout=within)
-            return next((f for f in self.got if f.kind == kind), None)
-
-    def kinds(self) -> list[str]:
-        with self.changed:
-            return [f.kind for f in self.got]
 
 
 @pytest.fixture
@@ -287,7 +264,7 @@ def test_on_failure_runs_for_a_worker_killed_while_no_call_is_pending(own_procs2
 
 def test_stopping_the_mesh_is_not_reported_to_on_failure(state_home):
     procs = this_host().spawn_procs(per_host={"procs": 2})
-    failures = _Failures()
+    failures = Failures()
     try:
         procs.on_failure(failures)
         assert procs.spawn("mortal", Mortal).ping.call().get(timeout=TIMEOUT).values() == [0, 1]
@@ -380,7 +357,7 @@ def test_respawn_restarts_a_dead_rank_with_its_actors_from_their_constructor(own
 
 def test_a_stopped_worker_is_unresponsive_then_recovers_on_sigcont(own_procs2):
     mesh = own_procs2.spawn("mortal", Mortal)
-    failures = _Failures()
+    failures = Failures()
     own_procs2.on_failure(failures)
     pid = _worker(own_procs2, 1)["pid"]
     assert mesh.slice(procs=1).pid.call_one().get(timeout=TIMEOUT) == pid
@@ -413,7 +390,7 @@ def test_a_stopped_worker_is_unresponsive_then_recovers_on_sigcont(own_procs2):
 
 def test_a_killed_agent_loses_the_mesh_its_workers_and_later_calls(own_procs2):
     mesh = own_procs2.spawn("mortal", Mortal)
-    failures = _Failures()
+    failures = Failures()
     own_procs2.on_failure(failures)
     workers = [w["pid"] for w in _workers(own_procs2)]
     agent = own_procs2._session("test").agent.popen
