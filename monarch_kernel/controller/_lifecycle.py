@@ -134,17 +134,7 @@ def create(
         workers = client.spawn_workers_raw(
             nprocs, sys.executable, ["-m", "monarch_kernel.worker"], worker_env, os.getcwd(), epoch=epoch
         )
-        rec = MeshRecord(
-            name=mesh_name,
-            token=token,
-            agent_addr=agent.addr,
-            agent_pid=agent.popen.pid,
-            host=os.uname().nodename,
-            spec=spec,
-            idle_timeout=idle_timeout,
-            ephemeral=ephemeral,
-            epoch=epoch,
-        )
+        rec = dataclasses.replace(first, agent_addr=agent.addr, agent_pid=agent.popen.pid, epoch=epoch)
         session = Session(rec, client, epoch, workers, [], agent)
         _registry.write(rec)
     except BaseException:  # nothing may be left running that no state file names
