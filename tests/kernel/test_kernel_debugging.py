@@ -111,6 +111,24 @@ def test_a_worker_that_dies_while_idle_is_reported_in_the_next_cell(kernel, mesh
     assert kernel.run("%mesh status").stdout.count("alive") == 2
 
 
+def test_a_worker_stopped_while_idle_is_reported_and_answers_the_first_call_after_sigcont(kernel, mesh):
+    define = kernel.run("talkers = procs.spawn('talkers_sigstop', Talker)\ntalkers.say.call('warm').get().values()")
+    assert define.error is None, define.traceback
+    out = kernel.run("[w['pid'] for w in procs._session('t').client.list_workers() if w['rank'] == 1][0]")
+    victim = int(out.result or "0")
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        time.sleep(6.0)  # the kernel is idle; the connection's keepalive gives up meanwhile
+        nxt = kernel.run("'next'")
+        assert "rank 1" in nxt.stderr and "unresponsive" in nxt.stderr, nxt.stderr
+        assert "SIGSTOP" in nxt.stderr, nxt.stderr
+    finally:
+        os.kill(victim, signal.SIGCONT)
+    first = kernel.run("talkers.say.call('back').get().values()")  # no wait for the heartbeat
+    assert first.error is None, first.traceback
+    assert first.result == "['back', 'back']"
+
+
 def test_mesh_stacks_shows_what_a_busy_worker_is_running(kernel, mesh):
     busy = kernel.run(
         "%%mesh --noblock --ranks 0\nimport time\ndef crunch_numbers_for_a_while():\n"

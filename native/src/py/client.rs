@@ -169,6 +169,13 @@ impl PendingCall {
     }
 }
 
+impl PyWorkerConn {
+    /// The connection a new command goes on (CLIENT-3: never a lost one).
+    fn conn(&self) -> PyResult<Arc<WorkerConn>> {
+        self.inner.current(node::handle()).map_err(to_py)
+    }
+}
+
 #[pymethods]
 impl PyWorkerConn {
     #[new]
@@ -200,26 +207,28 @@ impl PyWorkerConn {
         origin: &str,
     ) -> PyResult<PendingCall> {
         let bufs = to_bytes_vec(py, &buffers)?;
-        let slot = self.inner.spawn_actor(
+        let conn = self.conn()?;
+        let slot = conn.spawn_actor(
             node::handle(),
             name,
             Bytes::copy_from_slice(payload),
             bufs,
             origin,
         );
-        Ok(PendingCall::new(slot, 0, self.inner.clone()))
+        Ok(PendingCall::new(slot, 0, conn))
     }
 
     /// Stops actor `name`.
-    fn stop_actor(&self, name: &str) -> PendingCall {
-        let slot = self.inner.stop_actor(node::handle(), name);
-        PendingCall::new(slot, 0, self.inner.clone())
+    fn stop_actor(&self, name: &str) -> PyResult<PendingCall> {
+        let conn = self.conn()?;
+        let slot = conn.stop_actor(node::handle(), name);
+        Ok(PendingCall::new(slot, 0, conn))
     }
 
     /// Round trip through the worker's native runtime; returns (pid, the worker's epoch).
     #[pyo3(signature = (timeout=5.0))]
     fn ping(&self, py: Python<'_>, timeout: f64) -> PyResult<(u32, u64)> {
-        let inner = self.inner.clone();
+        let inner = self.conn()?;
         let r = py.detach(|| {
             node::handle().block_on(async move {
                 tokio::time::timeout(Duration::from_secs_f64(timeout), inner.ping()).await
@@ -236,7 +245,7 @@ impl PyWorkerConn {
 
     /// The worker's counters, as a dict.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let inner = self.inner.clone();
+        let inner = self.conn()?;
         let s = py
             .detach(|| node::handle().block_on(async move { inner.stats().await }))
             .map_err(to_py)?;
@@ -311,7 +320,7 @@ fn call(
     }
     let bufs = to_bytes_vec(py, &buffers)?;
     let payload = Bytes::copy_from_slice(payload);
-    let targets: Vec<Arc<WorkerConn>> = conns.iter().map(|c| c.inner.clone()).collect();
+    let targets = conns.iter().map(|c| c.conn()).collect::<PyResult<Vec<_>>>()?;
     let t = Target {
         actor: &endpoint.actor,
         method: &endpoint.method,
@@ -434,7 +443,7 @@ fn ping_all(
     conns: Vec<PyRef<'_, PyWorkerConn>>,
     timeout: f64,
 ) -> PyResult<Vec<Py<PyAny>>> {
-    let inners: Vec<Arc<WorkerConn>> = conns.iter().map(|c| c.inner.clone()).collect();
+    let inners = conns.iter().map(|c| c.conn()).collect::<PyResult<Vec<_>>>()?;
     let limit = Duration::from_secs_f64(timeout.max(0.0));
     let results = py.detach(|| {
         node::handle().block_on(async move {

@@ -5,7 +5,10 @@
 //! CLIENT-1: once a connection is lost, every pending call on it fails with
 //! [`RpcError::ConnectionLost`] and so does every later call: nothing waits forever
 //! on a dead worker. CLIENT-2: one connection per (address, token) per process, so
-//! actor meshes unpickled many times share it.
+//! actor meshes unpickled many times share it. CLIENT-3: a lost connection is never
+//! used for a new command: [`WorkerConn::current`] opens the next one to the same
+//! worker, so a worker that was stopped (SIGSTOP) and resumed answers the first call
+//! after, and a dead one refuses the connection at once.
 
 use super::auth::TokenAttach;
 use super::batch::Batched;
@@ -38,6 +41,7 @@ struct Pending {
 /// A connection to one worker.
 pub struct WorkerConn {
     addr: String,
+    token: String,
     client: Client,
     /// Outgoing calls, written to the `Messages` stream by the runtime.
     tx: mpsc::UnboundedSender<Call>,
@@ -179,11 +183,21 @@ impl WorkerConn {
         });
         Ok(WorkerConn {
             addr: addr.to_string(),
+            token: token.to_string(),
             client,
             tx,
             pending,
             epoch: epoch_cell(token),
         })
+    }
+
+    /// This connection while it is up, else this process's next one to the same
+    /// worker (CLIENT-3); commands already sent on a lost one have failed (CLIENT-1).
+    pub fn current(self: &Arc<Self>, rt: &Handle) -> Result<Arc<WorkerConn>, RpcError> {
+        if self.lost().is_none() {
+            return Ok(self.clone());
+        }
+        Self::get(rt, &self.addr, &self.token)
     }
 
     /// The epoch commands carry.
