@@ -44,6 +44,7 @@ def worker_dict(w: Any) -> dict[str, Any]:
         "signal_name": _signal_name(w.signal) if w.signal else None,
         "proc_state": w.proc_state,
         "restarts": w.restarts,
+        "exit_cause": w.exit_cause,
     }
 
 

@@ -187,7 +187,8 @@ def describe(info: dict[str, Any], cause: str = "") -> str:
     """How a worker ended (or why it does not answer), in words."""
     if info["state"] == "exited":
         if info["signal"]:
-            return f"was killed by signal {info['signal']} ({info['signal_name']})"
+            why = f": {info['exit_cause']}" if info.get("exit_cause") else ""
+            return f"was killed by signal {info['signal']} ({info['signal_name']}){why}"
         return f"exited with code {info['exit_code']}"
     if info.get("proc_state") == "T":
         return "is stopped (SIGSTOP or a debugger); SIGCONT resumes it"

@@ -40,7 +40,7 @@ class SpawnWorkersRequest(_message.Message):
     def __init__(self, count: _Optional[int] = ..., executable: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("rank", "pid", "addr", "state", "exit_code", "signal", "host", "proc_state", "restarts")
+    __slots__ = ("rank", "pid", "addr", "state", "exit_code", "signal", "host", "proc_state", "restarts", "exit_cause")
     RANK_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     ADDR_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +50,7 @@ class WorkerInfo(_message.Message):
     HOST_FIELD_NUMBER: _ClassVar[int]
     PROC_STATE_FIELD_NUMBER: _ClassVar[int]
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CAUSE_FIELD_NUMBER: _ClassVar[int]
     rank: int
     pid: int
     addr: str
@@ -59,7 +60,8 @@ class WorkerInfo(_message.Message):
     host: str
     proc_state: str
     restarts: int
-    def __init__(self, rank: _Optional[int] = ..., pid: _Optional[int] = ..., addr: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., host: _Optional[str] = ..., proc_state: _Optional[str] = ..., restarts: _Optional[int] = ...) -> None: ...
+    exit_cause: str
+    def __init__(self, rank: _Optional[int] = ..., pid: _Optional[int] = ..., addr: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., host: _Optional[str] = ..., proc_state: _Optional[str] = ..., restarts: _Optional[int] = ..., exit_cause: _Optional[str] = ...) -> None: ...
 
 class SpawnWorkersReply(_message.Message):
     __slots__ = ("workers",)

@@ -4,6 +4,7 @@ pending call, failure callbacks while idle, ``__supervise__``, respawn, hung
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
@@ -80,6 +81,13 @@ class Mortal(Actor):
     @endpoint
     def size_of(self, data: bytes) -> int:
         return len(data)
+
+    @endpoint
+    def hog(self, nbytes: int) -> int:
+        print(f"rank {_rank()} takes {nbytes} bytes", flush=True)
+        block = bytearray(nbytes)
+        block[:: 4096] = b"x" * len(range(0, nbytes, 4096))  # every page, for real
+        return len(block)
 
 
 class Counter(Actor):
@@ -222,7 +230,59 @@ def test_a_worker_death_fails_the_pending_call_with_rank_pid_cause_and_last_outp
         assert any(line in ln for ln in err.log_tail), err.log_tail
         assert line in str(err)
     assert still_alive([pid]) == []
+    assert "out of memory" not in str(err)  # only what the kernel said (AGENT-3)
     # The other rank goes on.
+    assert mesh.slice(procs=0).ping.call_one().get(timeout=TIMEOUT) == 0
+
+
+@contextlib.contextmanager
+def _memory_cgroup(limit: int):
+    """A memory cgroup of at most ``limit`` bytes, a child of this process's own
+    (cgroup v1 or v2); yields the file whose pid written to it moves a process in.
+    Removed afterwards."""
+    own = Path("/proc/self/cgroup").read_text().splitlines()
+    v1 = next((ln.split(":", 2)[2] for ln in own if "memory" in ln.split(":")[1].split(",")), None)
+    if v1 is not None and Path("/sys/fs/cgroup/memory").is_dir():
+        group = Path("/sys/fs/cgroup/memory", v1.lstrip("/"), f"monarch-test-oom-{os.getpid()}")
+        limit_file = "memory.limit_in_bytes"
+    else:
+        v2 = next((ln[3:] for ln in own if ln.startswith("0::")), "/")
+        group = Path("/sys/fs/cgroup", v2.lstrip("/"), f"monarch-test-oom-{os.getpid()}")
+        limit_file = "memory.max"
+    try:
+        group.mkdir()
+        (group / limit_file).write_text(str(limit))
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            group.rmdir()
+        pytest.skip(f"cannot make a memory cgroup here ({e}); the OOM label needs one to test")
+    try:
+        yield group / "cgroup.procs"
+    finally:
+        for _ in range(50):  # a killed process leaves the group when it is reaped
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def test_a_worker_the_oom_killer_ends_is_reported_as_out_of_memory(own_procs2):
+    mesh = own_procs2.spawn("mortal", Mortal)
+    pid = _worker(own_procs2, 1)["pid"]
+    with _memory_cgroup(300 * MIB) as procs_file:
+        try:
+            procs_file.write_text(str(pid))
+        except OSError as e:
+            pytest.skip(f"cannot move a worker into a memory cgroup here ({e})")
+        with pytest.raises(SupervisionError) as info:
+            mesh.slice(procs=1).hog.call_one(600 * MIB).get(timeout=TIMEOUT)
+    err = info.value
+    assert err.rank == 1 and err.signal == signal.SIGKILL
+    assert "SIGKILL" in str(err)
+    assert "out of memory" in str(err), str(err)
+    assert "OOM killer" in str(err)
+    assert "rank 1 takes" in str(err)  # its last output, as for any death
     assert mesh.slice(procs=0).ping.call_one().get(timeout=TIMEOUT) == 0
 
 

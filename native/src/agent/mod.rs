@@ -9,6 +9,7 @@
 //! EOF makes it exit. AGENT-2: an open `Watch` stream is a controller's lease; the
 //! idle clock runs only while there is none.
 
+pub mod oom;
 pub mod process;
 
 use crate::proto::v1::agent_event;

@@ -243,8 +243,17 @@ impl Workers {
             self.capture(rank, "stderr", err, log_path, events.clone());
         }
         let records = self.records.clone();
+        let oom = super::oom::OomWatch::start(pid);
         tokio::spawn(async move {
             let status = child.wait().await;
+            let killed = status.as_ref().ok().and_then(|s| s.signal()) == Some(libc::SIGKILL);
+            let cause = if killed {
+                tokio::task::spawn_blocking(move || oom.cause(pid))
+                    .await
+                    .unwrap_or_default()
+            } else {
+                String::new()
+            };
             let info = {
                 let mut recs = records.lock().unwrap_or_else(|e| e.into_inner());
                 let Some(rec) = recs
@@ -258,6 +267,7 @@ impl Workers {
                     rec.info.exit_code = st.code().unwrap_or(-1);
                     rec.info.signal = st.signal().unwrap_or(0);
                 }
+                rec.info.exit_cause = cause;
                 rec.stdin = None;
                 rec.info.clone()
             };
