@@ -1,5 +1,6 @@
 //! Bindings of the host agent: start one in this process and wait for it to stop.
 
+use super::detach;
 use crate::agent::{self, AgentConfig, AgentHandle};
 use crate::node;
 use pyo3::exceptions::PyOSError;
@@ -27,7 +28,7 @@ impl PyAgent {
 
     /// Blocks (GIL released) until the agent has stopped its workers and itself.
     fn wait(&self, py: Python<'_>) {
-        py.detach(|| self.handle.wait(node::handle()));
+        detach(py, || self.handle.wait(node::handle()));
     }
 }
 
@@ -51,8 +52,7 @@ fn start_agent(
         first_attach_timeout: Duration::from_secs_f64(first_attach_timeout_s.max(0.0)),
         meta,
     };
-    let handle = py
-        .detach(|| {
+    let handle = detach(py, || {
             let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(agent::AgentError::from)?;
             agent::start(node::handle(), cfg, l)
         })

@@ -1,5 +1,6 @@
 //! Bindings of the `Worker` client: connections, fan-out calls, pending calls.
 
+use super::detach;
 use super::errors::to_py;
 use crate::node;
 use crate::proto::v1::Reply;
@@ -87,7 +88,7 @@ fn wait_slot(py: Python<'_>, slot: &Arc<Slot>, deadline: Option<Instant>) -> PyR
                 .saturating_duration_since(Instant::now())
                 .min(Duration::from_millis(50)),
         };
-        if let Some(o) = py.detach(|| slot.wait(Some(chunk))) {
+        if let Some(o) = detach(py, || slot.wait(Some(chunk))) {
             return Ok(o);
         }
         py.check_signals()?;
@@ -180,8 +181,7 @@ impl PyWorkerConn {
 impl PyWorkerConn {
     #[new]
     fn new(py: Python<'_>, addr: &str, token: &str) -> PyResult<Self> {
-        let inner = py
-            .detach(|| WorkerConn::get(node::handle(), addr, token))
+        let inner = detach(py, || WorkerConn::get(node::handle(), addr, token))
             .map_err(to_py)?;
         Ok(PyWorkerConn { inner })
     }
@@ -229,7 +229,7 @@ impl PyWorkerConn {
     #[pyo3(signature = (timeout=5.0))]
     fn ping(&self, py: Python<'_>, timeout: f64) -> PyResult<(u32, u64)> {
         let inner = self.conn()?;
-        let r = py.detach(|| {
+        let r = detach(py, || {
             node::handle().block_on(async move {
                 tokio::time::timeout(Duration::from_secs_f64(timeout), inner.ping()).await
             })
@@ -246,8 +246,7 @@ impl PyWorkerConn {
     /// The worker's counters, as a dict.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let inner = self.conn()?;
-        let s = py
-            .detach(|| node::handle().block_on(async move { inner.stats().await }))
+        let s = detach(py, || node::handle().block_on(async move { inner.stats().await }))
             .map_err(to_py)?;
         let d = PyDict::new(py);
         d.set_item("pid", s.pid)?;
@@ -331,7 +330,7 @@ fn call(
         sizes: &endpoint.sizes,
         origin,
     };
-    let sent = py.detach(|| {
+    let sent = detach(py, || {
         targets
             .iter()
             .zip(&ranks)
@@ -399,7 +398,7 @@ fn wait_first_failure(
     }
     let slots: Vec<Arc<Slot>> = calls.iter().map(|c| c.slot.clone()).collect();
     loop {
-        let settled = py.detach(|| {
+        let settled = detach(py, || {
             let mut rung = bell.0.lock().unwrap_or_else(|e| e.into_inner());
             let chunk = match deadline {
                 None => Duration::from_millis(50),
@@ -445,7 +444,7 @@ fn ping_all(
 ) -> PyResult<Vec<Py<PyAny>>> {
     let inners = conns.iter().map(|c| c.conn()).collect::<PyResult<Vec<_>>>()?;
     let limit = Duration::from_secs_f64(timeout.max(0.0));
-    let results = py.detach(|| {
+    let results = detach(py, || {
         node::handle().block_on(async move {
             let tasks: Vec<_> = inners
                 .into_iter()

@@ -1,5 +1,6 @@
 //! Bindings of the `Worker` server: the inbox a Python dispatcher drains.
 
+use super::detach;
 use super::client::{buffers_to_py, to_bytes_vec};
 use super::errors::to_py;
 use crate::node;
@@ -54,8 +55,7 @@ impl PyWorkerServer {
     #[new]
     #[pyo3(signature = (token, listen_fd=None, addr="127.0.0.1:0"))]
     fn new(py: Python<'_>, token: &str, listen_fd: Option<i32>, addr: &str) -> PyResult<Self> {
-        let host = py
-            .detach(|| match listen_fd {
+        let host = detach(py, || match listen_fd {
                 // SAFETY: the agent passed us this descriptor to own (MONARCH_LISTEN_FD).
                 Some(fd) => WorkerHost::serve(
                     node::handle(),
@@ -90,7 +90,7 @@ impl PyWorkerServer {
     fn take_wait(&self, py: Python<'_>, lane: usize, timeout: f64) -> PyResult<Vec<PyIncoming>> {
         let lane = self.lane(lane)?;
         let t = Duration::from_secs_f64(timeout.max(0.0));
-        let items = py.detach(|| lane.take_wait(t));
+        let items = detach(py, || lane.take_wait(t));
         to_py_items(py, items)
     }
 

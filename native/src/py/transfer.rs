@@ -3,6 +3,7 @@
 //! through its methods), the `RecvBuffer` a transfer lands in, and the waits that
 //! tie registrations to calls (XFER-1, XFER-2).
 
+use super::detach;
 use super::client::PendingCall;
 use crate::rpc::client::WorkerConn;
 use crate::rpc::slot::Slot;
@@ -159,7 +160,7 @@ impl PyDescriptor {
     ) -> PyResult<()> {
         let (_held, ptr, len) = contiguous(dst, true)?;
         let e = started()?;
-        py.detach(|| {
+        detach(py, || {
             // SAFETY: `_held` (held across this call) keeps the destination valid.
             let dst = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) };
             e.fetch_as(&self.d, token.as_bytes(), dst, streams, handle)
@@ -175,8 +176,7 @@ impl PyDescriptor {
             return Ok(RecvBuffer { region });
         }
         let e = started()?;
-        let region = py
-            .detach(|| e.fetch_new(&self.d, token.as_bytes(), streams))
+        let region = detach(py, || e.fetch_new(&self.d, token.as_bytes(), streams))
             .map_err(to_py)?;
         Ok(RecvBuffer { region })
     }
@@ -192,7 +192,7 @@ impl PyDescriptor {
     ) -> PyResult<()> {
         let (_held, ptr, len) = contiguous(src, false)?;
         let e = started()?;
-        py.detach(|| {
+        detach(py, || {
             // SAFETY: `_held` keeps the source valid during the call.
             let src = unsafe { std::slice::from_raw_parts(ptr as *const u8, len) };
             e.write_into(&self.d, token.as_bytes(), offset, src)
@@ -203,7 +203,7 @@ impl PyDescriptor {
     /// Ends the registration, wherever it lives (any process of its mesh may).
     fn release(&self, py: Python<'_>, token: &str) -> PyResult<()> {
         let e = started()?;
-        py.detach(|| e.release_remote(&self.d, token.as_bytes()))
+        detach(py, || e.release_remote(&self.d, token.as_bytes()))
             .map_err(to_py)
     }
 
@@ -320,7 +320,7 @@ impl RecvBuffer {
 #[pyfunction]
 fn xfer_drop(py: Python<'_>, id: u64) -> bool {
     // Without an engine nothing was registered.
-    engine().is_ok_and(|e| py.detach(|| e.drop_id(id)))
+    engine().is_ok_and(|e| detach(py, || e.drop_id(id)))
 }
 
 /// How often a wait with the GIL released takes it back for a moment, to let
@@ -340,7 +340,7 @@ fn xfer_drop_when_done(py: Python<'_>, calls: Vec<PyRef<'_, PendingCall>>, ids: 
     let ids: Arc<[u64]> = ids.into();
     let left = Arc::new(AtomicUsize::new(slots.len()));
     // A call that has already ended runs its hook here, at once.
-    py.detach(|| {
+    detach(py, || {
         for slot in &slots {
             let (ids, left) = (ids.clone(), left.clone());
             // Runs on the runtime thread that completes the call. The entries'
@@ -395,7 +395,7 @@ fn xfer_wait_read(
         .iter()
         .map(|c| (c.slot().clone(), c.conn().clone()))
         .collect();
-    py.detach(|| {
+    detach(py, || {
         for (slot, _) in &watched {
             // The wait looks at the calls again as soon as one ends.
             slot.on_done(Box::new(|| {
@@ -410,7 +410,7 @@ fn xfer_wait_read(
             d.saturating_duration_since(Instant::now())
                 .min(SIGNAL_CHECK)
         });
-        match py.detach(|| e.wait_until(&ids, chunk, || calls_ended(&watched))) {
+        match detach(py, || e.wait_until(&ids, chunk, || calls_ended(&watched))) {
             Waited::Gone => return Ok(true),
             Waited::Stopped => return Ok(false),
             Waited::TimedOut => {}
@@ -433,7 +433,7 @@ fn xfer_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let e = started()?;
     let d = PyDict::new(py);
     d.set_item("addr", e.addr())?;
-    d.set_item("registered", py.detach(|| e.registered()))?;
+    d.set_item("registered", detach(py, || e.registered()))?;
     d.set_item("prefetched", crate::transfer::prefetched_count())?;
     let s = &e.stats;
     d.set_item("rejected_frames", s.rejected_frames.load(Ordering::Relaxed))?;
