@@ -5,6 +5,7 @@ plain script has none, and these go to stdout and stderr."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -33,9 +34,39 @@ class Frontend:
     #: progress); it returns what ``_native.wait_all(..., fail_fast=True)`` does.
     #: None: plain waits.
     slow_wait: Callable[[Sequence[Any], float | None, str], list[Any]] | None = None
+    #: ``progress(total, what)`` for a start that lasts more than a second (many procs):
+    #: an object with ``update(done)`` and ``close()`` shown where the start runs, or
+    #: None to show nothing. None: a line on stderr, redrawn, when it is a terminal.
+    progress: Callable[[int, str], Any] | None = None
 
 
 _current = [Frontend()]
+
+
+class _TerminalLine:
+    """Progress as one line on a terminal's stderr, redrawn in place."""
+
+    def __init__(self, total: int, what: str) -> None:
+        self.total, self.what = total, what
+
+    def update(self, done: int) -> None:
+        sys.stderr.write(f"\rmonarch: {self.what}: {done}/{self.total}")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        sys.stderr.write("\r\033[K")
+        sys.stderr.flush()
+
+
+def progress(total: int, what: str) -> Any:
+    """A progress display of ``total`` steps (``update(done)``, ``close()``) from the
+    front end, or None where there is nowhere to show one."""
+    make = _current[0].progress
+    if make is not None:
+        return make(total, what)
+    return _TerminalLine(total, what) if sys.stderr.isatty() else None
+
+
 
 
 def set_frontend(frontend: Frontend) -> None:
@@ -49,4 +80,4 @@ def frontend() -> Frontend:
     return _current[0]
 
 
-__all__ = ["Frontend", "frontend", "set_frontend"]
+__all__ = ["Frontend", "frontend", "progress", "set_frontend"]

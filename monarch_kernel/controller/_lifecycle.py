@@ -10,14 +10,23 @@ import json
 import math
 import os
 import sys
+import threading
+import time
 import uuid
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from monarch_kernel.control import AgentClient
+from monarch_kernel.controller._frontend import progress as frontend_progress
 from monarch_kernel.controller._session import Session, sessions, sessions_lock
-from monarch_kernel.errors import MeshNotFoundError, MeshOwnershipError, MeshSpecError, MeshStateError
+from monarch_kernel.errors import (
+    MeshNotFoundError,
+    MeshOwnershipError,
+    MeshSpecError,
+    MeshStateError,
+    MonarchKernelError,
+)
 from monarch_kernel.hosts import _registry, start_local_agent
 from monarch_kernel.hosts._admin import connect, stop_unowned
 from monarch_kernel.hosts._local import check_room
@@ -131,8 +140,13 @@ def create(
             **_worker_env(env),
             **gpu_env,
         }
-        workers = client.spawn_workers_raw(
-            nprocs, sys.executable, ["-m", "monarch_kernel.worker"], worker_env, os.getcwd(), epoch=epoch
+        workers = _showing_progress(
+            client,
+            nprocs,
+            f"starting mesh {mesh_name!r}, procs started",
+            lambda: client.spawn_workers_raw(
+                nprocs, sys.executable, ["-m", "monarch_kernel.worker"], worker_env, os.getcwd(), epoch=epoch
+            ),
         )
         rec = dataclasses.replace(first, agent_addr=agent.addr, agent_pid=agent.popen.pid, epoch=epoch)
         session = Session(rec, client, epoch, workers, [], agent)
@@ -148,6 +162,49 @@ def create(
     with sessions_lock:
         sessions[mesh_name] = session
     return session
+
+
+#: Seconds a start lasts before it shows progress.
+PROGRESS_AFTER_S = 1.0
+
+
+def _showing_progress(client: AgentClient, nprocs: int, what: str, spawn: Callable[[], list[Any]]) -> list[Any]:
+    """Runs ``spawn()`` (the agent starting ``nprocs`` workers); if it lasts more than
+    ``PROGRESS_AFTER_S``, shows how many have started (the front end's ``progress``).
+    An interrupt here ends the wait at once; the caller stops the agent."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["out"] = spawn()
+        except BaseException as e:  # handed to the waiting thread
+            box["err"] = e
+
+    t = threading.Thread(target=run, name="monarch-spawn", daemon=True)
+    t.start()
+    shown = None
+    since = time.monotonic()
+    try:
+        while t.is_alive():
+            t.join(0.25)
+            if not t.is_alive() or time.monotonic() - since < PROGRESS_AFTER_S:
+                continue
+            try:
+                started = len(client.list_workers_raw(timeout=1.0))
+            except MonarchKernelError:
+                continue
+            if shown is None:
+                shown = frontend_progress(nprocs, what)
+                if shown is None:
+                    break  # nowhere to show it: just wait
+            shown.update(started)
+    finally:
+        if shown is not None:
+            shown.close()
+    t.join()
+    if "err" in box:
+        raise box["err"]
+    return list(box["out"])
 
 
 def _new_token() -> str:

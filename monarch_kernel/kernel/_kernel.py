@@ -21,7 +21,7 @@ from ipykernel.ipkernel import IPythonKernel
 
 from monarch_kernel import _origin, controller
 from monarch_kernel.kernel._magics import MeshMagics
-from monarch_kernel.kernel._progress import slow_wait
+from monarch_kernel.kernel._progress import bar_here, slow_wait
 from monarch_kernel.kernel._router import Router, format_failure
 
 #: How long a cell waits, at its end, for output of the calls it made.
@@ -56,6 +56,7 @@ class MonarchKernel(IPythonKernel):
                 on_failure=self.router.on_failure,
                 on_notice=self.router.on_notice,
                 slow_wait=slow_wait,
+                progress=bar_here,
             )
         )
         self.shell.register_magics(MeshMagics)  # type: ignore[union-attr]

@@ -51,6 +51,12 @@ class Bar:
             self.handle.update(HTML(""))
 
 
+def bar_here(total: int, what: str) -> Bar | None:
+    """A progress bar in the running cell (the front end's ``progress``); None off the
+    kernel's main thread, where no cell's output goes."""
+    return Bar(total, what) if threading.current_thread() is threading.main_thread() else None
+
+
 def slow_wait(calls: Sequence[Any], timeout: float | None, what: str) -> list[Any]:
     """``wait_all`` with a progress bar (the front end's ``slow_wait``, see ``controller.Frontend``); only on
     the kernel's main thread, where a cell's output goes."""
@@ -94,4 +100,4 @@ def answer_prompts(drain: Any = None) -> None:
         router.answer_prompts(input, drain=drain)
 
 
-__all__ = ["Bar", "answer_prompts", "slow_wait"]
+__all__ = ["Bar", "answer_prompts", "bar_here", "slow_wait"]

@@ -159,6 +159,19 @@ def test_long_waits_show_a_progress_bar_and_short_ones_nothing(kernel, mesh):
     assert any("<progress" in h and "%%mesh on" in h for h in cell.html)
 
 
+def test_a_mesh_of_many_procs_shows_how_many_have_started(kernel, mesh):
+    up = kernel.run("%mesh up many --procs 48")  # more than a second to start, on any machine
+    try:
+        assert up.error is None, up.traceback
+        bars = [h for h in up.html if "<progress" in h]
+        assert bars, up.html
+        assert "starting mesh &#x27;many&#x27;, procs started" in bars[0]
+        assert "max='48'" in bars[0]
+        assert "" in up.html[up.html.index(bars[-1]) :]  # removed once they all have
+    finally:
+        assert kernel.run(f"%mesh down many\n%mesh use {mesh}").error is None
+
+
 def test_a_cell_waiting_behind_a_busy_rank_says_which_call_it_waits_for(kernel, mesh):
     assert kernel.run("blocker = procs.spawn('blocker', Talker)").error is None
     busy = kernel.run("pending = blocker.slice(procs=0).say.call_one('long', delay=6)")
