@@ -67,8 +67,6 @@ def progress(total: int, what: str) -> Any:
     return _TerminalLine(total, what) if sys.stderr.isatty() else None
 
 
-
-
 def set_frontend(frontend: Frontend) -> None:
     """Installs ``frontend`` for every mesh of this process (replacing any before)."""
     _current[0] = frontend

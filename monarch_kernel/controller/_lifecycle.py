@@ -168,7 +168,9 @@ def create(
 PROGRESS_AFTER_S = 1.0
 
 
-def _showing_progress(client: AgentClient, nprocs: int, what: str, spawn: Callable[[], list[Any]]) -> list[Any]:
+def _showing_progress(
+    client: AgentClient, nprocs: int, what: str, spawn: Callable[[], list[Any]]
+) -> list[Any]:
     """Runs ``spawn()`` (the agent starting ``nprocs`` workers); if it lasts more than
     ``PROGRESS_AFTER_S``, shows how many have started (the front end's ``progress``).
     An interrupt here ends the wait at once; the caller stops the agent."""

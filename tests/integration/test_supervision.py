@@ -86,7 +86,7 @@ class Mortal(Actor):
     def hog(self, nbytes: int) -> int:
         print(f"rank {_rank()} takes {nbytes} bytes", flush=True)
         block = bytearray(nbytes)
-        block[:: 4096] = b"x" * len(range(0, nbytes, 4096))  # every page, for real
+        block[::4096] = b"x" * len(range(0, nbytes, 4096))  # every page, for real
         return len(block)
 
 

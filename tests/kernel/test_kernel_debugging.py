@@ -112,7 +112,9 @@ def test_a_worker_that_dies_while_idle_is_reported_in_the_next_cell(kernel, mesh
 
 
 def test_a_worker_stopped_while_idle_is_reported_and_answers_the_first_call_after_sigcont(kernel, mesh):
-    define = kernel.run("talkers = procs.spawn('talkers_sigstop', Talker)\ntalkers.say.call('warm').get().values()")
+    define = kernel.run(
+        "talkers = procs.spawn('talkers_sigstop', Talker)\ntalkers.say.call('warm').get().values()"
+    )
     assert define.error is None, define.traceback
     out = kernel.run("[w['pid'] for w in procs._session('t').client.list_workers() if w['rank'] == 1][0]")
     victim = int(out.result or "0")

@@ -31,7 +31,9 @@ impl OomWatch {
             } else {
                 "the host ran out of memory"
             };
-            return format!("out of memory: the kernel's OOM killer ended it ({scope}; kernel log)");
+            return format!(
+                "out of memory: the kernel's OOM killer ended it ({scope}; kernel log)"
+            );
         }
         match &self.counter {
             Some((path, before)) if oom_kills(path).is_some_and(|now| now > *before) => format!(

@@ -53,10 +53,10 @@ fn start_agent(
         meta,
     };
     let handle = detach(py, || {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(agent::AgentError::from)?;
-            agent::start(node::handle(), cfg, l)
-        })
-        .map_err(|e| PyOSError::new_err(format!("cannot start the host agent: {e}")))?;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(agent::AgentError::from)?;
+        agent::start(node::handle(), cfg, l)
+    })
+    .map_err(|e| PyOSError::new_err(format!("cannot start the host agent: {e}")))?;
     Ok(PyAgent { handle })
 }
 

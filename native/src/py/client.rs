@@ -181,8 +181,7 @@ impl PyWorkerConn {
 impl PyWorkerConn {
     #[new]
     fn new(py: Python<'_>, addr: &str, token: &str) -> PyResult<Self> {
-        let inner = detach(py, || WorkerConn::get(node::handle(), addr, token))
-            .map_err(to_py)?;
+        let inner = detach(py, || WorkerConn::get(node::handle(), addr, token)).map_err(to_py)?;
         Ok(PyWorkerConn { inner })
     }
 
@@ -246,8 +245,10 @@ impl PyWorkerConn {
     /// The worker's counters, as a dict.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let inner = self.conn()?;
-        let s = detach(py, || node::handle().block_on(async move { inner.stats().await }))
-            .map_err(to_py)?;
+        let s = detach(py, || {
+            node::handle().block_on(async move { inner.stats().await })
+        })
+        .map_err(to_py)?;
         let d = PyDict::new(py);
         d.set_item("pid", s.pid)?;
         d.set_item("calls_received", s.calls_received)?;
@@ -319,7 +320,10 @@ fn call(
     }
     let bufs = to_bytes_vec(py, &buffers)?;
     let payload = Bytes::copy_from_slice(payload);
-    let targets = conns.iter().map(|c| c.conn()).collect::<PyResult<Vec<_>>>()?;
+    let targets = conns
+        .iter()
+        .map(|c| c.conn())
+        .collect::<PyResult<Vec<_>>>()?;
     let t = Target {
         actor: &endpoint.actor,
         method: &endpoint.method,
@@ -442,7 +446,10 @@ fn ping_all(
     conns: Vec<PyRef<'_, PyWorkerConn>>,
     timeout: f64,
 ) -> PyResult<Vec<Py<PyAny>>> {
-    let inners = conns.iter().map(|c| c.conn()).collect::<PyResult<Vec<_>>>()?;
+    let inners = conns
+        .iter()
+        .map(|c| c.conn())
+        .collect::<PyResult<Vec<_>>>()?;
     let limit = Duration::from_secs_f64(timeout.max(0.0));
     let results = detach(py, || {
         node::handle().block_on(async move {

@@ -1,7 +1,7 @@
 //! Bindings of the `Worker` server: the inbox a Python dispatcher drains.
 
-use super::detach;
 use super::client::{buffers_to_py, to_bytes_vec};
+use super::detach;
 use super::errors::to_py;
 use crate::node;
 use crate::proto::v1::ReplyKind;
@@ -56,15 +56,15 @@ impl PyWorkerServer {
     #[pyo3(signature = (token, listen_fd=None, addr="127.0.0.1:0"))]
     fn new(py: Python<'_>, token: &str, listen_fd: Option<i32>, addr: &str) -> PyResult<Self> {
         let host = detach(py, || match listen_fd {
-                // SAFETY: the agent passed us this descriptor to own (MONARCH_LISTEN_FD).
-                Some(fd) => WorkerHost::serve(
-                    node::handle(),
-                    unsafe { std::net::TcpListener::from_raw_fd(fd) },
-                    token,
-                ),
-                None => WorkerHost::bind(node::handle(), addr, token),
-            })
-            .map_err(to_py)?;
+            // SAFETY: the agent passed us this descriptor to own (MONARCH_LISTEN_FD).
+            Some(fd) => WorkerHost::serve(
+                node::handle(),
+                unsafe { std::net::TcpListener::from_raw_fd(fd) },
+                token,
+            ),
+            None => WorkerHost::bind(node::handle(), addr, token),
+        })
+        .map_err(to_py)?;
         Ok(PyWorkerServer { host })
     }
 

@@ -3,8 +3,8 @@
 //! through its methods), the `RecvBuffer` a transfer lands in, and the waits that
 //! tie registrations to calls (XFER-1, XFER-2).
 
-use super::detach;
 use super::client::PendingCall;
+use super::detach;
 use crate::rpc::client::WorkerConn;
 use crate::rpc::slot::Slot;
 use crate::transfer::{engine, Descriptor, Engine, Waited, DEFAULT_STREAMS, HEADER, STREAMS_ENV};
@@ -176,8 +176,8 @@ impl PyDescriptor {
             return Ok(RecvBuffer { region });
         }
         let e = started()?;
-        let region = detach(py, || e.fetch_new(&self.d, token.as_bytes(), streams))
-            .map_err(to_py)?;
+        let region =
+            detach(py, || e.fetch_new(&self.d, token.as_bytes(), streams)).map_err(to_py)?;
         Ok(RecvBuffer { region })
     }
 
@@ -203,8 +203,7 @@ impl PyDescriptor {
     /// Ends the registration, wherever it lives (any process of its mesh may).
     fn release(&self, py: Python<'_>, token: &str) -> PyResult<()> {
         let e = started()?;
-        detach(py, || e.release_remote(&self.d, token.as_bytes()))
-            .map_err(to_py)
+        detach(py, || e.release_remote(&self.d, token.as_bytes())).map_err(to_py)
     }
 
     fn __bytes__<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
