@@ -98,9 +98,10 @@ class AgentClient:
         r = self._call("Ping", self._pb.AgentPingRequest(), timeout)
         return {"pid": r.pid, "name": r.name, "epoch": r.epoch, "watchers": r.watchers}
 
-    def attach(self, timeout: float = 10.0) -> Any:
-        """Becomes the mesh's controller (bumps the epoch); the raw AttachReply."""
-        return self._call("Attach", self._pb.AttachRequest(), timeout)
+    def attach(self, at_least: int = 0, timeout: float = 10.0) -> Any:
+        """Becomes the mesh's controller (bumps the epoch, to ``at_least`` at least);
+        the raw AttachReply."""
+        return self._call("Attach", self._pb.AttachRequest(at_least=at_least), timeout)
 
     def record_actor(
         self, name: str, payload: bytes, buffers: list[Any], shape: bytes, epoch: int, timeout: float = 10.0
@@ -126,10 +127,12 @@ class AgentClient:
         cwd: str,
         epoch: int = 0,
         timeout: float = 60.0,
+        first_rank: int = 0,
     ) -> list[Any]:
-        """Starts ``count`` workers; the agent's WorkerInfo messages of them."""
+        """Starts ``count`` workers, ranked from ``first_rank``; the agent's
+        WorkerInfo messages of them."""
         req = self._pb.SpawnWorkersRequest(
-            count=count, executable=executable, args=args, env=env, cwd=cwd, epoch=epoch
+            count=count, executable=executable, args=args, env=env, cwd=cwd, epoch=epoch, first_rank=first_rank
         )
         return list(self._call("SpawnWorkers", req, timeout).workers)
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import threading
 from collections.abc import Mapping
@@ -13,6 +14,8 @@ from monarch_kernel.controller._lifecycle import attach_session, get_or_create
 from monarch_kernel.errors import MeshSpecError
 from monarch_kernel.hosts import _admin
 from monarch_kernel.hosts._admin import MeshInfo
+from monarch_kernel.hosts._placement import HOSTS_DIM
+from monarch_kernel.hosts._remote import SlurmHosts, SSHHosts
 from monarch_kernel.mesh._proc_mesh import ProcMesh, current_proc, set_this_proc
 from monarch_kernel.mesh._proc_ref import ProcRef
 from monarch_kernel.mesh._shape import Extent, MeshTrait, Point, Shape
@@ -33,13 +36,32 @@ def _check_per_host(per_host: Mapping[str, int] | None) -> dict[str, int]:
 
 
 class HostMesh(MeshTrait):
-    """Hosts that procs are spawned on. ``this_host()`` is the local machine."""
+    """Hosts that procs are spawned on. ``this_host()`` is the local machine; a job
+    (``monarch_kernel.job``) gives meshes of other hosts, with a ``hosts`` dimension
+    (``slice(hosts=...)`` picks some of them)."""
 
-    def __init__(self) -> None:
-        self._shape = Shape(Extent([], []))
+    def __init__(self, hosts: SSHHosts | SlurmHosts | None = None) -> None:
+        self._hosts = hosts
+        if hosts is None:
+            self._shape = Shape(Extent([], []))
+        else:
+            n = hosts.nodes if isinstance(hosts, SlurmHosts) else len(hosts.targets)
+            self._shape = Shape.of({HOSTS_DIM: n})
 
     def _new_with_shape(self, shape: Shape) -> HostMesh:
-        return self
+        if self._hosts is None:
+            return self
+        picked = list(shape.ranks)
+        if isinstance(self._hosts, SSHHosts):
+            return HostMesh(dataclasses.replace(self._hosts, targets=[self._hosts.targets[i] for i in picked]))
+        return HostMesh(dataclasses.replace(self._hosts, nodes=len(picked)))  # SLURM picks the nodes
+
+    def __repr__(self) -> str:
+        if self._hosts is None:
+            return "<HostMesh: this host>"
+        if isinstance(self._hosts, SSHHosts):
+            return f"<HostMesh: {len(self._hosts.targets)} hosts over ssh: {', '.join(self._hosts.targets)}>"
+        return f"<HostMesh: {self._hosts.nodes} SLURM nodes>"
 
     def spawn_procs(
         self,
@@ -68,10 +90,12 @@ class HostMesh(MeshTrait):
                 "spawn_procs(bootstrap=...) is not supported yet; run setup in an actor's __init__"
             )
         sizes = _check_per_host(per_host)
+        if HOSTS_DIM in sizes:
+            raise MeshSpecError(f"per_host cannot have a {HOSTS_DIM!r} dimension: the host mesh gives it")
         session = get_or_create(
-            name, sizes, env, replace=replace, ephemeral=ephemeral, idle_timeout=idle_timeout
+            name, sizes, env, replace=replace, ephemeral=ephemeral, idle_timeout=idle_timeout, hosts=self._hosts
         )
-        return ProcMesh(session.ref, Shape.of(sizes))
+        return ProcMesh(session.ref, Shape.of(session.sizes))
 
 
 def attach(name: str) -> ProcMesh:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from monarch_kernel.control import AgentClient
+from monarch_kernel.control._group import AgentGroup, single
 from monarch_kernel.controller._frontend import progress as frontend_progress
 from monarch_kernel.controller._session import Session, sessions, sessions_lock
 from monarch_kernel.errors import (
@@ -28,10 +29,11 @@ from monarch_kernel.errors import (
     MonarchKernelError,
 )
 from monarch_kernel.hosts import _registry, start_local_agent
-from monarch_kernel.hosts._admin import connect, stop_unowned
+from monarch_kernel.hosts._admin import connect, group_of, stop_unowned
 from monarch_kernel.hosts._local import check_room
-from monarch_kernel.hosts._placement import placement_env
+from monarch_kernel.hosts._placement import HOSTS_DIM, placement_env
 from monarch_kernel.hosts._registry import MeshRecord
+from monarch_kernel.hosts._remote import SlurmHosts, SSHHosts, agent_config, end_job, start_agents
 from monarch_kernel.mesh._proc_ref import ProcRef
 
 #: Default idle timeout of a named mesh: how long it waits for a controller.
@@ -77,10 +79,11 @@ def attach_record(rec: MeshRecord) -> Session:
         except MeshStateError:
             client.close()
             raise
-        reply = client.attach()
+        replies = client.attach()
+        workers = [w for reply in replies for w in reply.workers]
         # The new lease opens before the old one (if this process had one) closes: an
         # ephemeral mesh must never see no controller in between.
-        session = Session(rec, client, reply.epoch, list(reply.workers), list(reply.actors), agent=None)
+        session = Session(rec, client, replies[0].epoch, workers, list(replies[0].actors), agent=None)
         old = sessions.get(rec.name)
         if old is not None and old.token == rec.token and not old.closed:
             session.callbacks.extend(old.callbacks)
@@ -132,9 +135,9 @@ def create(
         state_file=str(_registry.path_of(mesh_name)),
         record=dataclasses.asdict(first),
     )
-    client = AgentClient(agent.addr, token)
+    client = single(AgentClient(agent.addr, token), nprocs, first.host, agent.popen.pid)
     try:
-        epoch = client.attach().epoch
+        epoch = client.attach()[0].epoch
         worker_env = {
             "MONARCH_SHAPE": json.dumps([list(sizes), list(sizes.values())]),
             **_worker_env(env),
@@ -145,7 +148,7 @@ def create(
             nprocs,
             f"starting mesh {mesh_name!r}, procs started",
             lambda: client.spawn_workers_raw(
-                nprocs, sys.executable, ["-m", "monarch_kernel.worker"], worker_env, os.getcwd(), epoch=epoch
+                sys.executable, ["-m", "monarch_kernel.worker"], worker_env, os.getcwd(), epoch=epoch
             ),
         )
         rec = dataclasses.replace(first, agent_addr=agent.addr, agent_pid=agent.popen.pid, epoch=epoch)
@@ -164,12 +167,94 @@ def create(
     return session
 
 
+def create_across(
+    name: str | None,
+    hosts: SSHHosts | SlurmHosts,
+    per_host: dict[str, int],
+    env: Mapping[str, str] | None,
+    ephemeral: bool,
+    idle_timeout: float,
+) -> Session:
+    """Starts a new mesh across ``hosts``: an agent on each (over ssh or srun), each
+    agent's workers, and a state file that names every agent and the job."""
+    mesh_name = name or f"anon-{uuid.uuid4().hex[:8]}"
+    nhosts = hosts.nodes if isinstance(hosts, SlurmHosts) else len(hosts.targets)
+    sizes = {HOSTS_DIM: nhosts, **per_host}
+    token = _new_token()
+    spec = {"per_host": per_host, "env": dict(env or {}), "hosts": nhosts}
+    meta = json.dumps({"spec": spec, "ephemeral": ephemeral, "idle_timeout": idle_timeout})
+    agents, job = start_agents(hosts, agent_config(mesh_name, token, idle_timeout, meta))
+    per = math.prod(per_host.values())
+    entries = [
+        {"host": a.host, "agent_addr": a.addr, "agent_pid": a.pid, "first_rank": i * per, "procs": per}
+        for i, a in enumerate(agents)
+    ]
+    rec = MeshRecord(
+        name=mesh_name,
+        token=token,
+        agent_addr=agents[0].addr,
+        agent_pid=agents[0].pid,
+        host=agents[0].host,
+        spec=spec,
+        idle_timeout=idle_timeout,
+        ephemeral=ephemeral,
+        hosts=entries,
+        job=job,
+    )
+    client = group_of(rec)
+    try:
+        _registry.write(rec)  # listed from the first moment: nothing runs unlisted
+        _transfer_host_facing(agents[0].addr)
+        epoch = client.attach()[0].epoch
+        worker_env = {
+            "MONARCH_SHAPE": json.dumps([list(sizes), list(sizes.values())]),
+            **_worker_env(env),
+        }
+        workers = _showing_progress(
+            client,
+            nhosts * per,
+            f"starting mesh {mesh_name!r} on {nhosts} hosts, procs started",
+            lambda: client.spawn_workers_raw(
+                hosts.python, ["-m", "monarch_kernel.worker"], worker_env, os.getcwd(), epoch=epoch
+            ),
+        )
+        rec.epoch = epoch
+        session = Session(rec, client, epoch, workers, [], None)
+        _registry.write(rec)
+    except BaseException:  # nothing may be left running that no state file names
+        try:
+            client.shutdown()
+        except Exception:
+            pass  # the original error is the one to report
+        finally:
+            end_job(job)
+            _registry.remove_if_ours(mesh_name, token)
+        raise
+    with sessions_lock:
+        sessions[mesh_name] = session
+    return session
+
+
+def _transfer_host_facing(agent_addr: str) -> None:
+    """This process's transfer engine must be reachable from other hosts: unless
+    ``MONARCH_TRANSFER_HOST`` says where, it listens on the address that faces them
+    (it starts on first use; one that started on loopback stays there)."""
+    if os.environ.get("MONARCH_TRANSFER_HOST"):
+        return
+    import socket
+
+    host = agent_addr.rsplit(":", 1)[0]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, 9))  # no packet is sent: this picks the route's source address
+        os.environ["MONARCH_TRANSFER_HOST"] = str(s.getsockname()[0])
+
+
 #: Seconds a start lasts before it shows progress.
 PROGRESS_AFTER_S = 1.0
 
 
 def _showing_progress(
-    client: AgentClient, nprocs: int, what: str, spawn: Callable[[], list[Any]]
+    client: AgentGroup, nprocs: int, what: str, spawn: Callable[[], list[Any]]
 ) -> list[Any]:
     """Runs ``spawn()`` (the agent starting ``nprocs`` workers); if it lasts more than
     ``PROGRESS_AFTER_S``, shows how many have started (the front end's ``progress``).
@@ -223,18 +308,28 @@ def get_or_create(
     replace: bool,
     ephemeral: bool | None,
     idle_timeout: float | None,
+    hosts: SSHHosts | SlurmHosts | None = None,
 ) -> Session:
-    """``spawn_procs``: the running mesh ``name`` if its spec matches, else a new one."""
+    """``spawn_procs``: the running mesh ``name`` if its spec matches, else a new one
+    (on this host, or across ``hosts``)."""
     if ephemeral is None:
         ephemeral = name is None
     if idle_timeout is None:
         idle_timeout = 0.0 if ephemeral else DEFAULT_IDLE_TIMEOUT
     elif not isinstance(idle_timeout, (int, float)) or idle_timeout < 0:
         raise MeshSpecError(f"idle_timeout must be a number of seconds >= 0, not {idle_timeout!r}")
+
+    def new(name: str | None) -> Session:
+        if hosts is None:
+            return create(name, sizes, env, ephemeral, float(idle_timeout))
+        return create_across(name, hosts, sizes, env, ephemeral, float(idle_timeout))
+
     if name is None:
-        return create(None, sizes, env, ephemeral, float(idle_timeout))
+        return new(None)
     _registry.check_name(name)
-    spec = {"per_host": sizes, "env": dict(env or {})}
+    spec: dict[str, Any] = {"per_host": sizes, "env": dict(env or {})}
+    if hosts is not None:
+        spec["hosts"] = hosts.nodes if isinstance(hosts, SlurmHosts) else len(hosts.targets)
     with _registry.locked(name):
         rec = _registry.read(name, wait_restore=RESTORE_WAIT_S)
         if rec is not None:
@@ -256,7 +351,7 @@ def get_or_create(
                     )
             else:
                 stop_record(rec)
-        return create(name, sizes, env, ephemeral, float(idle_timeout))
+        return new(name)
 
 
 def _spec_text(spec: dict[str, Any]) -> str:

@@ -19,7 +19,8 @@ from typing import Any
 
 from monarch_kernel import _native, _origin
 from monarch_kernel._wire import BUILTIN, FLUSH_MARK
-from monarch_kernel.control import AgentClient, has_exited
+from monarch_kernel.control import has_exited
+from monarch_kernel.control._group import AgentGroup, HostLink
 from monarch_kernel.controller._frontend import frontend
 from monarch_kernel.controller._supervision import MeshFailure, Supervisor
 from monarch_kernel.errors import (
@@ -32,6 +33,7 @@ from monarch_kernel.errors import (
 from monarch_kernel.hosts import AgentProcess, _registry
 from monarch_kernel.hosts._admin import agent_alive
 from monarch_kernel.hosts._registry import MeshRecord
+from monarch_kernel.hosts._remote import end_job
 from monarch_kernel.mesh._actor_mesh import decode_reply
 from monarch_kernel.mesh._buffers import know_token
 from monarch_kernel.mesh._future import Future
@@ -54,7 +56,7 @@ class Session:
     def __init__(
         self,
         rec: MeshRecord,
-        client: AgentClient,
+        client: AgentGroup,
         epoch: int,
         workers: list[Any],
         actors: list[Any],
@@ -66,7 +68,7 @@ class Session:
         self.client = client
         self.agent = agent
         self.epoch = epoch
-        self.sizes: dict[str, int] = dict(rec.spec["per_host"])
+        self.sizes: dict[str, int] = sizes_of(rec.spec)
         workers = sorted(workers, key=lambda w: w.rank)
         self.ref = ProcRef(
             rec.name,
@@ -95,9 +97,15 @@ class Session:
         self.supervisor = Supervisor(self)
         know_token(rec.token)  # TransferBuffers from this mesh can be read here
         _native.set_epoch(rec.token, self.epoch)
+        #: Hosts that do not answer now (a partition, a stopped agent), and hosts whose
+        #: agent is gone, by link index (SUPERVISE-4).
+        self.unreachable: set[int] = set()
+        self.lost_hosts: set[int] = set()
         # The lease and the event stream first; then what happened before it opened
         # (the agent does not replay events): exits are marked from the agent's list.
-        self._cancel_watch = client.watch_in_thread(self._on_event, self._on_end)
+        self._cancels: dict[int, Callable[[], None]] = {
+            link.index: client.watch_link(link, self._on_event, self._on_end) for link in client.links
+        }
         try:
             workers = client.list_workers_raw()
         except MonarchKernelError:
@@ -141,15 +149,50 @@ class Session:
             out.write(f"[{self.name} {line.rank}] {line.text}\n")  # one write: lines stay whole
             out.flush()
 
-    def _on_end(self, err: BaseException | None) -> None:
+    def _cancel_watch(self) -> None:
+        for cancel in list(self._cancels.values()):
+            cancel()
+
+    def _on_end(self, err: BaseException | None, link: HostLink) -> None:
+        """A host's Watch stream ended: watch again if its agent is there (a hiccup),
+        wait for it while it is unreachable (SUPERVISE-4), else its host is lost."""
         if self.closed or self.stopping or err is None:
             return
-        if agent_alive(self.rec):  # a hiccup, not a death: watch again
-            time.sleep(0.2)
-            if not self.closed:
-                self._cancel_watch = self.client.watch_in_thread(self._on_event, self._on_end)
+        if len(self.client.links) == 1 and not self.rec.hosts:
+            if agent_alive(self.rec):  # a hiccup, not a death: watch again
+                time.sleep(0.2)
+                self._rewatch(link)
+                return
+            self.supervisor.agent_lost(err)
             return
-        self.supervisor.agent_lost(err)
+        while not (self.closed or self.stopping):
+            how = link.reach()
+            if how == "alive":
+                if link.index in self.unreachable:
+                    self.supervisor.host_back(link)
+                self._rewatch(link)
+                return
+            if how == "gone":
+                self.supervisor.host_lost(link, err)
+                return
+            if link.index not in self.unreachable:
+                self.supervisor.host_unreachable(link)
+            time.sleep(1.0)
+
+    def _rewatch(self, link: HostLink) -> None:
+        if not self.closed:
+            self._cancels[link.index] = self.client.watch_link(link, self._on_event, self._on_end)
+
+    def host_index(self, rank: int) -> int:
+        """The index of the host that runs ``rank``."""
+        return self.client.link_of(rank).index
+
+    def explain_host_loss(self, link: HostLink) -> str | None:
+        """Why a host's agent went away, when its allocator knows (a SLURM job that
+        ended: its state and reason); None otherwise."""
+        from monarch_kernel.hosts import _remote
+
+        return _remote.job_end_reason(self.rec.job)
 
     def forget_record(self) -> None:
         """Removes the mesh's state file, if it is still this mesh's."""
@@ -246,6 +289,7 @@ class Session:
         self.closed = True
         sessions.pop(self.name, None)
         self._cancel_watch()
+        end_job(self.rec.job)
         _registry.remove_if_ours(self.name, self.token)
         if self.agent is not None:
             self.agent.wait(timeout)
@@ -364,13 +408,19 @@ class Session:
         return self._stream_logs(rank)
 
     def _stream_logs(self, rank: int | None) -> Iterator[str]:
-        stream = self.client.watch()
+        events = self.client.watch()
         try:
-            for ev in stream:
+            for ev in events:
                 if ev.HasField("log") and (rank is None or ev.log.rank == rank):
                     yield f"[{self.name} {ev.log.rank}] {ev.log.text}"
         finally:
-            stream.cancel()
+            events.close()
+
+
+def sizes_of(spec: dict[str, Any]) -> dict[str, int]:
+    """A mesh's dims from its spec: ``{"hosts": N, **per_host}`` across hosts."""
+    per_host = dict(spec["per_host"])
+    return {"hosts": int(spec["hosts"]), **per_host} if spec.get("hosts") else per_host
 
 
 #: Sessions of this process, by mesh name.
@@ -378,4 +428,4 @@ sessions: dict[str, Session] = {}
 sessions_lock = threading.RLock()
 
 
-__all__ = ["Session", "sessions", "sessions_lock"]
+__all__ = ["Session", "sessions", "sessions_lock", "sizes_of"]

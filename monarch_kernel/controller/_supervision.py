@@ -10,6 +10,10 @@ SUPERVISE-2: a worker that misses ``MISSES`` heartbeats in a row is *unresponsiv
 dead; it is alive again when it answers.
 SUPERVISE-3: when the agent itself goes, its workers exit (AGENT-1) and the mesh is
 *lost*: every later call fails with a SupervisionError that says so.
+SUPERVISE-4: across hosts, a host whose workers and agent stop answering is
+*unreachable* (said once, within a few seconds; its ranks' calls wait), distinct
+from lost; it is back when it answers, with nothing lost. A host whose agent is gone
+(its address refuses connections) is lost: its ranks are dead, the other hosts go on.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from monarch_kernel.mesh._proc_ref import death_error, describe, tail_lines
 from monarch_kernel.mesh._serial import dumps, loads
 
 if TYPE_CHECKING:
+    from monarch_kernel.control._group import HostLink
     from monarch_kernel.controller._session import Session
 
 #: Heartbeat period and the misses that make a worker unresponsive (SUPERVISE-2).
@@ -41,6 +46,9 @@ _HINTS = {
     "lost": "",
     "fenced": "",
     "stopped": "",
+    "unreachable": "calls to its ranks wait until it answers",
+    "host_back": "",
+    "host_lost": "calls that need its ranks fail; the other hosts go on",
 }
 #: Who stopped a mesh, as the agent says it (``Stopping.by``), in words.
 _STOPPED_BY = {
@@ -81,6 +89,63 @@ class Supervisor:
         s.state.changed()
         s.forget_record()
         self.notify(MeshFailure.of(lost, "lost"))
+
+    # -- hosts (SUPERVISE-4) --------------------------------------------------------------
+
+    def host_unreachable(self, link: HostLink) -> None:
+        s = self.s
+        with self._dead_lock:
+            if link.index in s.unreachable:
+                return
+            s.unreachable.add(link.index)
+        s.state.changed()
+        self.notify(
+            MeshFailure(
+                s.name,
+                "unreachable",
+                f"host {link.host!r} of mesh {s.name!r} ({link.addr}, ranks {_span(link)}) does not answer: "
+                "neither its agent nor its workers reply (a network partition, or its agent is stopped). "
+                "Calls to its ranks wait; it is back, with nothing lost, when it answers.",
+                host=link.host,
+            )
+        )
+
+    def host_back(self, link: HostLink) -> None:
+        s = self.s
+        with self._dead_lock:
+            if link.index not in s.unreachable:
+                return
+            s.unreachable.discard(link.index)
+        s.state.changed()
+        self.notify(
+            MeshFailure(
+                s.name,
+                "host_back",
+                f"host {link.host!r} of mesh {s.name!r} answers again (ranks {_span(link)})",
+                host=link.host,
+            )
+        )
+
+    def host_lost(self, link: HostLink, err: BaseException) -> None:
+        """SUPERVISE-4: a host's agent is gone: its ranks are dead; the other hosts go on."""
+        s = self.s
+        others = [lk for lk in s.client.links if lk.index != link.index and lk.index not in s.lost_hosts]
+        s.lost_hosts.add(link.index)
+        s.unreachable.discard(link.index)
+        if not others:
+            self.agent_lost(err)
+            return
+        why = s.explain_host_loss(link) or f"its agent at {link.addr} went away ({err})"
+        message = (
+            f"host {link.host!r} of mesh {s.name!r} is lost: {why}; its ranks {_span(link)} are gone "
+            "with it. The other hosts go on; calls that need those ranks fail."
+        )
+        with self._dead_lock:
+            for r in link.ranks:
+                s.state.dead[r] = SupervisionError(message, mesh=s.name, rank=r, host=link.host)
+                s.state.unresponsive.discard(r)
+        s.state.changed()
+        self.notify(MeshFailure(s.name, "host_lost", message, host=link.host))
 
     def stopped_by(self, by: str) -> None:
         """The agent is stopping the mesh at someone else's request (``by``): its
@@ -202,8 +267,29 @@ class Supervisor:
                 misses[r] = misses.get(r, 0) + 1
                 if misses[r] == MISSES and r not in s.state.unresponsive:
                     s.state.unresponsive.add(r)
-                    self.notify(MeshFailure.of(self._unresponsive_error(r), "unresponsive"))
+                    if s.host_index(r) not in s.unreachable:  # a host's silence is said once
+                        self.notify(MeshFailure.of(self._unresponsive_error(r), "unresponsive"))
+            self._check_hosts(misses)
             time.sleep(max(0.0, HEARTBEAT_S - (time.monotonic() - started)))
+
+    def _check_hosts(self, misses: dict[int, int]) -> None:
+        """SUPERVISE-4 (across hosts): a host none of whose live ranks answered the last
+        two heartbeats, and whose agent does not answer either, is unreachable; one
+        whose ranks answer again is back."""
+        s = self.s
+        if len(s.client.links) == 1:
+            return
+        for link in s.client.links:
+            if link.index in s.lost_hosts:
+                continue
+            live = [r for r in link.ranks if r not in s.state.dead]
+            if not live:
+                continue
+            silent = all(misses.get(r, 0) >= 2 for r in live)
+            if silent and link.index not in s.unreachable and link.reach(timeout=1.0) != "alive":
+                self.host_unreachable(link)
+            elif not silent and link.index in s.unreachable:
+                self.host_back(link)
 
     def _exited(self, rank: int) -> bool:
         """Asks the agent whether ``rank`` exited; if so, handles it as a death. For
@@ -249,6 +335,11 @@ class Supervisor:
             pid=info["pid"] if info else None,
             host=info["host"] if info else None,
         )
+
+
+def _span(link: HostLink) -> str:
+    r = link.ranks
+    return f"{r.start}-{r.stop - 1}" if len(r) > 1 else str(r.start)
 
 
 __all__ = ["HEARTBEAT_S", "MISSES", "MeshFailure", "Supervisor"]

@@ -11,16 +11,19 @@ agent runs (busy, stopped or hung).
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from monarch_kernel.control import AgentClient
+from monarch_kernel.control._group import AgentGroup, HostLink
 from monarch_kernel.errors import AgentUnresponsiveError, MeshAuthError, MonarchKernelError
 from monarch_kernel.hosts import _registry
 from monarch_kernel.hosts._registry import MeshRecord
+from monarch_kernel.hosts._remote import end_job
 
 
 def agent_alive(rec: MeshRecord) -> bool:
@@ -38,15 +41,42 @@ def agent_alive(rec: MeshRecord) -> bool:
     return b"monarch_kernel.hosts._agent_main" in cmd and state not in ("Z", "X")
 
 
-def connect(rec: MeshRecord) -> AgentClient | None:
-    """A client of ``rec``'s agent if it answers as that mesh; None if it is gone
+def group_of(rec: MeshRecord) -> AgentGroup:
+    """Clients of every host's agent of ``rec`` (one for a mesh on this host)."""
+    nprocs = math.prod(rec.spec["per_host"].values()) * int(rec.spec.get("hosts") or 1)
+    return AgentGroup(
+        [
+            HostLink(i, AgentClient(h["agent_addr"], rec.token), h["host"], h["first_rank"], h["procs"], h["agent_pid"])
+            for i, h in enumerate(rec.host_entries(nprocs))
+        ]
+    )
+
+
+def connect(rec: MeshRecord) -> AgentGroup | None:
+    """Clients of ``rec``'s agents if they answer as that mesh; None if it is gone
     (REGISTRY-3: only then may its record be removed). An agent that runs but does
     not answer raises ``AgentUnresponsiveError``; one that refuses the state file's
-    token, ``MeshAuthError`` (the file does not belong to that agent)."""
-    client = AgentClient(rec.agent_addr, rec.token)
+    token, ``MeshAuthError`` (the file does not belong to that agent). Across hosts,
+    the mesh is there while any host's agent answers; it is gone when every host
+    refuses the connection (its agents are not there)."""
+    if rec.hosts:
+        group = group_of(rec)
+        states = [link.reach(timeout=3.0) for link in group.links]
+        if "alive" in states:
+            return group
+        group.close()
+        if "unreachable" in states:
+            raise AgentUnresponsiveError(
+                f"no host agent of mesh {rec.name!r} answers ({', '.join(h['host'] for h in rec.hosts)}): the hosts "
+                f"are unreachable from here, or their agents are stopped. monarch-kernel down {rec.name} ends it.",
+                mesh=rec.name,
+            )
+        return None
+    group = group_of(rec)
+    client = group.links[0].client
     try:
         if client.ping(timeout=3.0)["name"] == rec.name:
-            return client
+            return group
     except MeshAuthError:
         client.close()
         if not agent_alive(rec):
@@ -79,18 +109,22 @@ def stop_unowned(rec: MeshRecord) -> bool:
         AgentUnresponsiveError,
         MeshAuthError,
     ):  # hung, or not ours to talk to: its workers exit with it (AGENT-1)
-        os.kill(rec.agent_pid, signal.SIGKILL)
+        if not rec.hosts:
+            os.kill(rec.agent_pid, signal.SIGKILL)
+        end_job(rec.job)
         _registry.remove_if_ours(rec.name, rec.token)
         return True
     _registry.remove_if_ours(rec.name, rec.token)
     if client is None:
+        end_job(rec.job)
         return False
     try:
         client.shutdown(epoch=0)
     except MonarchKernelError:
-        pass
+        pass  # a host that does not answer: its agent's idle timeout ends it
     finally:
         client.close()
+    end_job(rec.job)
     return True
 
 
@@ -109,6 +143,9 @@ class MeshInfo:
     ephemeral: bool
     idle_timeout: float
     created: float
+    #: Every host: ``{"host", "addr", "procs", "alive", "state"}``, state being "alive",
+    #: "unreachable" or "gone" (its agent).
+    hosts: list[dict[str, Any]] = field(default_factory=list)
 
 
 def list_meshes() -> list[MeshInfo]:
@@ -133,12 +170,26 @@ def list_meshes() -> list[MeshInfo]:
                 )
                 continue
         try:
-            ping = client.ping()
+            states = [link.reach(timeout=2.0) for link in client.links]
+            first = next(link for link, st in zip(client.links, states) if st == "alive")
+            ping = first.client.ping()
             workers = client.list_workers()
-        except MonarchKernelError:
+        except (MonarchKernelError, StopIteration):
             continue
         finally:
             client.close()
+        hosts = [
+            {
+                "host": link.host or rec.host,
+                "addr": link.addr,
+                "procs": sum(w["rank"] in link.ranks for w in workers) if rec.hosts else len(workers),
+                "alive": sum(w["rank"] in link.ranks and w["state"] == "running" for w in workers)
+                if rec.hosts
+                else sum(w["state"] == "running" for w in workers),
+                "state": st,
+            }
+            for link, st in zip(client.links, states)
+        ]
         out.append(
             MeshInfo(
                 name=name,
@@ -152,6 +203,7 @@ def list_meshes() -> list[MeshInfo]:
                 ephemeral=rec.ephemeral,
                 idle_timeout=rec.idle_timeout,
                 created=rec.created,
+                hosts=hosts,
             )
         )
     return out

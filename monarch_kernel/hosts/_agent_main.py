@@ -1,24 +1,51 @@
 """Entry point of a host agent process (``python -m monarch_kernel.hosts._agent_main``).
 
 Reads its configuration (token included) as one JSON line on stdin, starts the native
-agent, prints ``MONARCH_AGENT_READY <addr>``, then runs until the agent stops.
+agent, prints ``MONARCH_AGENT_READY <addr> <pid> <hostname> [<slurm job id>]``, then runs until the
+agent stops.
+
+On another host (an allocator started it over ssh or srun), ``bind_host`` may be
+``"auto"``: the agent listens on the address of this host that faces its controller
+(``SSH_CONNECTION``, ``SLURM_LAUNCH_NODE_IPADDR`` or ``MONARCH_CONTROLLER_ADDR`` says
+where the controller is), and, without ``log_dir``, logs to this host's state folder.
+With ``--detach`` (ssh), it leaves the caller's session once it listens, so the ssh
+command returns while the agent runs on (AGENT-1 still ends its workers with it).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import threading
 from collections.abc import Callable
 
+READY = "MONARCH_AGENT_READY"
+
 
 def main() -> None:
     cfg = json.loads(sys.stdin.readline())
+    if cfg.get("state_home"):  # the controller's, on a shared home
+        os.environ["XDG_STATE_HOME"] = cfg["state_home"]
+    detach = "--detach" in sys.argv[1:]
+    if detach:
+        _detach()
+    bind_host = _bind_host(cfg.get("bind_host") or "127.0.0.1")
+    log_dir = cfg.get("log_dir") or _own_log_dir(cfg["name"])
+    if detach or not cfg.get("log_dir"):  # our stderr goes to the log from now on
+        fd = os.open(os.path.join(log_dir, "agent.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(fd, 2)
+        os.close(fd)
     from monarch_kernel import _native
 
     agent = _native.start_agent(
-        cfg["name"], cfg["token"], cfg["log_dir"], float(cfg["idle_timeout"]), meta=cfg.get("meta", "")
+        cfg["name"],
+        cfg["token"],
+        log_dir,
+        float(cfg["idle_timeout"]),
+        meta=cfg.get("meta", ""),
+        bind_host=bind_host,
     )
     state_file = cfg.get("state_file", "")
     if state_file and cfg.get("record"):  # REGISTRY-2: listed from the first moment
@@ -29,7 +56,8 @@ def main() -> None:
             print(
                 f"monarch agent: cannot write the state file {state_file}: {e}", file=sys.stderr, flush=True
             )
-    sys.stdout.write(f"MONARCH_AGENT_READY {agent.addr}\n")
+    job = os.environ.get("SLURM_JOB_ID", "")  # (srun started us: the job to end with the mesh)
+    sys.stdout.write(f"{READY} {agent.addr} {os.getpid()} {socket.gethostname()} {job}\n")
     sys.stdout.flush()
     # Nobody reads our stdout from now on: send it to the log like stderr.
     os.dup2(2, 1)
@@ -46,6 +74,49 @@ def main() -> None:
     _forget(cfg.get("state_file", ""), cfg["token"])
     _native.shutdown_runtime()
     os._exit(0)
+
+
+def _detach() -> None:
+    """Forks: the parent passes on the child's ready line and exits (ending the ssh
+    command); the child runs on in a session of its own, its stdin on /dev/null."""
+    r, w = os.pipe()
+    if os.fork():
+        os.close(w)
+        with os.fdopen(r, "rb") as ready:
+            line = ready.readline()
+        sys.stdout.buffer.write(line)
+        sys.stdout.flush()
+        os._exit(0 if line.startswith(READY.encode()) else 1)
+    os.close(r)
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.dup2(w, 1)  # the ready line reaches the parent
+    os.close(w)
+
+
+def _bind_host(given: str) -> str:
+    """``given``, or for "auto" the address of this host that faces the controller."""
+    if given != "auto":
+        return given
+    peer = (
+        os.environ.get("MONARCH_CONTROLLER_ADDR")
+        or os.environ.get("SLURM_LAUNCH_NODE_IPADDR")
+        or (os.environ.get("SSH_CONNECTION") or "").split(" ")[0]
+    )
+    if not peer:
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((peer, 9))  # no packet is sent: this only picks the route's source address
+        return str(s.getsockname()[0])
+
+
+def _own_log_dir(name: str) -> str:
+    """This host's log folder of mesh ``name`` (one per host: hosts may share a home)."""
+    from monarch_kernel.hosts._local import fresh_log_dir
+
+    return str(fresh_log_dir(f"{name}@{socket.gethostname()}"))
 
 
 def _keep_state_file(

@@ -6,7 +6,8 @@ the first N to the workers as ``MONARCH_GPUS``; a worker, before any user code r
 sets ``CUDA_VISIBLE_DEVICES`` to its own entry (so it sees one GPU, ``cuda:0``) and
 ``LOCAL_RANK`` to its rank on the host. Fewer GPUs than procs is an error; a host
 with none runs the procs on the CPU, with one warning, so the same code runs on a
-laptop and on a GPU node.
+laptop and on a GPU node. On another host (a mesh with a ``hosts`` dimension), each
+worker picks its entry from what its own host lists, the same way.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from monarch_kernel.errors import MeshSpecError
 GPU_DIM = "gpus"
 #: Where a worker finds the GPUs of its host's procs, in local-rank order.
 GPUS_ENV = "MONARCH_GPUS"
+#: The dimension of a mesh across hosts that numbers its hosts (hosts are not placed:
+#: the GPUs of a proc on another host are picked there, by its worker).
+HOSTS_DIM = "hosts"
 
 
 class GpuPlacementWarning(UserWarning):
@@ -93,16 +97,18 @@ def apply_in_worker(rank: int, dims: list[str], sizes: list[int]) -> None:
     """At a worker's start, before user code: ``LOCAL_RANK``, and the one GPU it sees.
     A mesh without a ``gpus`` dimension keeps the GPUs it inherited (a mesh spawned
     from a GPU proc shares that proc's GPU), whatever ``MONARCH_GPUS`` it inherited."""
-    per_host = math.prod(sizes) or 1
+    per_host = math.prod(n for d, n in zip(dims, sizes) if d != HOSTS_DIM) or 1
     local = rank % per_host
     os.environ["LOCAL_RANK"] = str(local)
     if GPU_DIM not in dims:
         os.environ.pop(GPUS_ENV, None)
         return
     gpus = os.environ.get(GPUS_ENV)
+    if gpus is None and HOSTS_DIM in dims:  # on another host: the GPUs it was given there
+        gpus = ",".join(host_gpus())
     if gpus is not None:
         entries = gpus.split(",") if gpus else []
         os.environ["CUDA_VISIBLE_DEVICES"] = entries[local] if local < len(entries) else ""
 
 
-__all__ = ["GPU_DIM", "GPUS_ENV", "GpuPlacementWarning", "apply_in_worker", "host_gpus", "placement_env"]
+__all__ = ["GPU_DIM", "GPUS_ENV", "HOSTS_DIM", "GpuPlacementWarning", "apply_in_worker", "host_gpus", "placement_env"]

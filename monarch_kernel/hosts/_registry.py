@@ -49,6 +49,21 @@ class MeshRecord:
     created: float = field(default_factory=time.time)
     epoch: int = 0
     version: int = VERSION
+    #: A mesh across hosts: every host's agent, in rank order, as
+    #: ``{"host", "agent_addr", "agent_pid", "first_rank", "procs"}`` (the first is also
+    #: ``host``/``agent_addr``/``agent_pid`` above). Empty for a mesh on this host.
+    hosts: list[dict[str, Any]] = field(default_factory=list)
+    #: How its hosts were had: ``{"kind": "ssh", "targets": [...], "ssh_args": [...]}`` or
+    #: ``{"kind": "slurm", "job_id": "...", "launcher_pid": N, "own_allocation": bool}``.
+    job: dict[str, Any] = field(default_factory=dict)
+
+    def host_entries(self, nprocs: int) -> list[dict[str, Any]]:
+        """Every host's agent (one entry for a mesh on this host)."""
+        if self.hosts:
+            return self.hosts
+        return [
+            {"host": self.host, "agent_addr": self.agent_addr, "agent_pid": self.agent_pid, "first_rank": 0, "procs": nprocs}
+        ]
 
     @classmethod
     def from_json(cls, data: Any) -> MeshRecord:

@@ -25,8 +25,11 @@ class MeshFailure:
     """What went wrong with a mesh, as given to ``on_failure`` callbacks and actors'
     ``__supervise__``. ``kind`` is "dead" (a worker exited), "unresponsive" (alive but
     not answering heartbeats), "recovered" (answering again), "lost" (the host agent
-    is gone, so is every worker), "fenced" (another controller attached) or "stopped"
-    (stopped by someone else: an administrator, the idle timeout)."""
+    is gone, so is every worker), "fenced" (another controller attached), "stopped"
+    (stopped by someone else: an administrator, the idle timeout), and across hosts
+    "unreachable" (a host does not answer: a partition, its agent stopped; its ranks
+    wait), "host_back" (it answers again) or "host_lost" (its agent is gone, and its
+    ranks with it; the other hosts go on). Host events name the host in ``host``."""
 
     mesh: str
     kind: str

@@ -17,7 +17,7 @@ WORKER_STATE_RUNNING: WorkerState
 WORKER_STATE_EXITED: WorkerState
 
 class SpawnWorkersRequest(_message.Message):
-    __slots__ = ("count", "executable", "args", "env", "cwd", "epoch")
+    __slots__ = ("count", "executable", "args", "env", "cwd", "epoch", "first_rank")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -31,13 +31,15 @@ class SpawnWorkersRequest(_message.Message):
     ENV_FIELD_NUMBER: _ClassVar[int]
     CWD_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    FIRST_RANK_FIELD_NUMBER: _ClassVar[int]
     count: int
     executable: str
     args: _containers.RepeatedScalarFieldContainer[str]
     env: _containers.ScalarMap[str, str]
     cwd: str
     epoch: int
-    def __init__(self, count: _Optional[int] = ..., executable: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+    first_rank: int
+    def __init__(self, count: _Optional[int] = ..., executable: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., epoch: _Optional[int] = ..., first_rank: _Optional[int] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
     __slots__ = ("rank", "pid", "addr", "state", "exit_code", "signal", "host", "proc_state", "restarts", "exit_cause")
@@ -154,8 +156,10 @@ class AgentPingReply(_message.Message):
     def __init__(self, pid: _Optional[int] = ..., name: _Optional[str] = ..., epoch: _Optional[int] = ..., watchers: _Optional[int] = ...) -> None: ...
 
 class AttachRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("at_least",)
+    AT_LEAST_FIELD_NUMBER: _ClassVar[int]
+    at_least: int
+    def __init__(self, at_least: _Optional[int] = ...) -> None: ...
 
 class AttachReply(_message.Message):
     __slots__ = ("epoch", "name", "meta", "workers", "actors")

@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("torch", ["monarch_kernel.torch"]),
     ("worker", ["monarch_kernel.worker"]),
     ("controller", ["monarch_kernel.controller"]),
-    ("public", ["monarch_kernel._compat", "monarch_kernel"]),
+    ("public", ["monarch_kernel._compat", "monarch_kernel.job", "monarch_kernel"]),
     ("kernel", ["monarch_kernel.kernel"]),
     ("commands", ["monarch_kernel.cli", "monarch_kernel.__main__"]),
 ]

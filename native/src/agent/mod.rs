@@ -62,6 +62,9 @@ pub struct AgentConfig {
     /// Opaque to the agent: the creating controller's description of the mesh (JSON),
     /// handed to every controller that attaches.
     pub meta: String,
+    /// The address of this host that the agent and its workers listen on (127.0.0.1
+    /// on a single host; the address the controller reaches this host by otherwise).
+    pub bind_host: String,
 }
 
 /// State shared by the service and its background tasks.
@@ -266,9 +269,16 @@ impl HostAgent for Service {
         }))
     }
 
-    async fn attach(&self, _req: Request<AttachRequest>) -> Result<Response<AttachReply>, Status> {
+    async fn attach(&self, req: Request<AttachRequest>) -> Result<Response<AttachReply>, Status> {
         let a = &self.0;
-        let epoch = a.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+        let at_least = req.into_inner().at_least;
+        let before = a
+            .epoch
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |e| {
+                Some((e + 1).max(at_least))
+            })
+            .unwrap_or_default();
+        let epoch = (before + 1).max(at_least);
         Ok(Response::new(AttachReply {
             epoch,
             name: a.cfg.name.clone(),
@@ -345,7 +355,12 @@ pub fn start(
     listener.set_nonblocking(true)?;
     let (events, _) = broadcast::channel(EVENTS_BUFFERED);
     let agent = Arc::new(Agent {
-        workers: Workers::new(cfg.name.clone(), cfg.token.clone(), cfg.log_dir.clone()),
+        workers: Workers::new(
+            cfg.name.clone(),
+            cfg.token.clone(),
+            cfg.log_dir.clone(),
+            cfg.bind_host.clone(),
+        ),
         cfg,
         events,
         watchers: AtomicUsize::new(0),

@@ -40,6 +40,8 @@ pub struct Workers {
     token: String,
     log_dir: PathBuf,
     host: String,
+    /// The address workers listen on (`AgentConfig::bind_host`).
+    bind_host: String,
     /// Shared with the per-worker output and exit tasks.
     records: Arc<Mutex<Vec<Record>>>,
     /// The command the workers were started with (for respawn).
@@ -106,12 +108,13 @@ fn proc_state(pid: u32) -> String {
 
 impl Workers {
     /// No workers yet.
-    pub fn new(mesh: String, token: String, log_dir: PathBuf) -> Self {
+    pub fn new(mesh: String, token: String, log_dir: PathBuf, bind_host: String) -> Self {
         Workers {
             mesh,
             token,
             log_dir,
             host: hostname(),
+            bind_host,
             records: Arc::new(Mutex::new(Vec::new())),
             spec: Mutex::new(None),
         }
@@ -128,7 +131,10 @@ impl Workers {
         req: &SpawnWorkersRequest,
         events: broadcast::Sender<AgentEvent>,
     ) -> std::io::Result<Vec<WorkerInfo>> {
-        let first = self.lock().len() as u32;
+        let first = match self.lock().iter().map(|r| r.info.rank + 1).max() {
+            Some(next) => next,
+            None => req.first_rank,
+        };
         *self.spec.lock().unwrap_or_else(|e| e.into_inner()) = Some(req.clone());
         let mut out = Vec::new();
         for rank in first..first + req.count {
@@ -174,7 +180,7 @@ impl Workers {
         req: &SpawnWorkersRequest,
         events: broadcast::Sender<AgentEvent>,
     ) -> std::io::Result<WorkerInfo> {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let listener = std::net::TcpListener::bind((self.bind_host.as_str(), 0))?;
         let addr = listener.local_addr()?.to_string();
         let fd = listener.as_raw_fd();
         let mut cmd = tokio::process::Command::new(&req.executable);
@@ -183,10 +189,18 @@ impl Workers {
             .env("MONARCH_LISTEN_FD", fd.to_string())
             .env("MONARCH_RANK", rank.to_string())
             .env("MONARCH_MESH", &self.mesh)
+            // The transfer engine listens where the worker does (unless set).
+            .env(
+                "MONARCH_TRANSFER_HOST",
+                req.env
+                    .get("MONARCH_TRANSFER_HOST")
+                    .unwrap_or(&self.bind_host),
+            )
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        if !req.cwd.is_empty() {
+        // The controller's folder, where this host has it (another host may not).
+        if !req.cwd.is_empty() && std::path::Path::new(&req.cwd).is_dir() {
             cmd.current_dir(&req.cwd);
         }
         // SAFETY: the closure runs in the child between fork and exec and calls only

@@ -32,9 +32,11 @@ impl PyAgent {
     }
 }
 
-/// Starts a host agent on 127.0.0.1 (a free port).
+/// Starts a host agent on `bind_host` (127.0.0.1 unless given; a free port); its
+/// workers listen there too.
 #[pyfunction]
-#[pyo3(signature = (name, token, log_dir, idle_timeout_s, first_attach_timeout_s=30.0, meta=String::new()))]
+#[pyo3(signature = (name, token, log_dir, idle_timeout_s, first_attach_timeout_s=30.0, meta=String::new(), bind_host=String::from("127.0.0.1")))]
+#[allow(clippy::too_many_arguments)] // seven from Python, and the GIL token
 fn start_agent(
     py: Python<'_>,
     name: String,
@@ -43,6 +45,7 @@ fn start_agent(
     idle_timeout_s: f64,
     first_attach_timeout_s: f64,
     meta: String,
+    bind_host: String,
 ) -> PyResult<PyAgent> {
     let cfg = AgentConfig {
         name,
@@ -51,9 +54,11 @@ fn start_agent(
         idle_timeout: Duration::from_secs_f64(idle_timeout_s.max(0.0)),
         first_attach_timeout: Duration::from_secs_f64(first_attach_timeout_s.max(0.0)),
         meta,
+        bind_host,
     };
     let handle = detach(py, || {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(agent::AgentError::from)?;
+        let l = std::net::TcpListener::bind((cfg.bind_host.as_str(), 0))
+            .map_err(agent::AgentError::from)?;
         agent::start(node::handle(), cfg, l)
     })
     .map_err(|e| PyOSError::new_err(format!("cannot start the host agent: {e}")))?;

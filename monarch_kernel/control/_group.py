@@ -1,0 +1,213 @@
+"""``AgentGroup``: the host agents of one mesh, one per host, spoken to as one.
+
+A mesh on one host has one agent; a mesh across hosts has one on each, and each owns
+the workers of its host (a contiguous range of ranks, host by host). The group sends
+a command for some ranks to the agents that own them, and a command for the mesh to
+every agent (in parallel). GROUP-1: an agent that does not answer never hides what
+the others say: a listing gives the ranks that answered, and a command to every host
+reaches every host that answers before the first error is raised.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Generator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from monarch_kernel.control._agent_client import AgentClient, worker_dict
+from monarch_kernel.errors import MonarchKernelError
+
+
+@dataclass
+class HostLink:
+    """One host of a mesh: its agent's client and the ranks of its workers."""
+
+    index: int
+    client: AgentClient
+    #: The host's name, as its agent reports it.
+    host: str
+    first_rank: int
+    nprocs: int
+    agent_pid: int = 0
+
+    @property
+    def ranks(self) -> range:
+        return range(self.first_rank, self.first_rank + self.nprocs)
+
+    @property
+    def addr(self) -> str:
+        return self.client.addr
+
+    def reach(self, timeout: float = 2.0) -> str:
+        """Whether the host's agent answers ("alive"), refuses connections ("gone":
+        the host answers, its agent is not there), or does not answer at all
+        ("unreachable": a partition, or the agent is stopped)."""
+        try:
+            self.client.ping(timeout=timeout)
+            return "alive"
+        except MonarchKernelError as e:
+            return "gone" if "refused" in str(e).lower() else "unreachable"
+
+
+class AgentGroup:
+    """The agents of one mesh (see the module docstring)."""
+
+    def __init__(self, links: Sequence[HostLink]) -> None:
+        self.links = list(links)
+
+    @property
+    def addr(self) -> str:
+        """The first host's agent (the one a single-host mesh has)."""
+        return self.links[0].addr
+
+    def link_of(self, rank: int) -> HostLink:
+        for link in self.links:
+            if rank in link.ranks:
+                return link
+        return self.links[-1]  # ranks past the end: the agent says they are unknown
+
+    def _each(self, fn: Callable[[HostLink], Any], links: Sequence[HostLink] | None = None) -> list[Any]:
+        """``fn(link)`` on every link (in parallel when there are several): the results,
+        or raises the first error once every link is done (GROUP-1)."""
+        targets = self.links if links is None else list(links)
+        if len(targets) == 1:
+            return [fn(targets[0])]
+        with ThreadPoolExecutor(max_workers=min(16, len(targets))) as pool:
+            futures = [pool.submit(fn, link) for link in targets]
+        errors = [f.exception() for f in futures if f.exception() is not None]
+        if errors:
+            raise errors[0]  # type: ignore[misc]
+        return [f.result() for f in futures]
+
+    def _answering(self, fn: Callable[[HostLink], list[Any]]) -> list[Any]:
+        """The concatenated results of the links that answer (GROUP-1); raises only
+        when none does."""
+        out: list[Any] = []
+        failures: list[MonarchKernelError] = []
+
+        def one(link: HostLink) -> list[Any]:
+            try:
+                return fn(link)
+            except MonarchKernelError as e:
+                failures.append(e)
+                return []
+
+        for part in self._each(one):
+            out.extend(part)
+        if failures and len(failures) == len(self.links):
+            raise failures[0]
+        return out
+
+    # -- what the mesh's workers are ------------------------------------------------------
+
+    def list_workers_raw(self, timeout: float = 5.0) -> list[Any]:
+        return sorted(self._answering(lambda link: link.client.list_workers_raw(timeout)), key=lambda w: w.rank)
+
+    def list_workers(self, timeout: float = 5.0) -> list[dict[str, Any]]:
+        return [worker_dict(w) for w in self.list_workers_raw(timeout)]
+
+    def worker(self, rank: int) -> dict[str, Any] | None:
+        return self.link_of(rank).client.worker(rank)
+
+    def logs(self, rank: int | None = None, tail: int = 100, timeout: float = 5.0) -> list[str]:
+        if rank is not None:
+            return self.link_of(rank).client.logs(rank=rank, tail=tail, timeout=timeout)
+        return self._answering(lambda link: link.client.logs(rank=None, tail=tail, timeout=timeout))
+
+    # -- commands -------------------------------------------------------------------------
+
+    def ping(self, timeout: float = 5.0) -> dict[str, Any]:
+        """The first host's agent's ping, with the lowest epoch of every host's."""
+        pings = self._each(lambda link: link.client.ping(timeout))
+        return {**pings[0], "epoch": min(p["epoch"] for p in pings)}
+
+    def attach(self, timeout: float = 10.0) -> list[Any]:
+        """Becomes the controller on every host at one epoch (above each host's), so
+        that a controller fenced on one host is fenced on all; the AttachReplies."""
+        at_least = 0
+        if len(self.links) > 1:
+            at_least = max(p["epoch"] for p in self._each(lambda link: link.client.ping(timeout))) + 1
+        return self._each(lambda link: link.client.attach(at_least=at_least, timeout=timeout))
+
+    def record_actor(
+        self, name: str, payload: bytes, buffers: list[Any], shape: bytes, epoch: int, timeout: float = 10.0
+    ) -> None:
+        self._each(lambda link: link.client.record_actor(name, payload, buffers, shape, epoch, timeout))
+
+    def forget_actor(self, name: str, epoch: int, timeout: float = 10.0) -> None:
+        self._each(lambda link: link.client.forget_actor(name, epoch, timeout))
+
+    def spawn_workers_raw(
+        self, executable: str, args: list[str], env: dict[str, str], cwd: str, epoch: int, timeout: float = 60.0
+    ) -> list[Any]:
+        """Starts every host's workers (each its ``nprocs``, ranked from its
+        ``first_rank``), in parallel; the WorkerInfo messages in rank order."""
+        parts = self._each(
+            lambda link: link.client.spawn_workers_raw(
+                link.nprocs, executable, args, env, cwd, epoch=epoch, timeout=timeout, first_rank=link.first_rank
+            )
+        )
+        return sorted((w for part in parts for w in part), key=lambda w: w.rank)
+
+    def respawn_workers(self, ranks: list[int], epoch: int, timeout: float = 60.0) -> list[dict[str, Any]]:
+        owners = [link for link in self.links if any(r in link.ranks for r in ranks)]
+        parts = self._each(
+            lambda link: link.client.respawn_workers([r for r in ranks if r in link.ranks], epoch, timeout),
+            owners,
+        )
+        return [w for part in parts for w in part]
+
+    def shutdown(self, epoch: int = 0, timeout: float = 15.0) -> None:
+        self._each(lambda link: link.client.shutdown(epoch, timeout))
+
+    def close(self) -> None:
+        for link in self.links:
+            link.client.close()
+
+    # -- events ---------------------------------------------------------------------------
+
+    def watch_link(
+        self, link: HostLink, on_event: Callable[[Any], None], on_end: Callable[[BaseException | None, HostLink], None]
+    ) -> Callable[[], None]:
+        """A new ``Watch`` stream on one host (after its last one ended)."""
+        return link.client.watch_in_thread(on_event, lambda err: on_end(err, link))
+
+    def watch(self) -> Generator[Any, None, None]:
+        """Every host's events as they come, merged (iterate; ``close()`` ends it)."""
+        if len(self.links) == 1:
+            stream = self.links[0].client.watch()
+            try:
+                yield from stream
+            finally:
+                stream.cancel()
+            return
+        import queue
+
+        events: queue.Queue[Any] = queue.Queue()
+        streams = [link.client.watch() for link in self.links]
+
+        def pump(stream: Any) -> None:
+            try:
+                for ev in stream:
+                    events.put(ev)
+            except Exception:
+                pass
+
+        for s in streams:
+            threading.Thread(target=pump, args=(s,), daemon=True, name="monarch-watch-merge").start()
+        try:
+            while True:
+                yield events.get()
+        finally:
+            for s in streams:
+                s.cancel()
+
+
+def single(client: AgentClient, nprocs: int, host: str = "", agent_pid: int = 0) -> AgentGroup:
+    """The group of a mesh on one host."""
+    return AgentGroup([HostLink(0, client, host, 0, nprocs, agent_pid)])
+
+
+__all__ = ["AgentGroup", "HostLink", "single"]

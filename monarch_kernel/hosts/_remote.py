@@ -1,0 +1,281 @@
+"""Allocators for other hosts: host agents started over ``ssh`` or with ``srun`` in a
+SLURM allocation, one per host and mesh.
+
+Each agent gets its configuration (the mesh token included) as one JSON line on its
+stdin, through the allocator's own channel (never argv, the environment or a file),
+and answers ``MONARCH_AGENT_READY <addr> <pid> <hostname>`` on its stdout once it
+listens on the address of its host that faces this controller.
+
+- ssh: ``ssh HOST PYTHON -m monarch_kernel.hosts._agent_main --detach``, one per host
+  in parallel; the agent leaves the ssh session once it listens, so nothing here
+  holds a connection to it (the user's ssh configuration, keys and ProxyJump apply).
+- SLURM: one ``srun`` makes the mesh's job and runs an agent per node as its step
+  (``--input=all`` hands every task the configuration). The job lasts as long as its
+  ``srun``, which runs detached from this process (its own session), so that the mesh
+  outlives the kernel; ``scancel`` ends it all, and so does the end of the agents.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from monarch_kernel.errors import MeshSpecError, SupervisionError
+from monarch_kernel.hosts._local import READY, private_dir, state_dir
+
+#: How the agent module is run on a host.
+AGENT_ARGS = ["-m", "monarch_kernel.hosts._agent_main"]
+
+
+@dataclass(frozen=True)
+class RemoteAgent:
+    """An agent started on a host: where it listens, its pid and host name there, and
+    the SLURM job it runs in (srun)."""
+
+    addr: str
+    pid: int
+    host: str
+    job_id: str = ""
+
+
+def _parse_ready(line: str) -> RemoteAgent | None:
+    parts = line.split()
+    if len(parts) >= 4 and parts[0] == READY:
+        return RemoteAgent(addr=parts[1], pid=int(parts[2]), host=parts[3], job_id=(parts[4:] or [""])[0])
+    return None
+
+
+def agent_config(name: str, token: str, idle_timeout: float, meta: str) -> dict[str, Any]:
+    """What every host's agent of mesh ``name`` is handed on its stdin."""
+    cfg: dict[str, Any] = {
+        "name": name,
+        "token": token,
+        "idle_timeout": idle_timeout,
+        "meta": meta,
+        "bind_host": "auto",
+    }
+    if os.environ.get("XDG_STATE_HOME"):  # a shared home: the same folder on every host
+        cfg["state_home"] = os.environ["XDG_STATE_HOME"]
+    return cfg
+
+
+# -- ssh ---------------------------------------------------------------------------------
+
+
+@dataclass
+class SSHHosts:
+    """Hosts reached with ``ssh`` (``ssh_args`` before the host, e.g. ``["-F", cfg]``)."""
+
+    targets: list[str]
+    python: str
+    ssh_args: list[str] = field(default_factory=list)
+    #: The job these hosts come from (``monarch_kernel.job``), kept in the state file.
+    tag: str = ""
+
+    kind = "ssh"
+
+    def start(self, cfg: dict[str, Any], timeout: float = 60.0) -> tuple[list[RemoteAgent], dict[str, Any]]:
+        """Starts an agent on every host (in parallel); the agents and the job record."""
+        if shutil.which("ssh") is None:
+            raise MeshSpecError("ssh is not installed here; install an OpenSSH client to start meshes on other hosts")
+        line = json.dumps(cfg) + "\n"
+
+        def one(target: str) -> RemoteAgent:
+            remote = " ".join(shlex.quote(a) for a in [self.python, *AGENT_ARGS, "--detach"])
+            argv = ["ssh", "-T", "-o", "BatchMode=yes", *self.ssh_args, target, remote]
+            try:
+                done = subprocess.run(argv, input=line, capture_output=True, text=True, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                raise SupervisionError(
+                    f"ssh {target}: the host agent did not start within {timeout:g} s", host=target
+                ) from None
+            agent = next((a for a in map(_parse_ready, done.stdout.splitlines()) if a), None)
+            if agent is None:
+                raise SupervisionError(
+                    f"ssh {target}: the host agent did not start (exit status {done.returncode}): "
+                    f"{(done.stderr or done.stdout).strip()[-1500:] or 'no output'}. Check that `ssh {target}` "
+                    f"works without a password and that {self.python} has monarch-kernel installed there.",
+                    host=target,
+                )
+            return agent
+
+        with ThreadPoolExecutor(max_workers=min(16, len(self.targets))) as pool:
+            futures = [pool.submit(one, t) for t in self.targets]
+        agents, errors = [], []
+        for f in futures:
+            try:
+                agents.append(f.result())
+            except SupervisionError as e:
+                errors.append(e)
+        if errors:
+            raise _StartFailed(errors[0], agents)
+        return agents, {"kind": "ssh", "targets": list(self.targets), "ssh_args": list(self.ssh_args), "tag": self.tag}
+
+
+class _StartFailed(Exception):
+    """Some hosts' agents started, others did not: the caller stops those that did."""
+
+    def __init__(self, error: SupervisionError, started: list[RemoteAgent]) -> None:
+        super().__init__(str(error))
+        self.error, self.started = error, started
+
+
+# -- SLURM ----------------------------------------------------------------------------------
+
+
+@dataclass
+class SlurmHosts:
+    """``nodes`` nodes from SLURM: one ``srun`` makes the job (it waits in the queue
+    like any job) and runs an agent per node as its one step, so the job is the
+    mesh's: it ends when the mesh stops (scancel), when its agents end (idle timeout),
+    or at its time limit."""
+
+    nodes: int
+    python: str
+    partition: str | None = None
+    time_limit: str | None = None
+    gpus_per_node: int | None = None
+    slurm_args: list[str] = field(default_factory=list)
+    #: How long to wait for the nodes (the queue) and the agents.
+    timeout: float = 600.0
+    #: The job these hosts come from (``monarch_kernel.job``), kept in the state file.
+    tag: str = ""
+
+    kind = "slurm"
+
+    def srun_argv(self, name: str) -> list[str]:
+        _need("srun")
+        argv = [
+            "srun",
+            f"--nodes={self.nodes}",
+            f"--ntasks={self.nodes}",
+            "--ntasks-per-node=1",
+            "--input=all",
+            "--kill-on-bad-exit=0",
+            f"--job-name=monarch-{name}",
+        ]
+        if self.partition:
+            argv.append(f"--partition={self.partition}")
+        if self.time_limit:
+            argv.append(f"--time={self.time_limit}")
+        if self.gpus_per_node:
+            argv.append(f"--gpus-per-node={self.gpus_per_node}")
+        return [*argv, *self.slurm_args, self.python, *AGENT_ARGS]
+
+    def start(self, cfg: dict[str, Any]) -> tuple[list[RemoteAgent], dict[str, Any]]:
+        """Runs ``srun`` detached (its own session: it outlives this process, as the
+        mesh does) and waits for every node's ready line in its output."""
+        out_dir = private_dir(state_dir() / "launch")
+        fd, out_path = tempfile.mkstemp(prefix=f"{cfg['name']}-", suffix=".out", dir=out_dir)
+        with os.fdopen(fd, "wb") as out:
+            launcher = subprocess.Popen(
+                self.srun_argv(cfg["name"]),
+                stdin=subprocess.PIPE,
+                stdout=out,
+                stderr=out,
+                start_new_session=True,
+                close_fds=True,
+            )
+        assert launcher.stdin is not None
+        launcher.stdin.write((json.dumps(cfg) + "\n").encode())
+        launcher.stdin.close()
+        deadline = time.monotonic() + self.timeout
+        lines: list[str] = []
+        try:
+            while time.monotonic() < deadline:
+                lines = Path(out_path).read_text(errors="replace").splitlines()
+                if sum(ln.startswith(READY) for ln in lines) >= self.nodes or launcher.poll() is not None:
+                    break
+                time.sleep(0.05)
+        except BaseException:  # an interrupt while SLURM queues: nothing may stay queued
+            _end_launch(launcher, lines)
+            raise
+        agents = sorted((a for a in map(_parse_ready, lines) if a), key=lambda a: a.host)
+        if len(agents) < self.nodes:
+            _end_launch(launcher, lines)
+            said = "\n".join(lines).strip()[-1500:] or "(none)"
+            raise _StartFailed(
+                SupervisionError(
+                    f"srun started {len(agents)} of {self.nodes} host agents within {self.timeout:g} s "
+                    f"({' '.join(self.srun_argv(cfg['name'])[:-3])}); its output:\n{said}"
+                ),
+                [],
+            )
+        Path(out_path).unlink(missing_ok=True)  # nothing more comes: the agents log on their hosts
+        job = {"kind": "slurm", "job_id": agents[0].job_id, "launcher_pid": launcher.pid, "tag": self.tag}
+        return agents, job
+
+
+def _end_launch(launcher: subprocess.Popen[bytes], lines: list[str]) -> None:
+    """Ends an ``srun`` that did not bring every agent up, and its job."""
+    job_id = next((a.job_id for a in map(_parse_ready, lines) if a and a.job_id), "")
+    if job_id:
+        end_job({"kind": "slurm", "job_id": job_id})
+    launcher.terminate()
+    try:
+        launcher.wait(10)
+    except subprocess.TimeoutExpired:
+        launcher.kill()
+        launcher.wait(5)
+
+
+def _need(tool: str) -> None:
+    if shutil.which(tool) is None:
+        raise MeshSpecError(f"{tool} is not installed here; SLURM meshes need SLURM's client commands")
+
+
+def end_job(job: dict[str, Any]) -> None:
+    """Ends what the allocator started beyond the agents: a mesh's SLURM job."""
+    if job.get("kind") != "slurm" or not job.get("job_id") or shutil.which("scancel") is None:
+        return
+    subprocess.run(["scancel", str(job["job_id"])], capture_output=True, timeout=30)
+
+
+def job_end_reason(job: dict[str, Any]) -> str | None:
+    """Why a SLURM job's agents went away, in words, if the job has ended (state and
+    reason from ``scontrol``); None for other allocators or a job still running."""
+    if job.get("kind") != "slurm" or shutil.which("scontrol") is None:
+        return None
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "job", "-o", str(job["job_id"])], capture_output=True, text=True, timeout=10
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    fields = dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
+    state, reason = fields.get("JobState", ""), fields.get("Reason", "None")
+    if not state or state in ("RUNNING", "PENDING", "CONFIGURING", "COMPLETING"):
+        return None
+    said = {"TIMEOUT": "reached its time limit", "CANCELLED": "was cancelled (scancel)", "NODE_FAIL": "lost a node"}
+    why = said.get(state, f"ended ({state})")
+    return f"its SLURM job {job['job_id']} {why}{'' if reason in ('None', '') else f' ({reason})'}"
+
+
+def start_agents(
+    hosts: SSHHosts | SlurmHosts, cfg: dict[str, Any]
+) -> tuple[list[RemoteAgent], dict[str, Any]]:
+    """Starts the agents (see the module docstring); on a partial failure, stops the
+    agents that did start and raises the first error."""
+    try:
+        return hosts.start(cfg)
+    except _StartFailed as e:
+        from monarch_kernel.control import AgentClient
+
+        for a in e.started:
+            try:
+                AgentClient(a.addr, cfg["token"]).shutdown(epoch=0, timeout=5)
+            except Exception:
+                pass
+        raise e.error from None
+
+
+__all__ = ["RemoteAgent", "SSHHosts", "SlurmHosts", "agent_config", "end_job", "job_end_reason", "start_agents"]
