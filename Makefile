@@ -43,12 +43,12 @@ $(STAMPS)/browser: | $(STAMPS)/deps
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
 	@touch $@
 
-test: setup $(STAMPS)/browser test-rust test-python ## Set up, then run every test (Rust and Python; browser tests in Debian's chromium)
+test: setup $(STAMPS)/browser $(STAMPS)/cluster test-rust test-python ## Set up, then run every test (Rust and Python; browser tests in Debian's chromium)
 
 test-rust: ## cargo test of the native core (no Python needed)
 	cargo test -q --manifest-path native/Cargo.toml
 
-test-python: setup $(STAMPS)/browser ## pytest: unit and integration tests against real agents and workers
+test-python: setup $(STAMPS)/browser $(STAMPS)/cluster ## pytest: unit and integration tests against real agents and workers
 	$(PY) -m pytest -q
 
 bench: setup ## Print this project's figures beside baselines measured in the same run
@@ -73,3 +73,25 @@ stubs: setup ## Regenerate the checked-in grpcio stubs from proto/
 
 clean: ## Remove the venv and build outputs
 	rm -rf $(VENV) target
+
+# Multi-host tests (tests/multihost, docs/testing-multihost.md): hosts in network
+# namespaces with sshd and SLURM. Services of the packages installed here are stopped
+# and disabled: the tests run their own daemons, inside the namespaces only.
+.PHONY: cluster-up cluster-down
+$(STAMPS)/cluster: | $(STAMPS)/deps
+	@export PATH="$$PATH:/usr/sbin:/sbin"; \
+	command -v slurmctld >/dev/null && command -v sshd >/dev/null && command -v munged >/dev/null || { \
+	  echo "installing SLURM, munge and openssh-server for the multi-host tests"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  new=$$(for u in openssh-server:ssh slurmctld:slurmctld slurmd:slurmd munge:munge; do \
+	    dpkg -s $${u%:*} >/dev/null 2>&1 || echo $${u#*:}; done); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
+	    slurmctld slurmd slurm-client munge openssh-server openssh-client iproute2 >/dev/null || exit 1; \
+	  for u in $$new; do $$SUDO systemctl disable --now $$u || $$SUDO service $$u stop; done >/dev/null 2>&1; true; }
+	@touch $@
+
+cluster-up: $(STAMPS)/cluster ## Bring up a test cluster: hosts in network namespaces with sshd and SLURM
+	$(PY) tests/multihost/cluster.py up
+
+cluster-down: | $(PY) ## Remove every test cluster this machine has
+	$(PY) tests/multihost/cluster.py down --all
