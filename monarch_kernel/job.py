@@ -165,7 +165,10 @@ class SSHJob(JobTrait):
 
     def _state(self) -> JobState:
         return JobState(
-            {n: HostMesh(SSHHosts(targets, self._python, self._ssh_args, tag=self._tag)) for n, targets in self._meshes.items()}
+            {
+                n: HostMesh(SSHHosts(targets, self._python, self._ssh_args, tag=self._tag))
+                for n, targets in self._meshes.items()
+            }
         )
 
     def _spec(self) -> Any:
@@ -238,4 +241,13 @@ def job_load(filename: str = DEFAULT_JOB_PATH) -> JobTrait:
         return job_loads(f.read())
 
 
-__all__ = ["DEFAULT_JOB_PATH", "JobState", "JobTrait", "LocalJob", "SSHJob", "SlurmJob", "job_load", "job_loads"]
+__all__ = [
+    "DEFAULT_JOB_PATH",
+    "JobState",
+    "JobTrait",
+    "LocalJob",
+    "SSHJob",
+    "SlurmJob",
+    "job_load",
+    "job_loads",
+]

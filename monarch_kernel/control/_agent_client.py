@@ -132,7 +132,13 @@ class AgentClient:
         """Starts ``count`` workers, ranked from ``first_rank``; the agent's
         WorkerInfo messages of them."""
         req = self._pb.SpawnWorkersRequest(
-            count=count, executable=executable, args=args, env=env, cwd=cwd, epoch=epoch, first_rank=first_rank
+            count=count,
+            executable=executable,
+            args=args,
+            env=env,
+            cwd=cwd,
+            epoch=epoch,
+            first_rank=first_rank,
         )
         return list(self._call("SpawnWorkers", req, timeout).workers)
 

@@ -103,7 +103,9 @@ class AgentGroup:
     # -- what the mesh's workers are ------------------------------------------------------
 
     def list_workers_raw(self, timeout: float = 5.0) -> list[Any]:
-        return sorted(self._answering(lambda link: link.client.list_workers_raw(timeout)), key=lambda w: w.rank)
+        return sorted(
+            self._answering(lambda link: link.client.list_workers_raw(timeout)), key=lambda w: w.rank
+        )
 
     def list_workers(self, timeout: float = 5.0) -> list[dict[str, Any]]:
         return [worker_dict(w) for w in self.list_workers_raw(timeout)]
@@ -140,13 +142,26 @@ class AgentGroup:
         self._each(lambda link: link.client.forget_actor(name, epoch, timeout))
 
     def spawn_workers_raw(
-        self, executable: str, args: list[str], env: dict[str, str], cwd: str, epoch: int, timeout: float = 60.0
+        self,
+        executable: str,
+        args: list[str],
+        env: dict[str, str],
+        cwd: str,
+        epoch: int,
+        timeout: float = 60.0,
     ) -> list[Any]:
         """Starts every host's workers (each its ``nprocs``, ranked from its
         ``first_rank``), in parallel; the WorkerInfo messages in rank order."""
         parts = self._each(
             lambda link: link.client.spawn_workers_raw(
-                link.nprocs, executable, args, env, cwd, epoch=epoch, timeout=timeout, first_rank=link.first_rank
+                link.nprocs,
+                executable,
+                args,
+                env,
+                cwd,
+                epoch=epoch,
+                timeout=timeout,
+                first_rank=link.first_rank,
             )
         )
         return sorted((w for part in parts for w in part), key=lambda w: w.rank)
@@ -169,7 +184,10 @@ class AgentGroup:
     # -- events ---------------------------------------------------------------------------
 
     def watch_link(
-        self, link: HostLink, on_event: Callable[[Any], None], on_end: Callable[[BaseException | None, HostLink], None]
+        self,
+        link: HostLink,
+        on_event: Callable[[Any], None],
+        on_end: Callable[[BaseException | None, HostLink], None],
     ) -> Callable[[], None]:
         """A new ``Watch`` stream on one host (after its last one ended)."""
         return link.client.watch_in_thread(on_event, lambda err: on_end(err, link))

@@ -11,7 +11,15 @@ from monarch_kernel.controller._session import sessions
 from monarch_kernel.hosts import _registry
 from monarch_kernel.hosts._admin import MeshInfo, list_meshes
 
-_COLUMNS = ("NAME", "PROCS", "ALIVE", "CONTROLLER", "EPOCH", "IDLE TIMEOUT", "AGE", "AGENT PID")
+_COLUMNS = ("NAME", "PROCS", "ALIVE", "CONTROLLER", "EPOCH", "IDLE TIMEOUT", "AGE", "AGENT PID", "HOSTS")
+
+
+def _hosts_text(m: MeshInfo) -> str:
+    """Each host: its name, live procs of its procs, and its state if not alive."""
+    return ", ".join(
+        f"{h['host']} {h['alive']}/{h['procs']}{'' if h['state'] == 'alive' else ' ' + h['state']}"
+        for h in m.hosts
+    )
 
 
 def _age(seconds: float) -> str:
@@ -38,7 +46,8 @@ def mesh_table(meshes: list[MeshInfo] | None = None) -> list[str]:
                 str(m.owner_epoch),
                 "ephemeral" if m.ephemeral else _age(m.idle_timeout),
                 _age(now - m.created),
-                str(m.agent_pid),
+                str(m.agent_pid) if len(m.hosts) <= 1 else "(per host)",
+                _hosts_text(m),
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]

@@ -53,7 +53,9 @@ class HostMesh(MeshTrait):
             return self
         picked = list(shape.ranks)
         if isinstance(self._hosts, SSHHosts):
-            return HostMesh(dataclasses.replace(self._hosts, targets=[self._hosts.targets[i] for i in picked]))
+            return HostMesh(
+                dataclasses.replace(self._hosts, targets=[self._hosts.targets[i] for i in picked])
+            )
         return HostMesh(dataclasses.replace(self._hosts, nodes=len(picked)))  # SLURM picks the nodes
 
     def __repr__(self) -> str:
@@ -93,7 +95,13 @@ class HostMesh(MeshTrait):
         if HOSTS_DIM in sizes:
             raise MeshSpecError(f"per_host cannot have a {HOSTS_DIM!r} dimension: the host mesh gives it")
         session = get_or_create(
-            name, sizes, env, replace=replace, ephemeral=ephemeral, idle_timeout=idle_timeout, hosts=self._hosts
+            name,
+            sizes,
+            env,
+            replace=replace,
+            ephemeral=ephemeral,
+            idle_timeout=idle_timeout,
+            hosts=self._hosts,
         )
         return ProcMesh(session.ref, Shape.of(session.sizes))
 

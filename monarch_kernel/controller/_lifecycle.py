@@ -38,6 +38,9 @@ from monarch_kernel.mesh._proc_ref import ProcRef
 
 #: Default idle timeout of a named mesh: how long it waits for a controller.
 DEFAULT_IDLE_TIMEOUT = 24 * 3600.0
+#: How long the hosts of a mesh across hosts wait for their controller (an ephemeral
+#: mesh's included): a network partition must not end a mesh that outlives it.
+REMOTE_LEASE_GRACE_S = 120.0
 #: How long attach and get-or-create wait for a corrupt state file to be put back by
 #: its running agent (REGISTRY-2) before taking the mesh for gone.
 RESTORE_WAIT_S = 2.0
@@ -178,6 +181,9 @@ def create_across(
     """Starts a new mesh across ``hosts``: an agent on each (over ssh or srun), each
     agent's workers, and a state file that names every agent and the job."""
     mesh_name = name or f"anon-{uuid.uuid4().hex[:8]}"
+    # A partition ends the lease like a controller's exit does: an ephemeral mesh's
+    # hosts wait this long for it to come back before they stop.
+    idle_timeout = max(idle_timeout, REMOTE_LEASE_GRACE_S)
     nhosts = hosts.nodes if isinstance(hosts, SlurmHosts) else len(hosts.targets)
     sizes = {HOSTS_DIM: nhosts, **per_host}
     token = _new_token()

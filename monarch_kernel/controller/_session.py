@@ -187,8 +187,8 @@ class Session:
         """The index of the host that runs ``rank``."""
         return self.client.link_of(rank).index
 
-    def explain_host_loss(self, link: HostLink) -> str | None:
-        """Why a host's agent went away, when its allocator knows (a SLURM job that
+    def explain_host_loss(self) -> str | None:
+        """Why the hosts' agents went away, when the allocator knows (a SLURM job that
         ended: its state and reason); None otherwise."""
         from monarch_kernel.hosts import _remote
 
@@ -231,9 +231,10 @@ class Session:
         self.client.forget_actor(name, self.epoch)
 
     def respawn(self, timeout: float) -> list[int]:
-        """Restarts dead ranks and re-creates their actors; returns the ranks."""
+        """Restarts dead ranks and re-creates their actors; returns the ranks. Ranks
+        of a lost host stay dead: their agent, which would restart them, is gone."""
         with self.lock:
-            ranks = sorted(self.state.dead)
+            ranks = [r for r in sorted(self.state.dead) if self.host_index(r) not in self.lost_hosts]
             if not ranks:
                 return []
             workers = self.client.respawn_workers(ranks, self.epoch)

@@ -79,10 +79,13 @@ class Supervisor:
     def agent_lost(self, err: BaseException) -> None:
         """SUPERVISE-3: the agent is gone, and with it every worker."""
         s = self.s
+        if s.rec.hosts:
+            why = s.explain_host_loss() or f"the host agents of every host went away (the last: {err})"
+        else:
+            why = f"its host agent ({s.rec.agent_addr}, pid {s.rec.agent_pid}) went away ({err})"
         lost = SupervisionError(
-            f"mesh {s.name!r} is lost: its host agent ({s.rec.agent_addr}, pid {s.rec.agent_pid}) "
-            f"went away ({err}), and its workers exit with it. Start it again with "
-            f"this_host().spawn_procs(..., name={s.name!r}).",
+            f"mesh {s.name!r} is lost: {why}, and its workers exit with it. Start it again with "
+            f"spawn_procs(..., name={s.name!r}).",
             mesh=s.name,
         )
         s.state.lost = lost
@@ -135,7 +138,7 @@ class Supervisor:
         if not others:
             self.agent_lost(err)
             return
-        why = s.explain_host_loss(link) or f"its agent at {link.addr} went away ({err})"
+        why = s.explain_host_loss() or f"its agent at {link.addr} went away ({err})"
         message = (
             f"host {link.host!r} of mesh {s.name!r} is lost: {why}; its ranks {_span(link)} are gone "
             "with it. The other hosts go on; calls that need those ranks fail."

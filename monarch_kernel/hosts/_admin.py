@@ -46,7 +46,14 @@ def group_of(rec: MeshRecord) -> AgentGroup:
     nprocs = math.prod(rec.spec["per_host"].values()) * int(rec.spec.get("hosts") or 1)
     return AgentGroup(
         [
-            HostLink(i, AgentClient(h["agent_addr"], rec.token), h["host"], h["first_rank"], h["procs"], h["agent_pid"])
+            HostLink(
+                i,
+                AgentClient(h["agent_addr"], rec.token),
+                h["host"],
+                h["first_rank"],
+                h["procs"],
+                h["agent_pid"],
+            )
             for i, h in enumerate(rec.host_entries(nprocs))
         ]
     )

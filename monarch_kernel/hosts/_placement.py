@@ -111,4 +111,12 @@ def apply_in_worker(rank: int, dims: list[str], sizes: list[int]) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = entries[local] if local < len(entries) else ""
 
 
-__all__ = ["GPU_DIM", "GPUS_ENV", "HOSTS_DIM", "GpuPlacementWarning", "apply_in_worker", "host_gpus", "placement_env"]
+__all__ = [
+    "GPU_DIM",
+    "GPUS_ENV",
+    "HOSTS_DIM",
+    "GpuPlacementWarning",
+    "apply_in_worker",
+    "host_gpus",
+    "placement_env",
+]

@@ -62,7 +62,13 @@ class MeshRecord:
         if self.hosts:
             return self.hosts
         return [
-            {"host": self.host, "agent_addr": self.agent_addr, "agent_pid": self.agent_pid, "first_rank": 0, "procs": nprocs}
+            {
+                "host": self.host,
+                "agent_addr": self.agent_addr,
+                "agent_pid": self.agent_pid,
+                "first_rank": 0,
+                "procs": nprocs,
+            }
         ]
 
     @classmethod

@@ -86,7 +86,9 @@ class SSHHosts:
     def start(self, cfg: dict[str, Any], timeout: float = 60.0) -> tuple[list[RemoteAgent], dict[str, Any]]:
         """Starts an agent on every host (in parallel); the agents and the job record."""
         if shutil.which("ssh") is None:
-            raise MeshSpecError("ssh is not installed here; install an OpenSSH client to start meshes on other hosts")
+            raise MeshSpecError(
+                "ssh is not installed here; install an OpenSSH client to start meshes on other hosts"
+            )
         line = json.dumps(cfg) + "\n"
 
         def one(target: str) -> RemoteAgent:
@@ -118,7 +120,12 @@ class SSHHosts:
                 errors.append(e)
         if errors:
             raise _StartFailed(errors[0], agents)
-        return agents, {"kind": "ssh", "targets": list(self.targets), "ssh_args": list(self.ssh_args), "tag": self.tag}
+        return agents, {
+            "kind": "ssh",
+            "targets": list(self.targets),
+            "ssh_args": list(self.ssh_args),
+            "tag": self.tag,
+        }
 
 
 class _StartFailed(Exception):
@@ -255,7 +262,11 @@ def job_end_reason(job: dict[str, Any]) -> str | None:
     state, reason = fields.get("JobState", ""), fields.get("Reason", "None")
     if not state or state in ("RUNNING", "PENDING", "CONFIGURING", "COMPLETING"):
         return None
-    said = {"TIMEOUT": "reached its time limit", "CANCELLED": "was cancelled (scancel)", "NODE_FAIL": "lost a node"}
+    said = {
+        "TIMEOUT": "reached its time limit",
+        "CANCELLED": "was cancelled (scancel)",
+        "NODE_FAIL": "lost a node",
+    }
     why = said.get(state, f"ended ({state})")
     return f"its SLURM job {job['job_id']} {why}{'' if reason in ('None', '') else f' ({reason})'}"
 
@@ -278,4 +289,12 @@ def start_agents(
         raise e.error from None
 
 
-__all__ = ["RemoteAgent", "SSHHosts", "SlurmHosts", "agent_config", "end_job", "job_end_reason", "start_agents"]
+__all__ = [
+    "RemoteAgent",
+    "SSHHosts",
+    "SlurmHosts",
+    "agent_config",
+    "end_job",
+    "job_end_reason",
+    "start_agents",
+]

@@ -4,9 +4,13 @@ Line magic, one subcommand each (``%mesh?`` shows this text):
 
     procs = %mesh up NAME [--procs N | --gpus N] [--env K=V ...] [--idle-timeout S]
                      [--torch-dist gloo|nccl|auto]
+                     [--hosts H1,H2 [--ssh-args ARGS] | --slurm nodes=N,...] [--python PATH]
         Create the mesh NAME, or reattach to it if it runs; it becomes the default.
         --gpus N: one proc per GPU (on the CPU, with a warning, where there is none).
         --torch-dist: set up torch.distributed on every proc (a no-op if it is).
+        --hosts: N procs on each of these hosts, started over ssh.
+        --slurm: on nodes from SLURM: nodes=N[,partition=P][,time=T][,gpus_per_node=G].
+        --python: the interpreter on those hosts (default: this one's path).
     procs = %mesh attach NAME      Reattach to a running mesh (another kernel's, or
                                    this one's before a restart); it becomes the default.
     %mesh ls                       Running meshes.
@@ -121,6 +125,16 @@ class MeshMagics(Magics):
         metavar="BACKEND",
         help="set up torch.distributed on the procs: gloo, nccl or auto (nccl where they have GPUs)",
     )
+    @argument("--hosts", metavar="H1,H2", help="hosts to run on, reached over ssh (one agent each)")
+    @argument(
+        "--ssh-args", metavar="ARGS", help="ssh options before each host, e.g. '-F ~/cluster_ssh_config'"
+    )
+    @argument(
+        "--slurm",
+        metavar="K=V,...",
+        help="nodes from SLURM: nodes=N[,partition=P][,time=T][,gpus_per_node=G]",
+    )
+    @argument("--python", metavar="PATH", help="the Python of the agents and workers on those hosts")
     def _mesh_up(self, rest: str) -> Any:
         """Create the mesh NAME, or reattach to it."""
         args = parse_argstring(self._mesh_up, rest)
@@ -150,8 +164,9 @@ class MeshMagics(Magics):
             raise UsageError("%mesh up: --procs / --gpus must be at least 1")
         existed = controller.session(args.name) is not None
         t = time.perf_counter()
+        hosts = _host_mesh(args, per_host)
         try:
-            procs = controller.this_host().spawn_procs(
+            procs = hosts.spawn_procs(
                 per_host=per_host,
                 name=args.name,
                 env=env or None,
@@ -355,6 +370,40 @@ def _torch_dist(procs: Any, backend: str | None) -> Any:
             f"master {info['master']} ({time.perf_counter() - t:.2f} s)"
         )
     return procs
+
+
+def _host_mesh(args: Any, per_host: dict[str, int]) -> Any:
+    """The hosts ``%mesh up`` runs on: this one, ssh hosts (``--hosts``) or SLURM nodes
+    (``--slurm``)."""
+    from monarch_kernel.job import SlurmJob, SSHJob
+
+    if args.hosts and args.slurm:
+        raise UsageError("%mesh up: give --hosts or --slurm, not both")
+    if args.hosts:
+        targets = [h for h in args.hosts.split(",") if h]
+        ssh_args = shlex.split(args.ssh_args or "")
+        return SSHJob(hosts=targets, python=args.python, ssh_args=ssh_args).state(cached_path=None).hosts
+    if args.slurm:
+        opts = {}
+        for kv in args.slurm.split(","):
+            k, eq, v = kv.partition("=")
+            if not eq or k not in ("nodes", "partition", "time", "gpus_per_node"):
+                raise UsageError(
+                    f"%mesh up: --slurm {kv!r}: use nodes=N, partition=P, time=T or gpus_per_node=G, comma-separated"
+                )
+            opts[k] = v
+        if not opts.get("nodes", "").isdigit() or int(opts["nodes"]) < 1:
+            raise UsageError("%mesh up: --slurm needs nodes=N (a positive number)")
+        gpus = opts.get("gpus_per_node") or (str(per_host["gpus"]) if "gpus" in per_host else None)
+        job = SlurmJob(
+            meshes={"hosts": int(opts["nodes"])},
+            python=args.python,
+            partition=opts.get("partition"),
+            time_limit=opts.get("time"),
+            gpus_per_node=int(gpus) if gpus else None,
+        )
+        return job.state(cached_path=None).hosts
+    return controller.this_host()
 
 
 def _show(procs: Any) -> None:

@@ -106,10 +106,11 @@ def test_a_module_imports_nothing_from_a_higher_layer(module):
     assert not higher, f"{module} (layer {LAYERS[mine][0]}) imports from higher layers: {higher}"
 
 
-#: What the Jupyter-facing layer may use: the public package, the controller's facade
-#: and the base modules (never the mesh API's or the worker's internals).
+#: What the Jupyter-facing layer may use: the public package (jobs included), the
+#: controller's facade and the base modules (never the mesh API's or the worker's internals).
 KERNEL_MAY_IMPORT = {
     "monarch_kernel",
+    "monarch_kernel.job",
     "monarch_kernel.controller",
     "monarch_kernel.errors",
     "monarch_kernel._native",

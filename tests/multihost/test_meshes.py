@@ -1,0 +1,267 @@
+"""Meshes across hosts on the test cluster: the same scenarios through SSHJob and
+SlurmJob, the controller on the login host, two hosts of two procs each.
+
+What is checked: actors on both hosts, a named mesh reattached by a new controller
+(fencing the old one), a killed agent (its host lost, the other goes on, respawn on
+the survivor), a network partition (unreachable, then back with nothing lost), a
+SLURM job cancelled from outside (reported with its reason), 256 MiB between hosts,
+and, after each test, no process of ours left on any host."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cluster import Cluster
+from controller import Controller, ControllerError
+
+WITHIN = 30.0
+
+SETUP = """
+import os, socket, time
+import numpy as np
+from monarch_kernel import Actor, endpoint, current_rank, attach
+from monarch_kernel.job import SSHJob, SlurmJob
+
+class Counter(Actor):
+    def __init__(self):
+        self.n = 0
+    @endpoint
+    def incr(self):
+        self.n += 1
+        return self.n
+    @endpoint
+    def where(self):
+        return [socket.gethostname(), os.getpid()]
+    @endpoint
+    def total(self, a):
+        return float(a.sum())
+    @endpoint
+    def make(self, nbytes):
+        return np.full(nbytes // 8, 1.0)
+
+failures = []
+def record(f):
+    failures.append([f.kind, f.host, str(f)])
+"""
+
+
+@pytest.fixture(params=["ssh", "slurm"])
+def hosts_code(request: pytest.FixtureRequest, cluster: Cluster) -> str:
+    """The expression that gives the cluster's two hosts as a HostMesh."""
+    if request.param == "ssh":
+        return f"SSHJob(hosts=['h1', 'h2'], ssh_args=['-F', {str(cluster.ssh_config)!r}]).state(cached_path=None).hosts"
+    return f"SlurmJob(meshes={{'hosts': 2}}, partition={cluster.partition!r}).state(cached_path=None).hosts"
+
+
+@pytest.fixture
+def controllers(cluster: Cluster, state_home: Path) -> Iterator[list[Controller]]:
+    """Controllers made with ``new()``; at the end every mesh is stopped and no
+    process of ours may be left on any host."""
+    made: list[Controller] = []
+    yield made
+    for c in made:
+        c.close()
+    cluster.run_in_login(
+        [*_venv_cli(), "down", "--all", "--yes", "--force"],
+        env={**os.environ, **cluster.env(), "XDG_STATE_HOME": str(state_home)},
+        capture_output=True,
+        timeout=60,
+    )
+    left = _ours_on_hosts(cluster)
+    deadline = time.monotonic() + 10
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = _ours_on_hosts(cluster)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"left running on the hosts: {left}"
+
+
+def _venv_cli() -> list[str]:
+    return [sys.executable, "-m", "monarch_kernel"]
+
+
+def _ours_on_hosts(cluster: Cluster) -> list[int]:
+    """Pids of monarch agents and workers in the hosts' namespaces."""
+    pids = []
+    for host in cluster.hosts:
+        out = subprocess.run(["ip", "netns", "pids", host.ns], capture_output=True, text=True).stdout
+        for pid in map(int, out.split()):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"monarch_kernel" in cmd:
+                pids.append(pid)
+    return pids
+
+
+def _new(controllers: list[Controller], cluster: Cluster, state_home: Path) -> Controller:
+    c = Controller(cluster, str(state_home))
+    c.run(SETUP)
+    controllers.append(c)
+    return c
+
+
+def _wait_failure(c: Controller, kind: str, within: float = WITHIN) -> list[str]:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        found = [f for f in c.eval("failures") if f[0] == kind]
+        if found:
+            return found[0]
+        time.sleep(0.1)
+    raise AssertionError(f"no {kind!r} failure within {within} s; failures: {c.eval('failures')}")
+
+
+def test_a_mesh_across_two_hosts_runs_actors_on_both(hosts_code, controllers, cluster, state_home):
+    c = _new(controllers, cluster, state_home)
+    c.run(f"procs = {hosts_code}.spawn_procs(per_host={{'procs': 2}})")
+    assert c.eval("procs.sizes") == {"hosts": 2, "procs": 2}
+    c.run("counter = procs.spawn('counter', Counter)")
+    where = c.eval("counter.where.call().get(timeout=30).values()")
+    assert [w[0] for w in where] == ["h1", "h1", "h2", "h2"]
+    assert len({w[1] for w in where}) == 4
+    assert [w[0] for w in c.eval("counter.slice(hosts=1).where.call().get(timeout=30).values()")] == [
+        "h2",
+        "h2",
+    ]
+    assert c.eval("counter.slice(hosts=1, procs=0).incr.call_one().get(timeout=30)") == 1
+    assert c.eval("counter.incr.call().get(timeout=30).values()") == [1, 1, 2, 1]
+    assert c.eval("procs.status()") == ["alive"] * 4
+    c.run("procs.stop()")
+    assert c.eval("procs.status()") == ["stopped"] * 4
+    assert _wait_gone(cluster), _ours_on_hosts(cluster)
+
+
+def _wait_gone(cluster: Cluster, within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while _ours_on_hosts(cluster) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not _ours_on_hosts(cluster)
+
+
+def test_a_named_mesh_outlives_its_controller_and_a_new_one_reattaches(
+    hosts_code, controllers, cluster, state_home
+):
+    first = _new(controllers, cluster, state_home)
+    first.run(f"procs = {hosts_code}.spawn_procs(per_host={{'procs': 2}}, name='train')")
+    first.run("counter = procs.spawn('counter', Counter)")
+    assert first.eval("counter.incr.call().get(timeout=30).values()") == [1, 1, 1, 1]
+    first.close()  # a named mesh stays
+    second = _new(controllers, cluster, state_home)
+    second.run("procs = attach('train')")
+    assert second.eval("procs.sizes") == {"hosts": 2, "procs": 2}
+    assert second.eval("procs.actors['counter'].incr.call().get(timeout=30).values()") == [2, 2, 2, 2]
+    third = _new(controllers, cluster, state_home)
+    third.run("procs = attach('train')")  # fences the second controller on every host
+    with pytest.raises(ControllerError) as fenced:
+        second.eval("procs.actors['counter'].incr.call().get(timeout=30).values()")
+    assert fenced.value.kind == "MeshOwnershipError"
+    assert third.eval("procs.actors['counter'].incr.call().get(timeout=30).values()") == [3, 3, 3, 3]
+    env = {**os.environ, **cluster.env(), "XDG_STATE_HOME": str(state_home)}
+    ls = cluster.run_in_login([*_venv_cli(), "ls"], env=env, capture_output=True, text=True, timeout=60)
+    assert "train" in ls.stdout and "h1 2/2" in ls.stdout and "h2 2/2" in ls.stdout, ls.stdout + ls.stderr
+    down = cluster.run_in_login(
+        [*_venv_cli(), "down", "train"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert down.returncode == 0, down.stderr
+    assert _wait_gone(cluster), _ours_on_hosts(cluster)
+    assert not _slurm_jobs(cluster)
+
+
+def _slurm_jobs(cluster: Cluster) -> list[str]:
+    out = cluster.run_in_login(
+        ["squeue", "-h", "-o", "%i %j"],
+        env={**os.environ, **cluster.env()},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
+    return [ln for ln in out.splitlines() if "monarch-" in ln]
+
+
+def test_a_host_whose_agent_is_killed_is_lost_and_the_other_host_goes_on(
+    hosts_code, controllers, cluster, state_home
+):
+    c = _new(controllers, cluster, state_home)
+    c.run(f"procs = {hosts_code}.spawn_procs(per_host={{'procs': 2}})")
+    c.run("procs.on_failure(record)")
+    c.run("counter = procs.spawn('counter', Counter)")
+    assert c.eval("counter.incr.call().get(timeout=30).values()") == [1, 1, 1, 1]
+    agent = c.eval("procs._session('t').rec.hosts[1]['agent_pid']")
+    os.kill(agent, signal.SIGKILL)
+    kind, host, message = _wait_failure(c, "host_lost")
+    assert host == "h2" and "ranks 2-3" in message, message
+    assert c.eval("procs.status()") == ["alive", "alive", "dead", "dead"]
+    assert c.eval("counter.slice(hosts=0).incr.call().get(timeout=30).values()") == [2, 2]
+    with pytest.raises(ControllerError) as err:
+        c.eval("counter.incr.call().get(timeout=30)")
+    assert err.value.kind == "SupervisionError" and "h2" in err.value.message
+    worker = c.eval("counter.slice(hosts=0, procs=1).where.call_one().get(timeout=30)[1]")
+    os.kill(worker, signal.SIGKILL)
+    deadline = time.monotonic() + WITHIN
+    while c.eval("procs.status()")[1] != "dead" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert c.eval("procs.respawn()") == [1]  # on the surviving host; h2's ranks have no agent
+    assert c.eval("counter.slice(hosts=0).incr.call().get(timeout=30).values()") == [3, 1]
+
+
+def test_a_partitioned_host_is_unreachable_then_back_with_nothing_lost(
+    hosts_code, controllers, cluster, state_home
+):
+    c = _new(controllers, cluster, state_home)
+    c.run(f"procs = {hosts_code}.spawn_procs(per_host={{'procs': 2}})")
+    c.run("procs.on_failure(record)")
+    c.run("counter = procs.spawn('counter', Counter)")
+    assert c.eval("counter.incr.call().get(timeout=30).values()") == [1, 1, 1, 1]
+    bridge = cluster.record["namespaces"][0]
+    subprocess.run(["ip", "-n", bridge, "link", "set", "h2", "down"], check=True)
+    try:
+        t = time.monotonic()
+        kind, host, message = _wait_failure(c, "unreachable")
+        took = time.monotonic() - t
+        assert host == "h2" and "does not answer" in message
+        assert c.eval("counter.slice(hosts=0).incr.call().get(timeout=30).values()") == [2, 2]
+    finally:
+        subprocess.run(["ip", "-n", bridge, "link", "set", "h2", "up"], check=True)
+    _wait_failure(c, "host_back")
+    assert c.eval("counter.slice(hosts=1).incr.call().get(timeout=30).values()") == [2, 2]
+    deadline = time.monotonic() + WITHIN  # each rank is alive again at its next heartbeat
+    while c.eval("procs.status()") != ["alive"] * 4 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert c.eval("procs.status()") == ["alive"] * 4
+    print(f"unreachable reported {took:.1f} s after the partition")
+
+
+def test_a_slurm_job_cancelled_from_outside_is_reported_with_its_reason(controllers, cluster, state_home):
+    c = _new(controllers, cluster, state_home)
+    c.run(
+        f"procs = SlurmJob(meshes={{'hosts': 2}}, partition={cluster.partition!r}).state(cached_path=None).hosts"
+        ".spawn_procs(per_host={'procs': 2})"
+    )
+    c.run("procs.on_failure(record)")
+    job_id = c.eval("procs._session('t').rec.job['job_id']")
+    assert job_id
+    subprocess.run(
+        cluster.login_cmd(["scancel", job_id]), env={**os.environ, **cluster.env()}, check=True, timeout=30
+    )
+    kind, _host, message = _wait_failure(c, "lost")
+    assert "cancelled" in message, message
+    assert _wait_gone(cluster), _ours_on_hosts(cluster)
+
+
+def test_256_mib_travel_between_hosts(hosts_code, controllers, cluster, state_home):
+    c = _new(controllers, cluster, state_home)
+    c.run(f"procs = {hosts_code}.spawn_procs(per_host={{'procs': 1}})")
+    c.run("counter = procs.spawn('counter', Counter)")
+    c.run("big = np.full((256 << 20) // 8, 2.0)")
+    assert c.eval("counter.slice(hosts=1).total.call_one(big).get(timeout=60)") == 2.0 * ((256 << 20) // 8)
+    c.run("got = counter.slice(hosts=0).make.call_one(256 << 20).get(timeout=60)")
+    assert c.eval("[got.nbytes, float(got.sum())]") == [256 << 20, float((256 << 20) // 8)]
