@@ -8,7 +8,7 @@ NATIVE_SRC := $(shell find native/src proto -type f) native/Cargo.toml native/bu
 export CARGO_TERM_COLOR ?= never
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test test-rust test-python bench lint fmt stubs clean
+.PHONY: help setup demo demo-multihost test test-rust test-python bench lint fmt stubs clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -34,6 +34,9 @@ setup: $(STAMPS)/native $(STAMPS)/kernelspec ## Create the venv, install depende
 
 demo: setup ## Set up, then execute notebooks/quickstart.ipynb through the monarch kernel and print it
 	$(PY) demo/run_notebook.py notebooks/quickstart.ipynb
+
+demo-multihost: setup $(STAMPS)/cluster ## Bring up the test cluster, run notebooks/multihost.ipynb on it through SLURM, tear it down
+	$(PY) demo/run_multihost.py
 
 # Browser tests drive Debian's chromium (Playwright's own browser download is not used).
 $(STAMPS)/browser: | $(STAMPS)/deps

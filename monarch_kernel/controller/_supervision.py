@@ -289,8 +289,8 @@ class Supervisor:
             if not live:
                 continue
             silent = all(misses.get(r, 0) >= 2 for r in live)
-            if silent and link.index not in s.unreachable and link.reach(timeout=1.0) != "alive":
-                self.host_unreachable(link)
+            if silent and link.index not in s.unreachable and link.reach(timeout=1.0) == "unreachable":
+                self.host_unreachable(link)  # (an agent that is gone: its Watch's end says so)
             elif not silent and link.index in s.unreachable:
                 self.host_back(link)
 

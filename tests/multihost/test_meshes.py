@@ -265,3 +265,31 @@ def test_256_mib_travel_between_hosts(hosts_code, controllers, cluster, state_ho
     assert c.eval("counter.slice(hosts=1).total.call_one(big).get(timeout=60)") == 2.0 * ((256 << 20) // 8)
     c.run("got = counter.slice(hosts=0).make.call_one(256 << 20).get(timeout=60)")
     assert c.eval("[got.nbytes, float(got.sum())]") == [256 << 20, float((256 << 20) // 8)]
+
+
+def test_the_multihost_notebook_runs_on_the_cluster_through_slurm(cluster, state_home, jupyter_path):
+    env = {
+        **os.environ,
+        **cluster.env(),
+        "XDG_STATE_HOME": str(state_home),
+        "MONARCH_DEMO_PARTITION": cluster.partition,
+    }
+    root = Path(__file__).resolve().parents[2]
+    out = Path(state_home) / "multihost-out.ipynb"
+    argv = [
+        sys.executable,
+        str(root / "demo" / "run_notebook.py"),
+        "notebooks/multihost.ipynb",
+        "--save",
+        str(out),
+    ]
+    done = cluster.run_in_login(argv, env=env, cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    text = done.stdout
+    assert "h1 rank 0" in text and "h2 rank 3" in text  # DDP on both hosts
+    assert "Out: True" in text  # the same model on every rank
+    assert "host 'h2' of mesh 'ddp-demo' is lost" in text
+    assert "does not answer" not in text  # a dead agent is lost, not unreachable
+    assert "['alive', 'alive', 'dead', 'dead']" in text
+    assert "stopped ddp-demo" in text
+    assert not _ours_on_hosts(cluster)
