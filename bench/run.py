@@ -436,13 +436,35 @@ def main() -> None:
         ("RSS growth, worker, 100 echoes of 256 MiB", grow_worker / 2**20, "MiB", "", float("nan"), "flat"),
         ("memcpy 64 MiB", mcp * ms, "ms", "memcpy 64 MiB", mcp * ms, ""),
     ]
+    more, skipped = multihost_rows()
+    print_table(rows + more)
+    if skipped:
+        print(skipped)
+    sys.stdout.flush()
+
+
+def multihost_rows() -> tuple[list[tuple[str, float, str, str, float, str]], str | None]:
+    """The multi-host rows (bench/multihost.py, on a test cluster made on this machine
+    meanwhile); where there are none, the line that says why."""
+    import multihost
+
+    if reason := multihost.unavailable():
+        return [], f"multi-host rows skipped: no test cluster ({reason})"
+    try:
+        return multihost.rows(), None
+    except multihost.ClusterError as e:
+        print(e, file=sys.stderr)
+        return [], f"multi-host rows skipped: {str(e).splitlines()[0]}"
+
+
+def print_table(rows: list[tuple[str, float, str, str, float, str]]) -> None:
+    """The table: metric, value and unit, baseline (value and name), ratio, target."""
     w = max(len(r[0]) for r in rows)
     print(f"{'metric':<{w}}  {'monarch-kernel':>16}  {'baseline':>26}  {'ratio':>7}  target")
     for name, val, unit, bname, bval, target in rows:
         base = f"{bval:,.1f} ({bname})" if bname else "-"
         ratio = f"{val / bval:.2f}" if bname else "-"
         print(f"{name:<{w}}  {val:>10,.1f} {unit:<5}  {base:>26}  {ratio:>7}  {target}")
-    sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -41,14 +41,24 @@ class HostLink:
         return self.client.addr
 
     def reach(self, timeout: float = 2.0) -> str:
-        """Whether the host's agent answers ("alive"), refuses connections ("gone":
-        the host answers, its agent is not there), or does not answer at all
-        ("unreachable": a partition, or the agent is stopped)."""
+        """Whether the host's agent answers ("alive"), its host answers but not on the
+        agent's port ("gone": connection refused), or nothing answers ("unreachable": a
+        partition, or the agent is stopped). The port is tried with a plain connection
+        first: the gRPC channel's own state lags after a loss."""
+        import socket
+
+        host, port = self.addr.rsplit(":", 1)
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+        except ConnectionRefusedError:
+            return "gone"
+        except OSError:
+            return "unreachable"
         try:
             self.client.ping(timeout=timeout)
             return "alive"
-        except MonarchKernelError as e:
-            return "gone" if "refused" in str(e).lower() else "unreachable"
+        except MonarchKernelError:
+            return "unreachable"
 
 
 class AgentGroup:

@@ -9,6 +9,7 @@ controller sends to the agent and the workers' built-in actor.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import threading
@@ -76,6 +77,7 @@ class Session:
             tuple(w.addr for w in workers),
             rec.agent_addr,
             Extent(list(self.sizes), list(self.sizes.values())),
+            tuple((link.addr, link.first_rank, link.nprocs) for link in client.links) if rec.hosts else (),
         )
         self.state: MeshState = self.ref.state()
         self.state.ref = self.ref
@@ -165,8 +167,13 @@ class Session:
                 return
             self.supervisor.agent_lost(err)
             return
+        first = True
         while not (self.closed or self.stopping):
             how = link.reach()
+            if how == "unreachable" and first:  # a stream's end can come before its port closes
+                first = False
+                time.sleep(0.3)
+                continue
             if how == "alive":
                 if link.index in self.unreachable:
                     self.supervisor.host_back(link)
@@ -187,12 +194,12 @@ class Session:
         """The index of the host that runs ``rank``."""
         return self.client.link_of(rank).index
 
-    def explain_host_loss(self) -> str | None:
+    def explain_host_loss(self, wait: float = 0.0) -> str | None:
         """Why the hosts' agents went away, when the allocator knows (a SLURM job that
-        ended: its state and reason); None otherwise."""
+        ended: its state and reason, given ``wait`` s to be recorded); None otherwise."""
         from monarch_kernel.hosts import _remote
 
-        return _remote.job_end_reason(self.rec.job)
+        return _remote.job_end_reason(self.rec.job, wait)
 
     def forget_record(self) -> None:
         """Removes the mesh's state file, if it is still this mesh's."""
@@ -234,6 +241,12 @@ class Session:
         """Restarts dead ranks and re-creates their actors; returns the ranks. Ranks
         of a lost host stay dead: their agent, which would restart them, is gone."""
         with self.lock:
+            try:  # an exit the watch has not brought yet (a call's failure can be first)
+                for w in self.client.list_workers_raw():
+                    if has_exited(w) and w.rank not in self.state.dead:
+                        self.supervisor.worker_died(w, notify=True)
+            except MonarchKernelError:
+                pass
             ranks = [r for r in sorted(self.state.dead) if self.host_index(r) not in self.lost_hosts]
             if not ranks:
                 return []
@@ -241,7 +254,7 @@ class Session:
             addrs = list(self.state.ref.addrs)
             for w in workers:
                 addrs[w["rank"]] = w["addr"]
-            ref = ProcRef(self.name, self.token, tuple(addrs), self.rec.agent_addr, self.ref.extent)
+            ref = dataclasses.replace(self.state.ref, addrs=tuple(addrs))
             self.state.ref = ref
             for r in ranks:
                 self.state.dead.pop(r, None)

@@ -80,7 +80,9 @@ class Supervisor:
         """SUPERVISE-3: the agent is gone, and with it every worker."""
         s = self.s
         if s.rec.hosts:
-            why = s.explain_host_loss() or f"the host agents of every host went away (the last: {err})"
+            why = (
+                s.explain_host_loss(wait=3.0) or f"the host agents of every host went away (the last: {err})"
+            )
         else:
             why = f"its host agent ({s.rec.agent_addr}, pid {s.rec.agent_pid}) went away ({err})"
         lost = SupervisionError(
@@ -132,8 +134,11 @@ class Supervisor:
     def host_lost(self, link: HostLink, err: BaseException) -> None:
         """SUPERVISE-4: a host's agent is gone: its ranks are dead; the other hosts go on."""
         s = self.s
+        with self._dead_lock:  # the watch's end and the heartbeat may both see it
+            if link.index in s.lost_hosts:
+                return
+            s.lost_hosts.add(link.index)
         others = [lk for lk in s.client.links if lk.index != link.index and lk.index not in s.lost_hosts]
-        s.lost_hosts.add(link.index)
         s.unreachable.discard(link.index)
         if not others:
             self.agent_lost(err)
@@ -276,9 +281,10 @@ class Supervisor:
             time.sleep(max(0.0, HEARTBEAT_S - (time.monotonic() - started)))
 
     def _check_hosts(self, misses: dict[int, int]) -> None:
-        """SUPERVISE-4 (across hosts): a host none of whose live ranks answered the last
-        two heartbeats, and whose agent does not answer either, is unreachable; one
-        whose ranks answer again is back."""
+        """SUPERVISE-4 (across hosts): when one of a host's live ranks missed the last
+        heartbeat, its agent is asked: gone, the host is lost (at once, whatever its
+        Watch stream says yet); with every rank silent for two heartbeats and the agent
+        silent too, the host is unreachable. A host whose ranks answer again is back."""
         s = self.s
         if len(s.client.links) == 1:
             return
@@ -288,9 +294,13 @@ class Supervisor:
             live = [r for r in link.ranks if r not in s.state.dead]
             if not live:
                 continue
-            silent = all(misses.get(r, 0) >= 2 for r in live)
-            if silent and link.index not in s.unreachable and link.reach(timeout=1.0) == "unreachable":
-                self.host_unreachable(link)  # (an agent that is gone: its Watch's end says so)
+            silent = min(misses.get(r, 0) for r in live)
+            if max(misses.get(r, 0) for r in live) and link.index not in s.unreachable:
+                how = link.reach(timeout=1.0)
+                if how == "gone":
+                    self.host_lost(link, SupervisionError(f"its agent at {link.addr} refuses connections"))
+                elif how == "unreachable" and silent >= 2:
+                    self.host_unreachable(link)
             elif not silent and link.index in s.unreachable:
                 self.host_back(link)
 

@@ -247,21 +247,30 @@ def end_job(job: dict[str, Any]) -> None:
     subprocess.run(["scancel", str(job["job_id"])], capture_output=True, timeout=30)
 
 
-def job_end_reason(job: dict[str, Any]) -> str | None:
+def job_end_reason(job: dict[str, Any], wait: float = 3.0) -> str | None:
     """Why a SLURM job's agents went away, in words, if the job has ended (state and
-    reason from ``scontrol``); None for other allocators or a job still running."""
-    if job.get("kind") != "slurm" or shutil.which("scontrol") is None:
+    reason from ``scontrol``, given ``wait`` s to record the end: the agents can go
+    first); None for other allocators or a job still running."""
+    if job.get("kind") != "slurm" or not job.get("job_id") or shutil.which("scontrol") is None:
         return None
-    try:
-        out = subprocess.run(
-            ["scontrol", "show", "job", "-o", str(job["job_id"])], capture_output=True, text=True, timeout=10
-        ).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    fields = dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
-    state, reason = fields.get("JobState", ""), fields.get("Reason", "None")
-    if not state or state in ("RUNNING", "PENDING", "CONFIGURING", "COMPLETING"):
-        return None
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            out = subprocess.run(
+                ["scontrol", "show", "job", "-o", str(job["job_id"])],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        fields = dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
+        state, reason = fields.get("JobState", ""), fields.get("Reason", "None")
+        if state and state not in ("RUNNING", "PENDING", "CONFIGURING", "COMPLETING"):
+            break
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.2)
     said = {
         "TIMEOUT": "reached its time limit",
         "CANCELLED": "was cancelled (scancel)",

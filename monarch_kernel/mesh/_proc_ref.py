@@ -60,6 +60,15 @@ class ProcRef:
     agent_addr: str | None = None
     #: The dims of the whole proc mesh (proc ranks index it).
     extent: Extent = Extent([], [])
+    #: Across hosts: each host's agent and its ranks, ``(agent_addr, first_rank, nprocs)``.
+    hosts: tuple[tuple[str, int, int], ...] = ()
+
+    def agent_of(self, rank: int) -> str | None:
+        """The address of the agent that owns proc ``rank``."""
+        for addr, first, n in self.hosts:
+            if first <= rank < first + n:
+                return addr
+        return self.agent_addr
 
     def point(self, rank: int) -> Point:
         """Proc ``rank`` as a point of the whole proc mesh, e.g. ``{'procs': 2/4}``."""
@@ -102,12 +111,13 @@ class ProcRef:
 
     def _worker(self, rank: int, wait_exit: float) -> dict[str, Any] | None:
         """What the agent knows of worker ``rank``, waiting up to ``wait_exit`` s for its exit to be recorded."""
-        if self.agent_addr is None:
+        agent = self.agent_of(rank)
+        if agent is None:
             return None
         from monarch_kernel.control import agent_client  # (not at a worker's start)
 
         try:
-            client = agent_client(self.agent_addr, self.token)
+            client = agent_client(agent, self.token)
             return worker_report(client, rank, wait_exit)
         except MonarchKernelError:
             return None

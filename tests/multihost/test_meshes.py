@@ -135,6 +135,15 @@ def test_a_mesh_across_two_hosts_runs_actors_on_both(hosts_code, controllers, cl
     assert c.eval("counter.slice(hosts=1, procs=0).incr.call_one().get(timeout=30)") == 1
     assert c.eval("counter.incr.call().get(timeout=30).values()") == [1, 1, 2, 1]
     assert c.eval("procs.status()") == ["alive"] * 4
+    os.kill(where[3][1], signal.SIGKILL)  # a worker on h2: its own agent says how it died
+    with pytest.raises(ControllerError) as died:
+        c.eval("counter.slice(hosts=1, procs=1).incr.call_one().get(timeout=30)")
+    assert died.value.kind == "SupervisionError"
+    assert (
+        "rank 3" in died.value.message and "on h2" in died.value.message and "SIGKILL" in died.value.message
+    )
+    assert c.eval("procs.respawn()") == [3]
+    assert c.eval("counter.slice(hosts=1, procs=1).incr.call_one().get(timeout=30)") == 1
     c.run("procs.stop()")
     assert c.eval("procs.status()") == ["stopped"] * 4
     assert _wait_gone(cluster), _ours_on_hosts(cluster)
@@ -173,6 +182,9 @@ def test_a_named_mesh_outlives_its_controller_and_a_new_one_reattaches(
     )
     assert down.returncode == 0, down.stderr
     assert _wait_gone(cluster), _ours_on_hosts(cluster)
+    deadline = time.monotonic() + WITHIN  # (a cancelled job is listed while it completes)
+    while _slurm_jobs(cluster) and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert not _slurm_jobs(cluster)
 
 

@@ -263,6 +263,13 @@ impl WorkerConn {
             origin: origin.to_string(),
         };
         if self.tx.send(msg).is_err() {
+            // The task that owned the stream has ended, and records why (the first
+            // cause: a refused token, the peer gone) just after it drops the stream:
+            // give it a moment, so the call fails with that cause.
+            let deadline = std::time::Instant::now() + Duration::from_millis(200);
+            while lock(&self.pending).lost.is_none() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
             let err = RpcError::ConnectionLost {
                 addr: self.addr.clone(),
                 reason: "the connection task ended".into(),
