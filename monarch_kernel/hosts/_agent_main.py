@@ -113,10 +113,16 @@ def _bind_host(given: str) -> str:
 
 
 def _own_log_dir(name: str) -> str:
-    """This host's log folder of mesh ``name`` (one per host: hosts may share a home)."""
-    from monarch_kernel.hosts._local import fresh_log_dir
+    """This host's log folder of mesh ``name`` (one per host: hosts may share a home,
+    so an agent touches no other folder there; the controller prunes old ones)."""
+    import shutil
 
-    return str(fresh_log_dir(f"{name}@{socket.gethostname()}"))
+    from monarch_kernel.hosts._local import private_dir, state_dir
+
+    path = state_dir() / "logs" / f"{name}@{socket.gethostname()}"
+    shutil.rmtree(path, ignore_errors=True)  # an earlier mesh of this name
+    private_dir(state_dir() / "logs")
+    return str(private_dir(path))
 
 
 def _keep_state_file(

@@ -63,8 +63,8 @@ def fresh_log_dir(name: str) -> Path:
     meshes = state_dir() / "meshes"
     now = time.time()
     for d in logs.iterdir():
-        if (meshes / f"{d.name}.json").exists():
-            continue  # running
+        if (meshes / f"{d.name.split('@')[0]}.json").exists():
+            continue  # running (NAME@HOST: a host's logs of a mesh across hosts)
         try:  # (a folder's time changes when a log is created: its mesh's last start)
             stale = now - d.stat().st_mtime > KEEP_LOGS_S
         except OSError:

@@ -202,6 +202,8 @@ class SlurmHosts:
                 lines = Path(out_path).read_text(errors="replace").splitlines()
                 if sum(ln.startswith(READY) for ln in lines) >= self.nodes or launcher.poll() is not None:
                     break
+                if any("Exited with exit code" in ln or "srun: error" in ln for ln in lines):
+                    break  # an agent failed: srun goes on with the others, the mesh cannot
                 time.sleep(0.05)
         except BaseException:  # an interrupt while SLURM queues: nothing may stay queued
             _end_launch(launcher, lines)

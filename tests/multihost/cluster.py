@@ -319,7 +319,7 @@ class Cluster:
             out = self.run_in_login(
                 [_tool("sinfo"), "-h", "-N", "-o", "%N %t"], capture_output=True, text=True
             )
-            return sorted(out.stdout.splitlines()) == [f"{h.name} idle" for h in self.hosts]
+            return sorted(out.stdout.splitlines()) == sorted(f"{h.name} idle" for h in self.hosts)
 
         daemons = ["slurmctld", *(h.name for h in self.hosts)]
         self._wait(
