@@ -82,6 +82,19 @@ def call(
     oneway: bool = False,
     origin: str = "",
 ) -> list[PendingCall]: ...
+def call_fanned(
+    endpoint: Endpoint,
+    relay: WorkerConn,
+    procs: list[int],
+    ranks: list[int],
+    addrs: list[str],
+    payload: bytes,
+    buffers: list[memoryview],
+    *,
+    oneway: bool = False,
+    origin: str = "",
+) -> list[PendingCall]: ...
+def calls_sent() -> int: ...
 def set_epoch(token: str, epoch: int) -> None: ...
 def ping_all(conns: list[WorkerConn], timeout: float) -> list[tuple[int, int] | BaseException | None]: ...
 def wait_all(

@@ -23,6 +23,7 @@ from monarch_kernel.errors import (
 )
 from monarch_kernel.mesh import _buffers
 from monarch_kernel.mesh._control import session_for
+from monarch_kernel.mesh._fan_out import FAN_OUT, fan_out
 from monarch_kernel.mesh._future import Future, cancel_calls
 from monarch_kernel.mesh._serial import dumps, loads, loads_exception
 from monarch_kernel.mesh._shape import MeshTrait, Point, Shape
@@ -130,7 +131,13 @@ class Endpoint(Generic[R]):
         if origin:
             _origin.touched.add(mesh._proc.name)
         try:
-            calls = _native.call(self._target, conns, local, payload, buffers, oneway=oneway, origin=origin)
+            if mesh._proc.hosts and FAN_OUT:
+                procs = [mesh._shape.ranks[i] for i in local]
+                calls = fan_out(self._target, mesh._proc, procs, local, payload, buffers, oneway, origin)
+            else:
+                calls = _native.call(
+                    self._target, conns, local, payload, buffers, oneway=oneway, origin=origin
+                )
         except BaseException:
             _buffers.drop_now(regs)  # nothing was sent: nobody will read them
             raise

@@ -63,6 +63,13 @@ class ProcRef:
     #: Across hosts: each host's agent and its ranks, ``(agent_addr, first_rank, nprocs)``.
     hosts: tuple[tuple[str, int, int], ...] = ()
 
+    def host_of(self, rank: int) -> int:
+        """The index of the host that runs proc ``rank`` (0 on a single host)."""
+        for i, (_addr, first, n) in enumerate(self.hosts):
+            if first <= rank < first + n:
+                return i
+        return 0
+
     def agent_of(self, rank: int) -> str | None:
         """The address of the agent that owns proc ``rank``."""
         for addr, first, n in self.hosts:

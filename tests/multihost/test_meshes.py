@@ -45,6 +45,12 @@ class Counter(Actor):
     @endpoint
     def make(self, nbytes):
         return np.full(nbytes // 8, 1.0)
+    @endpoint
+    def nap(self, seconds):
+        end = time.time() + seconds
+        while time.time() < end:  # Python code: a stop interrupts it
+            time.sleep(0.01)
+        return "woke"
 
 failures = []
 def record(f):
@@ -305,3 +311,40 @@ def test_the_multihost_notebook_runs_on_the_cluster_through_slurm(cluster, state
     assert "['alive', 'alive', 'dead', 'dead']" in text
     assert "stopped ddp-demo" in text
     assert not _ours_on_hosts(cluster)
+
+
+def test_a_call_to_many_procs_goes_as_one_message_per_host(hosts_code, controllers, cluster, state_home):
+    c = _new(controllers, cluster, state_home)
+    c.run(f"procs = {hosts_code}.spawn_procs(per_host={{'procs': 2}})")
+    c.run("counter = procs.spawn('counter', Counter)")
+    c.run("from monarch_kernel import _native")
+    assert c.eval("counter.incr.call().get(timeout=30).values()") == [1, 1, 1, 1]
+    before = c.eval("_native.calls_sent()")
+    assert c.eval("counter.incr.call().get(timeout=30).values()") == [2, 2, 2, 2]
+    assert c.eval("_native.calls_sent()") - before == 2  # one per host: the agents fan out (RELAY-1)
+    c.run("counter.incr.broadcast()")
+    assert c.eval("_native.calls_sent()") - before == 4
+    assert c.eval("counter.slice(procs=0).incr.call().get(timeout=30).values()") == [
+        4,
+        4,
+    ]  # after the broadcast
+    where = c.eval("counter.where.call().get(timeout=30).values()")
+    os.kill(where[3][1], signal.SIGKILL)  # a worker lost behind the relay fails as a direct call would
+    with pytest.raises(ControllerError) as died:
+        c.eval("counter.slice(hosts=1).where.call().get(timeout=30)")
+    assert died.value.kind == "SupervisionError" and "rank 3" in died.value.message, died.value.message
+    assert "SIGKILL" in died.value.message
+    assert [w[0] for w in c.eval("counter.slice(hosts=0).where.call().get(timeout=30).values()")] == [
+        "h1",
+        "h1",
+    ]
+    # A stop reaches the workers through their agent: the calls end, not after 60 s.
+    c.run("nap = counter.slice(hosts=0).nap.call(60)")
+    time.sleep(1.0)
+    c.run("from monarch_kernel.mesh._future import cancel_calls\ncancel_calls(nap._calls)")
+    t = time.monotonic()
+    with pytest.raises(ControllerError) as stopped:
+        c.eval("nap.get(timeout=30)")
+    assert time.monotonic() - t < 20, "the stop did not reach the workers"
+    assert "KeyboardInterrupt" in stopped.value.message or "KeyboardInterrupt" in stopped.value.kind
+    assert c.eval("counter.slice(hosts=0).incr.call().get(timeout=30).values()") == [5, 4]

@@ -11,6 +11,7 @@
 
 pub mod oom;
 pub mod process;
+pub mod relay;
 
 use crate::proto::v1::agent_event;
 use crate::proto::v1::host_agent_server::{HostAgent, HostAgentServer};
@@ -124,6 +125,11 @@ impl Agent {
     pub async fn stopped(&self) {
         let mut rx = self.stopping.subscribe();
         let _ = rx.wait_for(|s| *s).await;
+    }
+
+    /// The mesh token (the relay's connections to the workers carry it).
+    pub fn token(&self) -> &str {
+        &self.cfg.token
     }
 
     /// FENCE-2: admits a command that changes the mesh from a controller at `epoch`.
@@ -375,6 +381,13 @@ pub fn start(
         // (tonic's default is 4 MiB).
         HostAgentServer::new(Service(agent.clone()))
             .max_decoding_message_size(crate::rpc::MAX_MESSAGE_BYTES),
+        auth.clone(),
+    );
+    // RELAY-1: the same port serves the Worker service as a relay of fanned-out calls.
+    let relay = tonic::service::interceptor::InterceptedService::new(
+        crate::proto::v1::worker_server::WorkerServer::new(relay::Relay::new(agent.clone()))
+            .max_decoding_message_size(crate::rpc::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(crate::rpc::MAX_MESSAGE_BYTES),
         auth,
     );
     let done = Arc::new(Notify::new());
@@ -396,6 +409,7 @@ pub fn start(
         let (a4, a5) = (a2.clone(), a2.clone());
         let server = crate::rpc::server_builder()
             .add_service(svc)
+            .add_service(relay)
             .serve_with_incoming_shutdown(crate::rpc::incoming(listener), async move {
                 a4.stopped().await;
                 // Let the Shutdown reply reach its caller before the server goes.

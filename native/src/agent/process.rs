@@ -347,6 +347,14 @@ impl Workers {
         });
     }
 
+    /// The address of the running worker of proc rank `proc`.
+    pub fn addr_of(&self, proc: u32) -> Option<String> {
+        self.lock()
+            .iter()
+            .find(|r| r.info.rank == proc && r.info.state == WorkerState::Running as i32)
+            .map(|r| r.info.addr.clone())
+    }
+
     /// Every worker, alive or not, with the kernel's view of each running one.
     pub fn list(&self) -> Vec<WorkerInfo> {
         let mut out: Vec<WorkerInfo> = self.lock().iter().map(|r| r.info.clone()).collect();

@@ -26,6 +26,9 @@ pub struct PendingCall {
     slot: Arc<Slot>,
     call_id: u64,
     conn: Arc<WorkerConn>,
+    /// The worker's address and proc rank when the call went through a relay
+    /// (fan-out).
+    target: Option<(String, u32)>,
 }
 
 /// Copies Python buffer-protocol objects (format "B") into owned bytes.
@@ -118,6 +121,7 @@ impl PendingCall {
             slot,
             call_id,
             conn,
+            target: None,
         }
     }
 
@@ -156,7 +160,8 @@ impl PendingCall {
 
     /// Asks the worker to cancel this call.
     fn cancel(&self) {
-        self.conn.cancel(node::handle(), self.call_id);
+        let proc = self.target.as_ref().map(|t| t.1);
+        self.conn.cancel(node::handle(), self.call_id, proc);
     }
 
     #[getter]
@@ -164,9 +169,13 @@ impl PendingCall {
         self.call_id
     }
 
+    /// The worker's address (also for a call that went through its host's agent).
     #[getter]
     fn addr(&self) -> String {
-        self.conn.addr().to_string()
+        match &self.target {
+            Some((addr, _)) => addr.clone(),
+            None => self.conn.addr().to_string(),
+        }
     }
 }
 
@@ -350,6 +359,63 @@ fn call(
         .collect())
 }
 
+/// Sends one call of `endpoint` through `relay` (a host agent, RELAY-1) to the workers
+/// `procs` (proc ranks) of its host; `ranks[i]` is the index of `procs[i]` within the
+/// called mesh and `addrs[i]` its address. Returns one pending call per worker, in
+/// order, or an empty list if `oneway`.
+#[pyfunction]
+#[pyo3(signature = (endpoint, relay, procs, ranks, addrs, payload, buffers, *, oneway=false, origin=""))]
+#[allow(clippy::too_many_arguments)] // nine from Python, and the GIL token
+fn call_fanned(
+    py: Python<'_>,
+    endpoint: PyRef<'_, PyEndpoint>,
+    relay: PyRef<'_, PyWorkerConn>,
+    procs: Vec<u32>,
+    ranks: Vec<u32>,
+    addrs: Vec<String>,
+    payload: &[u8],
+    buffers: Vec<PyBuffer<u8>>,
+    oneway: bool,
+    origin: &str,
+) -> PyResult<Vec<PendingCall>> {
+    if procs.len() != ranks.len() || procs.len() != addrs.len() {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "procs, ranks and addrs differ in length",
+        ));
+    }
+    let bufs = to_bytes_vec(py, &buffers)?;
+    let payload = Bytes::copy_from_slice(payload);
+    let conn = relay.conn()?;
+    let t = Target {
+        actor: &endpoint.actor,
+        method: &endpoint.method,
+        payload: &payload,
+        buffers: &bufs,
+        oneway,
+        dims: &endpoint.dims,
+        sizes: &endpoint.sizes,
+        origin,
+    };
+    let deliveries: Vec<(u32, u32)> = procs.iter().copied().zip(ranks.iter().copied()).collect();
+    let (call_id, slots) = detach(py, || conn.call_fanned(&t, &deliveries));
+    Ok(slots
+        .into_iter()
+        .zip(addrs.into_iter().zip(procs))
+        .map(|(slot, target)| PendingCall {
+            slot,
+            call_id,
+            conn: conn.clone(),
+            target: Some(target),
+        })
+        .collect())
+}
+
+/// How many call messages this process has sent (a fanned-out call counts once).
+#[pyfunction]
+fn calls_sent() -> u64 {
+    crate::rpc::client::CALLS_SENT.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Waits for every call, with one deadline for all. Returns, in order, each `Reply`
 /// or the exception instance that call failed with; raises TimeoutError if the
 /// deadline passes first. With `fail_fast`, it returns as soon as one call has
@@ -486,6 +552,8 @@ pub fn register_python_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyReply>()?;
     m.add_class::<PyEndpoint>()?;
     m.add_function(wrap_pyfunction!(call, m)?)?;
+    m.add_function(wrap_pyfunction!(call_fanned, m)?)?;
+    m.add_function(wrap_pyfunction!(calls_sent, m)?)?;
     m.add_function(wrap_pyfunction!(wait_all, m)?)?;
     Ok(())
 }

@@ -16,8 +16,8 @@ use super::slot::{Outcome, Slot};
 use super::{RpcError, MAX_MESSAGE_BYTES};
 use crate::proto::v1::worker_client::WorkerClient;
 use crate::proto::v1::{
-    Call, Calls, CancelRequest, PingRequest, Reply, ReplyKind, SpawnActorRequest, StatsReply,
-    StatsRequest, StopActorRequest,
+    Call, Calls, CancelRequest, Delivery, PingRequest, Reply, ReplyKind, SpawnActorRequest,
+    StatsReply, StatsRequest, StopActorRequest,
 };
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -35,7 +35,24 @@ type Client = WorkerClient<InterceptedService<Channel, TokenAttach>>;
 #[derive(Default)]
 struct Pending {
     calls: HashMap<u64, Arc<Slot>>,
+    /// Calls fanned out by a relay (a host agent): one slot per worker, by proc.
+    fanned: HashMap<u64, HashMap<u32, Arc<Slot>>>,
     lost: Option<RpcError>,
+}
+
+impl Pending {
+    /// The slot a reply completes (a fanned-out call's by the proc it names).
+    fn take(&mut self, call_id: u64, proc: Option<u32>) -> Option<Arc<Slot>> {
+        let Some(proc) = proc else {
+            return self.calls.remove(&call_id);
+        };
+        let slots = self.fanned.get_mut(&call_id)?;
+        let slot = slots.remove(&proc);
+        if slots.is_empty() {
+            self.fanned.remove(&call_id);
+        }
+        slot
+    }
 }
 
 /// A connection to one worker.
@@ -64,6 +81,9 @@ pub fn epoch_cell(token: &str) -> Arc<AtomicU64> {
         .clone()
 }
 
+/// Call messages this process has sent (a fanned-out call is one): `calls_sent()`.
+pub static CALLS_SENT: AtomicU64 = AtomicU64::new(0);
+
 /// Call ids: unique within this process; the random start keeps two controllers'
 /// ids apart in a worker's logs.
 fn next_call_id() -> u64 {
@@ -82,12 +102,17 @@ fn lock(p: &Mutex<Pending>) -> std::sync::MutexGuard<'_, Pending> {
 /// Fails every pending call with the *first* cause of the loss (a later failure,
 /// such as the send that finds the connection task gone, is a consequence of it).
 fn fail_all(pending: &Mutex<Pending>, err: RpcError) {
-    let (calls, cause) = {
+    let (calls, fanned, cause) = {
         let mut p = lock(pending);
         let cause = p.lost.get_or_insert(err).clone();
-        (std::mem::take(&mut p.calls), cause)
+        (
+            std::mem::take(&mut p.calls),
+            std::mem::take(&mut p.fanned),
+            cause,
+        )
     };
-    for (_, slot) in calls {
+    let fanned = fanned.into_values().flat_map(|m| m.into_values());
+    for slot in calls.into_values().chain(fanned) {
         slot.complete(Err(cause.clone()));
     }
 }
@@ -100,7 +125,24 @@ impl WorkerConn {
     /// if the previous one was lost (CLIENT-2).
     pub fn get(rt: &Handle, addr: &str, token: &str) -> Result<Arc<WorkerConn>, RpcError> {
         static CONNS: OnceLock<ConnTable> = OnceLock::new();
-        let conns = CONNS.get_or_init(Default::default);
+        Self::shared(&CONNS, rt, addr, token, true)
+    }
+
+    /// A relay's connection to a worker of its host (shared like [`WorkerConn::get`]):
+    /// replies pass through untouched, their buffers are not pulled here.
+    pub fn get_relay(rt: &Handle, addr: &str, token: &str) -> Result<Arc<WorkerConn>, RpcError> {
+        static CONNS: OnceLock<ConnTable> = OnceLock::new();
+        Self::shared(&CONNS, rt, addr, token, false)
+    }
+
+    fn shared(
+        table: &'static OnceLock<ConnTable>,
+        rt: &Handle,
+        addr: &str,
+        token: &str,
+        prefetch: bool,
+    ) -> Result<Arc<WorkerConn>, RpcError> {
+        let conns = table.get_or_init(Default::default);
         let key = (addr.to_string(), token.to_string());
         let mut map = conns.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = map.get(&key) {
@@ -108,13 +150,24 @@ impl WorkerConn {
                 return Ok(c.clone());
             }
         }
-        let c = Arc::new(Self::open(rt, addr, token)?);
+        let c = Arc::new(Self::open_with(rt, addr, token, prefetch)?);
         map.insert(key, c.clone());
         Ok(c)
     }
 
     /// Opens a new connection (not shared).
     pub fn open(rt: &Handle, addr: &str, token: &str) -> Result<WorkerConn, RpcError> {
+        Self::open_with(rt, addr, token, true)
+    }
+
+    /// `prefetch`: whether replies' buffers are pulled as they arrive (XFER-2); a
+    /// relay passes them on untouched instead.
+    fn open_with(
+        rt: &Handle,
+        addr: &str,
+        token: &str,
+        prefetch: bool,
+    ) -> Result<WorkerConn, RpcError> {
         let attach = TokenAttach::new(token).map_err(|e| RpcError::Auth(e.to_string()))?;
         let endpoint = Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| RpcError::Address(format!("{addr}: {e}")))?
@@ -145,9 +198,18 @@ impl WorkerConn {
                 match inbound.message().await {
                     Ok(Some(batch)) => {
                         for reply in batch.replies {
-                            let slot = lock(&p2).calls.remove(&reply.call_id);
+                            let slot = lock(&p2).take(reply.call_id, reply.proc);
                             let Some(slot) = slot else { continue };
-                            if !reply.payload.starts_with(crate::transfer::HEADER) {
+                            if reply.kind == ReplyKind::Lost as i32 {
+                                // (fan-out) the relay lost the worker: as a direct call would.
+                                let proc = reply.proc.unwrap_or_default();
+                                slot.complete(Err(RpcError::ConnectionLost {
+                                    addr: format!("proc {proc} (through {addr2})"),
+                                    reason: String::from_utf8_lossy(&reply.payload).into_owned(),
+                                }));
+                                continue;
+                            }
+                            if !prefetch || !reply.payload.starts_with(crate::transfer::HEADER) {
                                 slot.complete(Ok(reply));
                                 continue;
                             }
@@ -218,27 +280,12 @@ impl WorkerConn {
     /// Sends an endpoint call. Returns the call id and, unless `oneway`, the slot
     /// its reply completes.
     pub fn call(&self, target: &Target<'_>, rank: u32) -> (u64, Option<Arc<Slot>>) {
-        let Target {
-            actor,
-            method,
-            payload,
-            buffers,
-            oneway,
-            dims,
-            sizes,
-            origin,
-        } = *target;
-        let (payload, buffers) = (payload.clone(), buffers.to_vec());
         let call_id = next_call_id();
-        let size = payload.len() + buffers.iter().map(Bytes::len).sum::<usize>();
-        if size > MAX_MESSAGE_BYTES {
-            let err = RpcError::TooLarge {
-                size,
-                limit: MAX_MESSAGE_BYTES,
-            };
-            return (call_id, (!oneway).then(|| Slot::done_with(Err(err))));
+        let msg = self.message(target, call_id, rank, Vec::new());
+        if let Err(err) = Self::fits(&msg) {
+            return (call_id, (!msg.oneway).then(|| Slot::done_with(Err(err))));
         }
-        let slot = if oneway {
+        let slot = if msg.oneway {
             None
         } else {
             let slot = Slot::new();
@@ -249,19 +296,125 @@ impl WorkerConn {
             p.calls.insert(call_id, slot.clone());
             Some(slot)
         };
-        let msg = Call {
+        self.send(msg);
+        (call_id, slot)
+    }
+
+    /// Sends one endpoint call to a relay (a host agent) that delivers it to the
+    /// workers `deliveries` (proc rank, index within the called mesh) of its host.
+    /// Returns the call id and, unless `oneway`, one slot per delivery, in order.
+    pub fn call_fanned(
+        &self,
+        target: &Target<'_>,
+        deliveries: &[(u32, u32)],
+    ) -> (u64, Vec<Arc<Slot>>) {
+        let call_id = next_call_id();
+        let fan_out = deliveries
+            .iter()
+            .map(|&(proc, rank)| Delivery { proc, rank })
+            .collect();
+        let msg = self.message(target, call_id, 0, fan_out);
+        let oneway = msg.oneway;
+        let done = |err: RpcError| {
+            let slots = if oneway {
+                Vec::new()
+            } else {
+                deliveries
+                    .iter()
+                    .map(|_| Slot::done_with(Err(err.clone())))
+                    .collect()
+            };
+            (call_id, slots)
+        };
+        if let Err(err) = Self::fits(&msg) {
+            return done(err);
+        }
+        let slots: Vec<Arc<Slot>> = if oneway {
+            Vec::new()
+        } else {
+            deliveries.iter().map(|_| Slot::new()).collect()
+        };
+        if !oneway {
+            let mut p = lock(&self.pending);
+            if let Some(err) = p.lost.clone() {
+                drop(p);
+                return done(err);
+            }
+            let by_proc = deliveries
+                .iter()
+                .map(|d| d.0)
+                .zip(slots.iter().cloned())
+                .collect();
+            p.fanned.insert(call_id, by_proc);
+        }
+        self.send(msg);
+        (call_id, slots)
+    }
+
+    /// Passes on a call as it came (its id, epoch and origin kept): a relay's
+    /// delivery to one worker. The slot its reply completes, unless `oneway`.
+    pub fn forward(&self, msg: Call) -> Option<Arc<Slot>> {
+        let slot = if msg.oneway {
+            None
+        } else {
+            let slot = Slot::new();
+            let mut p = lock(&self.pending);
+            if let Some(err) = &p.lost {
+                return Some(Slot::done_with(Err(err.clone())));
+            }
+            p.calls.insert(msg.call_id, slot.clone());
+            Some(slot)
+        };
+        self.send(msg);
+        slot
+    }
+
+    fn message(
+        &self,
+        target: &Target<'_>,
+        call_id: u64,
+        rank: u32,
+        fan_out: Vec<Delivery>,
+    ) -> Call {
+        let Target {
+            actor,
+            method,
+            payload,
+            buffers,
+            oneway,
+            dims,
+            sizes,
+            origin,
+        } = *target;
+        Call {
             call_id,
             actor: actor.to_string(),
             method: method.to_string(),
-            payload,
-            buffers,
+            payload: payload.clone(),
+            buffers: buffers.to_vec(),
             oneway,
             rank,
             dims: dims.to_vec(),
             sizes: sizes.to_vec(),
             epoch: self.epoch(),
             origin: origin.to_string(),
-        };
+            fan_out,
+        }
+    }
+
+    fn fits(msg: &Call) -> Result<(), RpcError> {
+        let size = msg.payload.len() + msg.buffers.iter().map(Bytes::len).sum::<usize>();
+        if size > MAX_MESSAGE_BYTES {
+            return Err(RpcError::TooLarge {
+                size,
+                limit: MAX_MESSAGE_BYTES,
+            });
+        }
+        Ok(())
+    }
+
+    fn send(&self, msg: Call) {
+        CALLS_SENT.fetch_add(1, Ordering::Relaxed);
         if self.tx.send(msg).is_err() {
             // The task that owned the stream has ended, and records why (the first
             // cause: a refused token, the peer gone) just after it drops the stream:
@@ -276,7 +429,6 @@ impl WorkerConn {
             };
             fail_all(&self.pending, err);
         }
-        (call_id, slot)
     }
 
     /// Runs a unary RPC on the runtime and completes a slot with its reply.
@@ -325,11 +477,23 @@ impl WorkerConn {
         self.unary(rt, move |mut c| async move { c.stop_actor(req).await })
     }
 
-    /// Asks the worker to cancel `call_id` (fire and forget).
-    pub fn cancel(&self, rt: &Handle, call_id: u64) {
-        let (mut c, epoch) = (self.client.clone(), self.epoch());
+    /// Asks the worker to cancel `call_id` (fire and forget); through a relay, only
+    /// its delivery to `proc`.
+    pub fn cancel(&self, rt: &Handle, call_id: u64, proc: Option<u32>) {
+        self.cancel_as(rt, call_id, self.epoch(), proc);
+    }
+
+    /// [`WorkerConn::cancel`] carrying another caller's `epoch` (a relay's).
+    pub fn cancel_as(&self, rt: &Handle, call_id: u64, epoch: u64, proc: Option<u32>) {
+        let mut c = self.client.clone();
         rt.spawn(async move {
-            let _ = c.cancel(CancelRequest { call_id, epoch }).await;
+            let _ = c
+                .cancel(CancelRequest {
+                    call_id,
+                    epoch,
+                    proc,
+                })
+                .await;
         });
     }
 

@@ -270,6 +270,7 @@ impl Inbox {
             kind: kind as i32,
             payload,
             buffers,
+            proc: None,
         };
         match sink {
             Some(Sink::Stream(tx, call_id)) => {

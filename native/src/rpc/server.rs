@@ -35,6 +35,7 @@ fn fenced(call_id: u64, message: String) -> Reply {
         kind: ReplyKind::Fenced as i32,
         payload: Bytes::from(message),
         buffers: Vec::new(),
+        proc: None,
     }
 }
 

@@ -1,0 +1,196 @@
+//! The agent as a relay of fanned-out calls: it serves the `Worker` service's
+//! `Messages` and `Cancel`, delivers each call to the workers of its host that the
+//! call names (`Call.fan_out`) and sends their replies back on the caller's stream,
+//! each marked with its worker's proc rank.
+//!
+//! RELAY-1: a controller that calls many procs across hosts sends one message per
+//! host, not per proc; each reply reaches the caller as from the worker itself (the
+//! same call id, kind and payload; a worker lost on the way is a `REPLY_KIND_LOST`
+//! reply, which the caller's client turns into the connection loss a direct call
+//! would have seen). The relay reads nothing of a call but its deliveries: the
+//! worker checks the caller's epoch and pulls the call's buffers itself.
+
+use super::Agent;
+use crate::proto::v1::worker_server::Worker;
+use crate::proto::v1::{
+    Calls, CancelReply, CancelRequest, PingReply, PingRequest, Replies, Reply, ReplyKind,
+    SpawnActorRequest, StatsReply, StatsRequest, StopActorRequest,
+};
+use crate::rpc::batch::Batched;
+use crate::rpc::client::WorkerConn;
+use bytes::Bytes;
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
+
+/// Calls in flight through the relay: for each call id, the workers (proc rank,
+/// connection) it went to and how many replies are still to come (so that a cancel
+/// reaches them).
+type InFlight = Arc<Mutex<HashMap<u64, (usize, Vec<(u32, Arc<WorkerConn>)>)>>>;
+
+/// The relay service of one agent.
+pub struct Relay {
+    agent: Arc<Agent>,
+    in_flight: InFlight,
+}
+
+impl Relay {
+    /// The relay of `agent`'s workers.
+    pub fn new(agent: Arc<Agent>) -> Self {
+        Relay {
+            agent,
+            in_flight: Arc::default(),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn refusal(call_id: u64, kind: ReplyKind, proc: Option<u32>, why: String) -> Reply {
+    Reply {
+        call_id,
+        kind: kind as i32,
+        payload: Bytes::from(why),
+        buffers: Vec::new(),
+        proc,
+    }
+}
+
+type ReplyStream = Pin<Box<dyn Stream<Item = Result<Replies, Status>> + Send>>;
+
+const ONLY: &str = "a host agent relays fanned-out calls only; send this to the worker";
+
+#[tonic::async_trait]
+impl Worker for Relay {
+    async fn spawn_actor(&self, _: Request<SpawnActorRequest>) -> Result<Response<Reply>, Status> {
+        Err(Status::unimplemented(ONLY))
+    }
+
+    async fn stop_actor(&self, _: Request<StopActorRequest>) -> Result<Response<Reply>, Status> {
+        Err(Status::unimplemented(ONLY))
+    }
+
+    type MessagesStream = ReplyStream;
+
+    async fn messages(
+        &self,
+        req: Request<Streaming<Calls>>,
+    ) -> Result<Response<Self::MessagesStream>, Status> {
+        let mut calls = req.into_inner();
+        let (tx, rx) = mpsc::unbounded_channel::<Reply>();
+        let (agent, in_flight) = (self.agent.clone(), self.in_flight.clone());
+        let rt = tokio::runtime::Handle::current();
+        tokio::spawn(async move {
+            while let Some(Ok(batch)) = calls.next().await {
+                for call in batch.calls {
+                    deliver(&rt, &agent, &in_flight, call, &tx);
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(Batched::new(rx, |replies| {
+            Ok(Replies { replies })
+        }))))
+    }
+
+    async fn cancel(&self, req: Request<CancelRequest>) -> Result<Response<CancelReply>, Status> {
+        let r = req.into_inner();
+        let conns: Vec<Arc<WorkerConn>> = lock(&self.in_flight)
+            .get(&r.call_id)
+            .map(|(_, c)| {
+                c.iter()
+                    .filter(|(p, _)| r.proc.is_none_or(|want| want == *p))
+                    .map(|(_, c)| c.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let rt = tokio::runtime::Handle::current();
+        for c in &conns {
+            c.cancel_as(&rt, r.call_id, r.epoch, None);
+        }
+        Ok(Response::new(CancelReply {
+            found: !conns.is_empty(),
+        }))
+    }
+
+    async fn ping(&self, _: Request<PingRequest>) -> Result<Response<PingReply>, Status> {
+        Err(Status::unimplemented(ONLY))
+    }
+
+    async fn stats(&self, _: Request<StatsRequest>) -> Result<Response<StatsReply>, Status> {
+        Err(Status::unimplemented(ONLY))
+    }
+}
+
+/// Delivers `call` to each worker it names; replies go to `tx` as they come.
+fn deliver(
+    rt: &tokio::runtime::Handle,
+    agent: &Agent,
+    in_flight: &InFlight,
+    mut call: crate::proto::v1::Call,
+    tx: &mpsc::UnboundedSender<Reply>,
+) {
+    let (call_id, oneway) = (call.call_id, call.oneway);
+    let deliveries = std::mem::take(&mut call.fan_out);
+    if deliveries.is_empty() {
+        if !oneway {
+            let _ = tx.send(refusal(call_id, ReplyKind::Rejected, None, ONLY.into()));
+        }
+        return;
+    }
+    let mut targets = Vec::new();
+    for d in &deliveries {
+        let conn = match agent.workers.addr_of(d.proc) {
+            None => Err(format!(
+                "this host has no running worker of proc {}",
+                d.proc
+            )),
+            Some(addr) => {
+                WorkerConn::get_relay(rt, &addr, agent.token()).map_err(|e| e.to_string())
+            }
+        };
+        match conn {
+            Ok(c) => targets.push((d.proc, d.rank, c)),
+            Err(why) if !oneway => {
+                let _ = tx.send(refusal(call_id, ReplyKind::Lost, Some(d.proc), why));
+            }
+            Err(_) => {}
+        }
+    }
+    if !oneway && !targets.is_empty() {
+        // Before any reply can come: each one counts down its call's entry.
+        let conns = targets.iter().map(|t| (t.0, t.2.clone())).collect();
+        lock(in_flight).insert(call_id, (targets.len(), conns));
+    }
+    for (proc, rank, conn) in targets {
+        let mut one = call.clone();
+        one.rank = rank;
+        let Some(slot) = conn.forward(one) else {
+            continue; // oneway
+        };
+        let (tx, slot2, in_flight) = (tx.clone(), slot.clone(), in_flight.clone());
+        slot.on_done(Box::new(move || {
+            let reply = match slot2.wait(Some(Duration::ZERO)) {
+                Some(Ok(mut r)) => {
+                    r.proc = Some(proc);
+                    r
+                }
+                Some(Err(e)) => refusal(call_id, ReplyKind::Lost, Some(proc), e.to_string()),
+                None => return,
+            };
+            let _ = tx.send(reply);
+            let mut map = lock(&in_flight);
+            if let Some((left, _)) = map.get_mut(&call_id) {
+                *left -= 1;
+                if *left == 0 {
+                    map.remove(&call_id);
+                }
+            }
+        }));
+    }
+}
