@@ -55,23 +55,6 @@ GIB = 1 << 30
 Row = tuple[str, float, str, str, float, str]
 
 
-class _Cluster(Cluster):
-    """The test cluster, waiting for SLURM in a way that works with 10 hosts or more.
-
-    ``Cluster._wait_slurm`` compares sinfo's lines, sorted as text ("h1", "h10", "h2",
-    ...), with the hosts in numeric order, so from 10 hosts on it never matches and
-    ``up`` fails after 30 s. Drop this class once the helper sorts both sides."""
-
-    def _wait_slurm(self) -> None:
-        want = sorted(f"{h.name} idle" for h in self.hosts)
-
-        def idle() -> bool:
-            out = self.run_in_login(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True)
-            return sorted(out.stdout.splitlines()) == want
-
-        self._wait("SLURM (every node idle in sinfo)", idle, self.dir / "slurm" / "slurmctld.log")
-
-
 # -- actors (run in the workers; this file is __main__ there, so they travel by value) ---
 
 
@@ -268,7 +251,7 @@ def inside(cfg: dict[str, Any]) -> dict[str, float]:
     procs, out["slurm_up"] = bring_up(slurm.state(cached_path=None).hosts)
     procs.stop()
 
-    # Every host x PER_HOST: call() and gather; messages the workers receive per call.
+    # Every host x PER_HOST: call() and gather; call messages this controller sends per call.
     job = SSHJob(hosts=hosts, ssh_args=ssh_args)
     t = time.perf_counter()
     procs = job.state(cached_path=None).hosts.spawn_procs(per_host={"procs": PER_HOST})
@@ -276,15 +259,10 @@ def inside(cfg: dict[str, Any]) -> dict[str, float]:
         fan = procs.spawn("echo", Echo).ping
         fan.call(0).get(timeout=120)
         out["wide_up"] = time.perf_counter() - t
-        conns = [_native.WorkerConn(a, procs._proc.token) for a in procs._proc.addrs]
-
-        def received() -> int:
-            return sum(c.stats()["calls_received"] for c in conns)
-
-        before = received()
+        before = _native.calls_sent()
         out["fanout"] = timed(lambda: fan.call(7).get(timeout=60), N_FANOUT, warmup=5)
-        out["messages"] = (received() - before) / (N_FANOUT + 5)
-        out["procs"] = len(conns)
+        out["messages"] = (_native.calls_sent() - before) / (N_FANOUT + 5)
+        out["procs"] = len(procs._proc.addrs)
     finally:
         procs.stop()
     return out
@@ -295,7 +273,7 @@ def inside(cfg: dict[str, Any]) -> dict[str, float]:
 
 def measure(hosts: int = HOSTS) -> dict[str, float]:
     """Brings a cluster of ``hosts`` hosts up, measures, removes it; the figures."""
-    cluster = _Cluster.up(hosts=hosts)
+    cluster = Cluster.up(hosts=hosts)
     state = tempfile.mkdtemp(prefix="bench-multihost-")
     echo: subprocess.Popen[str] | None = None
     try:
