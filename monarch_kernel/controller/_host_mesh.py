@@ -92,7 +92,7 @@ class HostMesh(MeshTrait):
                 "spawn_procs(bootstrap=...) is not supported yet; run setup in an actor's __init__"
             )
         sizes = _check_per_host(per_host)
-        if HOSTS_DIM in sizes:
+        if self._hosts is not None and HOSTS_DIM in sizes:
             raise MeshSpecError(f"per_host cannot have a {HOSTS_DIM!r} dimension: the host mesh gives it")
         session = get_or_create(
             name,

@@ -77,7 +77,7 @@ def placement_env(sizes: Mapping[str, int], gpus: list[str] | None = None) -> di
             f"per_host={dict(sizes)} asks for {need} GPU procs, but this host has no NVIDIA GPU: "
             "they run on the CPU (torch.cuda.is_available() is False there; torch.distributed uses gloo)",
             GpuPlacementWarning,
-            stacklevel=5,  # the caller of spawn_procs
+            stacklevel=6,  # the caller of spawn_procs
         )
         return {GPUS_ENV: ""}
     if len(gpus) < need:
