@@ -11,6 +11,7 @@
     ├── MessageTooLargeError       a message is above the control plane's limit (also ValueError)
     ├── SerializationError         arguments or results cannot be pickled (also TypeError)
     ├── MeshAuthError              a peer rejected the mesh token
+    │   └── MeshTLSError           a TLS handshake with a mesh's server failed (across hosts)
     ├── MeshSpecError              bad arguments to spawn_procs / spawn (also ValueError)
     ├── MeshNotFoundError          no running mesh of that name (also LookupError)
     ├── MeshStateError             a mesh's state file cannot be written (also OSError)
@@ -22,8 +23,9 @@
         └── TransferError          a data-plane transfer failed
 
 The native core raises these classes itself (``native/src/py/errors.rs`` is the one
-mapping of its errors), ``MeshAuthError`` for a rejected token and
-``MessageTooLargeError`` for a message above the control plane's limit included.
+mapping of its errors), ``MeshAuthError`` for a rejected token, ``MeshTLSError`` for a
+failed TLS handshake and ``MessageTooLargeError`` for a message above the control
+plane's limit included.
 
 The second base classes keep Monarch's exception types, so code that catches
 ``ValueError`` or ``IndexError`` around Monarch calls keeps working. Every message
@@ -49,6 +51,7 @@ __all__ = [
     "MeshSpecError",
     "MeshStateError",
     "MeshStoppedError",
+    "MeshTLSError",
     "MessageTooLargeError",
     "MonarchKernelError",
     "NativeError",
@@ -178,6 +181,13 @@ class SerializationError(MonarchKernelError, TypeError):
 
 class MeshAuthError(MonarchKernelError):
     """A peer rejected the mesh token."""
+
+
+class MeshTLSError(MeshAuthError):
+    """A TLS handshake with a server of a mesh failed (TLS-2): the server presented a
+    certificate the mesh's CA did not sign (it is another mesh's, or an impostor's),
+    or only one side speaks TLS (this process lacks the mesh's CA, or the server was
+    started without the mesh's identity). The message names the address."""
 
 
 class MeshSpecError(MonarchKernelError, ValueError):

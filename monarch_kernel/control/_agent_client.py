@@ -12,7 +12,13 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from monarch_kernel.errors import MeshAuthError, MeshOwnershipError, MonarchKernelError, SupervisionError
+from monarch_kernel.errors import (
+    MeshAuthError,
+    MeshOwnershipError,
+    MeshTLSError,
+    MonarchKernelError,
+    SupervisionError,
+)
 
 #: The proto's ``WorkerState`` values (agent.proto; tests/unit/test_generated_stubs.py
 #: checks them against the generated module, which this module imports only on use).
@@ -48,42 +54,102 @@ def worker_dict(w: Any) -> dict[str, Any]:
     }
 
 
-class AgentClient:
-    """Talks to one host agent. Every call carries the mesh token."""
+#: How long the check for a TLS agent behind a refused plaintext connection waits.
+_PROBE_TIMEOUT = 2.0
+#: What grpc's TLS layer says when a handshake fails (a certificate the CA did not
+#: sign, a plaintext peer), in a failed call's details.
+_TLS_WORDS = ("ssl", "tls", "handshake", "certificate")
 
-    def __init__(self, addr: str, token: str) -> None:
+
+def speaks_tls(addr: str, timeout: float = _PROBE_TIMEOUT) -> bool:
+    """Whether a TLS server listens at ``addr``: a handshake that trusts no CA fails on
+    the certificate the server presents, and only a TLS server presents one. A
+    plaintext client only sees its connection closed by a TLS agent (as by a dead
+    one), so this tells the two apart (TLS-2)."""
+    import socket
+    import ssl
+
+    from monarch_kernel import _native
+
+    host, _, port = addr.rpartition(":")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies, against no CA at all
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as sock:
+            with ctx.wrap_socket(sock, server_hostname=_native.TLS_DOMAIN):
+                return True
+    except ssl.SSLCertVerificationError:
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+class AgentClient:
+    """Talks to one host agent. Every call carries the mesh token; with the mesh's CA
+    (``ca_pem``), over TLS, checking that the agent presents the mesh's certificate
+    (TLS-1)."""
+
+    def __init__(self, addr: str, token: str, ca_pem: str | None = None) -> None:
         import grpc
 
+        from monarch_kernel import _native
         from monarch_kernel.v1 import agent_pb2, agent_pb2_grpc
 
         self._grpc = grpc
         self._pb = agent_pb2
         self.addr = addr
-        self._channel = grpc.insecure_channel(
-            addr,
-            options=[
-                # The gRPC default never notices a silent peer (docs/architecture.md, "Supervision").
-                ("grpc.keepalive_time_ms", 1000),
-                ("grpc.keepalive_timeout_ms", 3000),
-                ("grpc.keepalive_permit_without_calls", 1),
-                ("grpc.http2.max_pings_without_data", 0),
-                # Attach brings every actor record (constructor arguments included):
-                # no cap but memory, as the agent's own side (authenticated peers only).
-                ("grpc.max_receive_message_length", -1),
-                ("grpc.enable_http_proxy", 0),
-            ],
-        )
+        self.tls = ca_pem is not None
+        #: Set once the agent has answered: a refused connection before that, in
+        #: plaintext, may be a TLS agent's (``speaks_tls``).
+        self._answered = False
+        options: list[tuple[str, Any]] = [
+            # The gRPC default never notices a silent peer (docs/architecture.md, "Supervision").
+            ("grpc.keepalive_time_ms", 1000),
+            ("grpc.keepalive_timeout_ms", 3000),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+            # Attach brings every actor record (constructor arguments included):
+            # no cap but memory, as the agent's own side (authenticated peers only).
+            ("grpc.max_receive_message_length", -1),
+            ("grpc.enable_http_proxy", 0),
+        ]
+        if ca_pem is None:
+            self._channel = grpc.insecure_channel(addr, options=options)
+        else:
+            creds = grpc.ssl_channel_credentials(root_certificates=ca_pem.encode())
+            # Every server of a mesh presents one certificate, for this name, wherever it runs.
+            options.append(("grpc.ssl_target_name_override", _native.TLS_DOMAIN))
+            self._channel = grpc.secure_channel(addr, creds, options=options)
         self._stub = agent_pb2_grpc.HostAgentStub(self._channel)
         self._md = (("authorization", f"Bearer {token}"),)
 
     def _call(self, name: str, request: Any, timeout: float) -> Any:
         try:
-            return getattr(self._stub, name)(request, metadata=self._md, timeout=timeout)
+            reply = getattr(self._stub, name)(request, metadata=self._md, timeout=timeout)
         except self._grpc.RpcError as e:
             raise self._error(e, name) from None
+        self._answered = True
+        return reply
+
+    def _tls_failure(self, code: Any, details: str) -> str | None:
+        """Why TLS with the agent failed, if that is why the call did (TLS-2)."""
+        if code != self._grpc.StatusCode.UNAVAILABLE:
+            return None
+        if self.tls:
+            return details if any(w in details.lower() for w in _TLS_WORDS) else None
+        if not self._answered and speaks_tls(self.addr):
+            return "the agent speaks TLS, and this process does not have the mesh's CA (it talks plaintext)"
+        return None
 
     def _error(self, e: Any, name: str) -> MonarchKernelError:
         code = e.code()
+        tls = self._tls_failure(code, e.details() or "")
+        if tls is not None:
+            return MeshTLSError(
+                f"TLS with the host agent at {self.addr} failed ({name}): {tls}. Across hosts, every "
+                "server of a mesh presents the mesh's certificate and this process checks it against "
+                f"the mesh's CA: either {self.addr} is not an agent of this mesh, or only one side "
+                "of the connection uses TLS"
+            )
         if code == self._grpc.StatusCode.UNAUTHENTICATED:
             return MeshAuthError(f"the host agent at {self.addr} rejected the mesh token ({name})")
         if code == self._grpc.StatusCode.FAILED_PRECONDITION and "epoch" in (e.details() or ""):
@@ -192,14 +258,18 @@ class AgentClient:
         self._channel.close()
 
 
-_clients: dict[tuple[str, str], AgentClient] = {}
+_clients: dict[tuple[str, str, str | None], AgentClient] = {}
 _clients_lock = threading.Lock()
 
 
 def agent_client(addr: str, token: str) -> AgentClient:
-    """This process's client of the agent at ``addr`` (shared)."""
+    """This process's client of the agent at ``addr`` (shared): TLS when this process
+    has the mesh's CA (``_native.set_mesh_ca``), as its worker connections (TLS-2)."""
+    from monarch_kernel import _native
+
+    ca_pem = _native.mesh_ca(token)
     with _clients_lock:
-        c = _clients.get((addr, token))
+        c = _clients.get((addr, token, ca_pem))
         if c is None:
-            c = _clients[(addr, token)] = AgentClient(addr, token)
+            c = _clients[(addr, token, ca_pem)] = AgentClient(addr, token, ca_pem)
         return c

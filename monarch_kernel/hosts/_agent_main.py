@@ -1,6 +1,7 @@
 """Entry point of a host agent process (``python -m monarch_kernel.hosts._agent_main``).
 
-Reads its configuration (token included) as one JSON line on stdin, starts the native
+Reads its configuration (token included, and across hosts the mesh's TLS identity:
+``"tls": {"ca", "cert", "key"}``, TLS-3) as one JSON line on stdin, starts the native
 agent, prints ``MONARCH_AGENT_READY <addr> <pid> <hostname> [<slurm job id>]``, then runs until the
 agent stops.
 
@@ -39,6 +40,7 @@ def main() -> None:
         os.close(fd)
     from monarch_kernel import _native
 
+    tls = cfg.pop("tls", None) or {}  # (the key stays in no more places than it must)
     agent = _native.start_agent(
         cfg["name"],
         cfg["token"],
@@ -46,7 +48,11 @@ def main() -> None:
         float(cfg["idle_timeout"]),
         meta=cfg.get("meta", ""),
         bind_host=bind_host,
+        tls_cert=tls.get("cert"),
+        tls_key=tls.get("key"),
+        tls_ca=tls.get("ca"),
     )
+    del tls
     state_file = cfg.get("state_file", "")
     if state_file and cfg.get("record"):  # REGISTRY-2: listed from the first moment
         record = {**cfg["record"], "agent_addr": agent.addr, "agent_pid": os.getpid()}

@@ -148,11 +148,13 @@ def start_local_agent(
     state_file: str = "",
     timeout: float = 30.0,
     record: dict[str, Any] | None = None,
+    tls: dict[str, str] | None = None,
 ) -> AgentProcess:
     """Starts a host agent for mesh ``name`` and waits until it listens. ``meta`` is
     handed to every controller that attaches; ``state_file`` is written by the agent
     from ``record`` (with its own address and pid) before it says it listens, kept
-    while it runs, and removed when it stops, if it still names this mesh."""
+    while it runs, and removed when it stops, if it still names this mesh. With
+    ``tls`` (``new_tls_identity()``), the agent and its workers serve TLS (TLS-1)."""
     log_dir = fresh_log_dir(name)
     cfg = {
         "name": name,
@@ -163,6 +165,8 @@ def start_local_agent(
         "state_file": state_file,
         "record": record,
     }
+    if tls:
+        cfg["tls"] = tls  # on the agent's stdin only (TLS-3)
     fd = os.open(log_dir / "agent.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     with os.fdopen(fd, "ab") as log_file:  # the child keeps its own copy
         popen = subprocess.Popen(

@@ -1,8 +1,9 @@
 """Allocators for other hosts: host agents started over ``ssh`` or with ``srun`` in a
 SLURM allocation, one per host and mesh.
 
-Each agent gets its configuration (the mesh token included) as one JSON line on its
-stdin, through the allocator's own channel (never argv, the environment or a file),
+Each agent gets its configuration (the mesh token and the mesh's TLS identity
+included) as one JSON line on its stdin, through the allocator's own channel (never
+argv, the environment or a file: TLS-3),
 and answers ``MONARCH_AGENT_READY <addr> <pid> <hostname>`` on its stdout once it
 listens on the address of its host that faces this controller.
 
@@ -54,8 +55,22 @@ def _parse_ready(line: str) -> RemoteAgent | None:
     return None
 
 
-def agent_config(name: str, token: str, idle_timeout: float, meta: str) -> dict[str, Any]:
-    """What every host's agent of mesh ``name`` is handed on its stdin."""
+def new_tls_identity() -> dict[str, str]:
+    """A new TLS identity for one mesh (TLS-1): ``{"ca", "cert", "key"}`` (PEM), the
+    mesh's CA certificate, and the server certificate and key that every agent and
+    worker of the mesh presents. Only ``"ca"`` may be kept (in the state file):
+    the key goes to the agents in their configuration and nowhere else (TLS-3)."""
+    from monarch_kernel import _native
+
+    ca, cert, key = _native.tls_identity()
+    return {"ca": ca, "cert": cert, "key": key}
+
+
+def agent_config(
+    name: str, token: str, idle_timeout: float, meta: str, tls: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """What every host's agent of mesh ``name`` is handed on its stdin. With ``tls``
+    (``new_tls_identity()``) the agents and their workers serve TLS (TLS-1)."""
     cfg: dict[str, Any] = {
         "name": name,
         "token": token,
@@ -63,6 +78,8 @@ def agent_config(name: str, token: str, idle_timeout: float, meta: str) -> dict[
         "meta": meta,
         "bind_host": "auto",
     }
+    if tls:
+        cfg["tls"] = {k: tls[k] for k in ("ca", "cert", "key")}
     if os.environ.get("XDG_STATE_HOME"):  # a shared home: the same folder on every host
         cfg["state_home"] = os.environ["XDG_STATE_HOME"]
     return cfg
@@ -292,9 +309,10 @@ def start_agents(
     except _StartFailed as e:
         from monarch_kernel.control import AgentClient
 
+        ca = (cfg.get("tls") or {}).get("ca")
         for a in e.started:
             try:
-                AgentClient(a.addr, cfg["token"]).shutdown(epoch=0, timeout=5)
+                AgentClient(a.addr, cfg["token"], ca).shutdown(epoch=0, timeout=5)
             except Exception:
                 pass
         raise e.error from None
@@ -307,5 +325,6 @@ __all__ = [
     "agent_config",
     "end_job",
     "job_end_reason",
+    "new_tls_identity",
     "start_agents",
 ]

@@ -14,6 +14,7 @@ from monarch_kernel.errors import (
     MeshAuthError,
     MeshOwnershipError,
     MeshStoppedError,
+    MeshTLSError,
     MessageTooLargeError,
     MonarchKernelError,
     SupervisionError,
@@ -133,6 +134,8 @@ class ProcRef:
         """Turns a native failure of a call to proc ``rank`` into the error a user sees."""
         if isinstance(exc, MessageTooLargeError):
             return MessageTooLargeError(f"{what}: {exc}")
+        if isinstance(exc, MeshTLSError):  # (before its base class: no token was seen)
+            return MeshTLSError(f"{what} on rank {rank} of mesh {self.name!r}: {exc}")
         if isinstance(exc, MeshAuthError):
             return MeshAuthError(f"{what}: mesh {self.name!r} rejected the token: {exc}")
         st = self.state()

@@ -1,7 +1,8 @@
 """Entry point of a worker process, started by its host agent.
 
-The agent passes: the mesh token as the first line of stdin (AGENT-1: EOF on stdin
-later means the agent is gone, and the worker exits), a listening socket
+The agent passes: the mesh token as the first line of stdin, and the mesh's TLS
+identity as the second (JSON: ``{"ca", "cert", "key"}``; ``{}`` without TLS; TLS-3)
+(AGENT-1: EOF on stdin later means the agent is gone, and the worker exits), a listening socket
 (``MONARCH_LISTEN_FD``), its rank (``MONARCH_RANK``), the mesh's shape
 (``MONARCH_SHAPE``), the controller's import path (``MONARCH_SYS_PATH``) and, for
 ``gpus`` meshes, the host's GPUs (``MONARCH_GPUS``, see ``hosts._placement``).
@@ -20,9 +21,12 @@ def main() -> None:
     # that crashed to the real stderr, so the death report's last lines show where.
     faulthandler.enable(file=2, all_threads=False)  # fd 2: the pipe the agent reads
     token = sys.stdin.readline().strip()
+    tls = json.loads(sys.stdin.readline() or "{}")
     from monarch_kernel import _native
 
-    _native.exit_when_stdin_closes()
+    _native.exit_when_stdin_closes()  # (after both lines: it reads stdin from now on)
+    if tls.get("ca"):  # TLS-2: this worker's own calls to the mesh's other workers
+        _native.set_mesh_ca(token, tls["ca"])
     dims, sizes = json.loads(os.environ["MONARCH_SHAPE"])
     rank = int(os.environ["MONARCH_RANK"])
     from monarch_kernel.hosts import _placement
@@ -45,7 +49,13 @@ def main() -> None:
     from monarch_kernel.mesh._shape import Extent, Point, Shape
     from monarch_kernel.worker import Dispatcher
 
-    server = _native.WorkerServer(token, listen_fd=int(os.environ["MONARCH_LISTEN_FD"]))
+    server = _native.WorkerServer(
+        token,
+        listen_fd=int(os.environ["MONARCH_LISTEN_FD"]),
+        tls_cert=tls.get("cert"),
+        tls_key=tls.get("key"),
+    )
+    del tls
     point = Point(rank, Extent(dims, sizes))
     mesh = os.environ.get("MONARCH_MESH", "mesh")
     set_this_proc(ProcMesh(ProcRef(f"{mesh}[{rank}]", token, (server.addr,)), Shape(Extent([], []))))

@@ -8,6 +8,9 @@
 //! `PR_SET_PDEATHSIG = SIGKILL` and holds a pipe from the agent on its stdin whose
 //! EOF makes it exit. AGENT-2: an open `Watch` stream is a controller's lease; the
 //! idle clock runs only while there is none.
+//!
+//! Given the mesh's TLS identity, the agent serves TLS and hands the identity to each
+//! worker it starts, on the worker's stdin (TLS-1, TLS-3; `rpc/tls.rs`).
 
 pub mod oom;
 pub mod process;
@@ -22,6 +25,7 @@ use crate::proto::v1::{
     SpawnWorkersRequest, Stopping, WatchRequest, WorkerState,
 };
 use crate::rpc::auth::TokenCheck;
+use crate::rpc::tls::ServerIdentity;
 use process::Workers;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -45,6 +49,9 @@ pub enum AgentError {
     /// Binding, spawning or log files.
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
+    /// The TLS identity cannot be used.
+    #[error("{0}")]
+    Tls(String),
 }
 
 /// How an agent runs.
@@ -66,6 +73,12 @@ pub struct AgentConfig {
     /// The address of this host that the agent and its workers listen on (127.0.0.1
     /// on a single host; the address the controller reaches this host by otherwise).
     pub bind_host: String,
+    /// The mesh's server certificate and key: the agent and its workers serve TLS
+    /// with them (TLS-1); None: plaintext.
+    pub tls: Option<ServerIdentity>,
+    /// The mesh's CA, handed to the workers, whose own calls to the mesh's other
+    /// workers check them against it (TLS-2).
+    pub tls_ca: Option<String>,
 }
 
 /// State shared by the service and its background tasks.
@@ -356,6 +369,11 @@ pub fn start(
     listener: std::net::TcpListener,
 ) -> Result<AgentHandle, AgentError> {
     let auth = TokenCheck::new(&cfg.token)?;
+    let mut builder = crate::rpc::server_builder_with(cfg.tls.as_ref())
+        .map_err(|e| AgentError::Tls(e.to_string()))?;
+    // Any connection this process opens to the mesh's workers checks them too (TLS-2).
+    crate::rpc::tls::set_mesh_ca(&cfg.token, cfg.tls_ca.as_deref())
+        .map_err(|e| AgentError::Tls(e.to_string()))?;
     std::fs::create_dir_all(&cfg.log_dir)?;
     let addr = listener.local_addr()?.to_string();
     listener.set_nonblocking(true)?;
@@ -366,6 +384,7 @@ pub fn start(
             cfg.token.clone(),
             cfg.log_dir.clone(),
             cfg.bind_host.clone(),
+            process::tls_line(cfg.tls_ca.as_deref(), cfg.tls.as_ref()),
         ),
         cfg,
         events,
@@ -407,7 +426,7 @@ pub fn start(
             }
         });
         let (a4, a5) = (a2.clone(), a2.clone());
-        let server = crate::rpc::server_builder()
+        let server = builder
             .add_service(svc)
             .add_service(relay)
             .serve_with_incoming_shutdown(crate::rpc::incoming(listener), async move {

@@ -3,12 +3,14 @@
 //!
 //! Each worker gets a listening socket bound here (`MONARCH_LISTEN_FD`), so its
 //! address is known before it runs; its own session (never the controller's process
-//! group, which Jupyter signals); AGENT-1's death signal and stdin pipe; and the mesh
-//! token as the first line on stdin (never in argv or the environment).
+//! group, which Jupyter signals); AGENT-1's death signal and stdin pipe; the mesh
+//! token as the first line on stdin (never in argv or the environment); and, as the
+//! second, the mesh's TLS identity as JSON ([`tls_line`]; TLS-3).
 
 use crate::proto::v1::{
     agent_event, AgentEvent, LogLine, SpawnWorkersRequest, WorkerInfo, WorkerState,
 };
+use crate::rpc::tls::ServerIdentity;
 use std::collections::VecDeque;
 use std::io::Write;
 use std::os::fd::AsRawFd;
@@ -36,8 +38,9 @@ struct Record {
 /// The worker processes of one agent.
 pub struct Workers {
     mesh: String,
-    /// The mesh token, handed to each worker on its stdin.
-    token: String,
+    /// What each worker reads first on its stdin: the mesh token line, then the TLS
+    /// line ([`tls_line`]).
+    stdin_head: String,
     log_dir: PathBuf,
     host: String,
     /// The address workers listen on (`AgentConfig::bind_host`).
@@ -93,6 +96,38 @@ pub fn split_origin(line: &[u8]) -> (String, &[u8]) {
     (String::new(), line)
 }
 
+/// The second line of a worker's stdin (TLS-3): one JSON object, `{"ca": PEM, "cert":
+/// PEM, "key": PEM}` with what the mesh has (`{}` without TLS), so the worker reads
+/// it the same way either way.
+pub fn tls_line(ca: Option<&str>, id: Option<&ServerIdentity>) -> String {
+    let mut fields = Vec::new();
+    if let Some(ca) = ca {
+        fields.push(format!("\"ca\":{}", json_string(ca)));
+    }
+    if let Some(id) = id {
+        fields.push(format!("\"cert\":{}", json_string(&id.cert_pem)));
+        fields.push(format!("\"key\":{}", json_string(&id.key_pem)));
+    }
+    format!("{{{}}}", fields.join(","))
+}
+
+/// `s` as a JSON string literal (one line: newlines and other controls escaped).
+fn json_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 16);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
 /// The state letter of `/proc/PID/stat` ("R", "S", "T", ...), or "" if unreadable.
 fn proc_state(pid: u32) -> String {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
@@ -107,11 +142,17 @@ fn proc_state(pid: u32) -> String {
 }
 
 impl Workers {
-    /// No workers yet.
-    pub fn new(mesh: String, token: String, log_dir: PathBuf, bind_host: String) -> Self {
+    /// No workers yet. `tls` is the line [`tls_line`] makes.
+    pub fn new(
+        mesh: String,
+        token: String,
+        log_dir: PathBuf,
+        bind_host: String,
+        tls: String,
+    ) -> Self {
         Workers {
             mesh,
-            token,
+            stdin_head: format!("{token}\n{tls}\n"),
             log_dir,
             host: hostname(),
             bind_host,
@@ -230,8 +271,9 @@ impl Workers {
             ..Default::default()
         };
         if let Some(s) = stdin.as_mut() {
-            // The pipe is empty and far larger than a token line: this never waits.
-            let _ = s.write_all(format!("{}\n", self.token).as_bytes()).await;
+            // The pipe is empty and far larger than these two lines (a few KiB): this
+            // never waits.
+            let _ = s.write_all(self.stdin_head.as_bytes()).await;
         }
         {
             let mut recs = self.lock();
@@ -413,7 +455,21 @@ impl Workers {
 
 #[cfg(test)]
 mod tests {
-    use super::split_origin;
+    use super::{split_origin, tls_line};
+    use crate::rpc::tls::ServerIdentity;
+
+    #[test]
+    fn the_tls_line_is_one_line_of_json_and_empty_without_tls() {
+        assert_eq!(tls_line(None, None), "{}");
+        let id = ServerIdentity {
+            cert_pem: "-----BEGIN\nA\"B\\C\n".into(),
+            key_pem: "K\tEY".into(),
+        };
+        assert_eq!(
+            tls_line(Some("CA\n"), Some(&id)),
+            r#"{"ca":"CA\n","cert":"-----BEGIN\nA\"B\\C\n","key":"K\u0009EY"}"#
+        );
+    }
 
     #[test]
     fn an_origin_tag_is_split_off_and_anything_else_is_text() {

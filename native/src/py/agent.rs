@@ -3,7 +3,7 @@
 use super::detach;
 use crate::agent::{self, AgentConfig, AgentHandle};
 use crate::node;
-use pyo3::exceptions::PyOSError;
+use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use std::time::Duration;
 
@@ -33,10 +33,12 @@ impl PyAgent {
 }
 
 /// Starts a host agent on `bind_host` (127.0.0.1 unless given; a free port); its
-/// workers listen there too.
+/// workers listen there too. With `tls_cert` and `tls_key` (the mesh's server
+/// certificate and key, PEM) the agent and its workers serve TLS, and with `tls_ca`
+/// the workers check the mesh's other workers against it (TLS-1, TLS-2).
 #[pyfunction]
-#[pyo3(signature = (name, token, log_dir, idle_timeout_s, first_attach_timeout_s=30.0, meta=String::new(), bind_host=String::from("127.0.0.1")))]
-#[allow(clippy::too_many_arguments)] // seven from Python, and the GIL token
+#[pyo3(signature = (name, token, log_dir, idle_timeout_s, first_attach_timeout_s=30.0, meta=String::new(), bind_host=String::from("127.0.0.1"), tls_cert=None, tls_key=None, tls_ca=None))]
+#[allow(clippy::too_many_arguments)] // ten from Python, and the GIL token
 fn start_agent(
     py: Python<'_>,
     name: String,
@@ -46,7 +48,15 @@ fn start_agent(
     first_attach_timeout_s: f64,
     meta: String,
     bind_host: String,
+    tls_cert: Option<String>,
+    tls_key: Option<String>,
+    tls_ca: Option<String>,
 ) -> PyResult<PyAgent> {
+    let tls = super::tls::server_identity(tls_cert, tls_key)?;
+    if let Some(ca) = &tls_ca {
+        // The same check set_mesh_ca makes, here where it is given.
+        crate::rpc::tls::check_ca(ca).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    }
     let cfg = AgentConfig {
         name,
         token,
@@ -55,6 +65,8 @@ fn start_agent(
         first_attach_timeout: Duration::from_secs_f64(first_attach_timeout_s.max(0.0)),
         meta,
         bind_host,
+        tls,
+        tls_ca,
     };
     let handle = detach(py, || {
         let l = std::net::TcpListener::bind((cfg.bind_host.as_str(), 0))

@@ -199,6 +199,12 @@ impl PyWorkerConn {
         self.inner.addr().to_string()
     }
 
+    /// Whether it talks TLS (this process had the mesh's CA when it opened; TLS-2).
+    #[getter]
+    fn tls(&self) -> bool {
+        self.inner.is_tls()
+    }
+
     /// Why the connection was lost, or None while it is up.
     fn lost(&self) -> Option<String> {
         self.inner.lost().map(|e| e.to_string())

@@ -3,7 +3,8 @@
 //! The exception classes are Python's own, from `monarch_kernel.errors`, so that
 //! every error the native core raises is a `MonarchKernelError` (one exception root):
 //! `NativeError` and its `ConnectionLost` and `TransferError`, `MeshAuthError` for a
-//! rejected token, `MessageTooLargeError` for a message above the limit. They are
+//! rejected token, `MeshTLSError` for a failed TLS handshake, `MessageTooLargeError`
+//! for a message above the limit. They are
 //! looked up once, when the module is initialised, and exported under the names the
 //! module always had (`_native.AuthError is errors.MeshAuthError`).
 
@@ -19,6 +20,7 @@ struct Classes {
     native: Py<PyType>,
     lost: Py<PyType>,
     auth: Py<PyType>,
+    tls: Py<PyType>,
     too_large: Py<PyType>,
     transfer: Py<PyType>,
 }
@@ -35,6 +37,7 @@ fn load(py: Python<'_>) -> PyResult<Classes> {
         native: get("NativeError")?,
         lost: get("ConnectionLost")?,
         auth: get("MeshAuthError")?,
+        tls: get("MeshTLSError")?,
         too_large: get("MessageTooLargeError")?,
         transfer: get("TransferError")?,
     })
@@ -55,9 +58,15 @@ pub fn to_py(e: RpcError) -> PyErr {
         RpcError::ConnectionLost { .. } => raise(|c| &c.lost, msg),
         RpcError::Auth(_) => raise(|c| &c.auth, msg),
         RpcError::TooLarge { .. } => raise(|c| &c.too_large, msg),
-        RpcError::Address(_) => PyValueError::new_err(msg),
+        RpcError::Tls { .. } => raise(|c| &c.tls, msg),
+        RpcError::Address(_) | RpcError::TlsConfig(_) => PyValueError::new_err(msg),
         RpcError::Status { .. } | RpcError::Io(_) => raise(|c| &c.native, msg),
     }
+}
+
+/// A `NativeError` saying `msg` (a native failure that is no control-plane error).
+pub fn native_error(msg: String) -> PyErr {
+    raise(|c| &c.native, msg)
 }
 
 /// Converts a data-plane error into its Python exception.

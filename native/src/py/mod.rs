@@ -12,6 +12,7 @@ mod agent;
 mod client;
 mod errors;
 mod server;
+mod tls;
 mod transfer;
 
 use pyo3::prelude::*;
@@ -67,6 +68,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     client::register_python_bindings(m)?;
     server::register_python_bindings(m)?;
     agent::register_python_bindings(m)?;
+    tls::register_python_bindings(m)?;
     transfer::register_python_bindings(m)?;
     m.add_function(wrap_pyfunction!(shutdown_runtime, m)?)?;
     m.add("MAX_MESSAGE_BYTES", crate::rpc::MAX_MESSAGE_BYTES)?;

@@ -51,18 +51,28 @@ pub struct PyIncoming {
 
 #[pymethods]
 impl PyWorkerServer {
-    /// Serves on the inherited listening socket `listen_fd`, or binds `addr`.
+    /// Serves on the inherited listening socket `listen_fd`, or binds `addr`; TLS with
+    /// the mesh's server certificate and key (PEM) when given (TLS-1).
     #[new]
-    #[pyo3(signature = (token, listen_fd=None, addr="127.0.0.1:0"))]
-    fn new(py: Python<'_>, token: &str, listen_fd: Option<i32>, addr: &str) -> PyResult<Self> {
+    #[pyo3(signature = (token, listen_fd=None, addr="127.0.0.1:0", tls_cert=None, tls_key=None))]
+    fn new(
+        py: Python<'_>,
+        token: &str,
+        listen_fd: Option<i32>,
+        addr: &str,
+        tls_cert: Option<String>,
+        tls_key: Option<String>,
+    ) -> PyResult<Self> {
+        let tls = super::tls::server_identity(tls_cert, tls_key)?;
         let host = detach(py, || match listen_fd {
             // SAFETY: the agent passed us this descriptor to own (MONARCH_LISTEN_FD).
             Some(fd) => WorkerHost::serve(
                 node::handle(),
                 unsafe { std::net::TcpListener::from_raw_fd(fd) },
                 token,
+                tls.as_ref(),
             ),
-            None => WorkerHost::bind(node::handle(), addr, token),
+            None => WorkerHost::bind_with(node::handle(), addr, token, tls.as_ref()),
         })
         .map_err(to_py)?;
         Ok(PyWorkerServer { host })
@@ -71,6 +81,12 @@ impl PyWorkerServer {
     #[getter]
     fn addr(&self) -> String {
         self.host.addr.clone()
+    }
+
+    /// Whether it serves TLS.
+    #[getter]
+    fn tls(&self) -> bool {
+        self.host.tls
     }
 
     /// An eventfd that is readable while `lane` has items.

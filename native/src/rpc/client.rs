@@ -9,6 +9,9 @@
 //! used for a new command: [`WorkerConn::current`] opens the next one to the same
 //! worker, so a worker that was stopped (SIGSTOP) and resumed answers the first call
 //! after, and a dead one refuses the connection at once.
+//!
+//! A connection is TLS when this process knows the mesh's CA (TLS-2, `tls.rs`); the
+//! choice is made once, when it opens, so calls cost the same as before.
 
 use super::auth::TokenAttach;
 use super::batch::Batched;
@@ -21,7 +24,7 @@ use crate::proto::v1::{
 };
 use bytes::Bytes;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::runtime::Handle;
@@ -68,6 +71,32 @@ pub struct WorkerConn {
     /// this process attaches as the mesh's controller. Shared by every connection
     /// with the same token, reopened ones included ([`epoch_cell`]).
     epoch: Arc<AtomicU64>,
+    /// The mesh CA it checks the worker against (TLS-2); None: plaintext.
+    ca: Option<Arc<str>>,
+    /// Set once the worker has answered on it: a failure before that, on a
+    /// plaintext connection, may be a TLS server's refusal ([`error_of`]).
+    answered: Arc<AtomicBool>,
+}
+
+/// [`RpcError::from_status`] for a connection: a plaintext one that fails before the
+/// worker ever answered on it is checked for a TLS server behind it, so that lacking
+/// the mesh's CA is told as such and not as a lost worker (TLS-2).
+async fn error_of(addr: &str, s: &tonic::Status, plaintext_unanswered: bool) -> RpcError {
+    use std::error::Error;
+    let err = RpcError::from_status(addr, s);
+    // A status the transport made (it has a cause), not one the worker sent.
+    if plaintext_unanswered
+        && s.source().is_some()
+        && super::tls::speaks_tls(addr, super::tls::PROBE_TIMEOUT).await
+    {
+        return RpcError::Tls {
+            addr: addr.to_string(),
+            reason: "the server speaks TLS, and this process does not have the mesh's CA \
+                     (its connections to the mesh are plaintext)"
+                .into(),
+        };
+    }
+    err
 }
 
 /// The epoch cell of the mesh with `token` in this process (FENCE-3: one per mesh, so
@@ -121,8 +150,8 @@ fn fail_all(pending: &Mutex<Pending>, err: RpcError) {
 type ConnTable = Mutex<HashMap<(String, String), Arc<WorkerConn>>>;
 
 impl WorkerConn {
-    /// Returns this process's connection to `addr`, opening it (lazily) if needed or
-    /// if the previous one was lost (CLIENT-2).
+    /// Returns this process's connection to `addr`, opening it (lazily) if needed, if
+    /// the previous one was lost (CLIENT-2), or if the mesh's CA changed since (TLS-2).
     pub fn get(rt: &Handle, addr: &str, token: &str) -> Result<Arc<WorkerConn>, RpcError> {
         static CONNS: OnceLock<ConnTable> = OnceLock::new();
         Self::shared(&CONNS, rt, addr, token, true)
@@ -146,7 +175,12 @@ impl WorkerConn {
         let key = (addr.to_string(), token.to_string());
         let mut map = conns.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = map.get(&key) {
-            if c.lost().is_none() {
+            let same_ca = match (&c.ca, super::tls::mesh_ca(token)) {
+                (None, None) => true,
+                (Some(a), Some(b)) => Arc::ptr_eq(a, &b),
+                _ => false,
+            };
+            if c.lost().is_none() && same_ca {
                 return Ok(c.clone());
             }
         }
@@ -155,7 +189,7 @@ impl WorkerConn {
         Ok(c)
     }
 
-    /// Opens a new connection (not shared).
+    /// Opens a new connection (not shared): TLS if this process has the mesh's CA.
     pub fn open(rt: &Handle, addr: &str, token: &str) -> Result<WorkerConn, RpcError> {
         Self::open_with(rt, addr, token, true)
     }
@@ -169,8 +203,17 @@ impl WorkerConn {
         prefetch: bool,
     ) -> Result<WorkerConn, RpcError> {
         let attach = TokenAttach::new(token).map_err(|e| RpcError::Auth(e.to_string()))?;
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| RpcError::Address(format!("{addr}: {e}")))?
+        let ca = super::tls::mesh_ca(token);
+        let scheme = if ca.is_some() { "https" } else { "http" };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
+            .map_err(|e| RpcError::Address(format!("{addr}: {e}")))?;
+        if let Some(ca) = &ca {
+            super::tls::install_provider();
+            endpoint = endpoint
+                .tls_config(super::tls::client_config(ca))
+                .map_err(|e| RpcError::TlsConfig(format!("the mesh's CA cannot be used: {e}")))?;
+        }
+        let endpoint = endpoint
             .tcp_nodelay(true)
             .initial_stream_window_size(super::STREAM_WINDOW)
             .initial_connection_window_size(super::CONNECTION_WINDOW)
@@ -188,11 +231,19 @@ impl WorkerConn {
         let pending = Arc::new(Mutex::new(Pending::default()));
         let (mut c2, p2, addr2) = (client.clone(), pending.clone(), addr.to_string());
         let token2: Arc<str> = Arc::from(token);
+        let answered = Arc::new(AtomicBool::new(false));
+        let (answered2, plaintext) = (answered.clone(), ca.is_none());
         rt.spawn(async move {
             let resp = c2.messages(Batched::new(rx, |calls| Calls { calls })).await;
             let mut inbound = match resp {
-                Ok(r) => r.into_inner(),
-                Err(s) => return fail_all(&p2, RpcError::from_status(&addr2, &s)),
+                Ok(r) => {
+                    answered2.store(true, Ordering::Relaxed);
+                    r.into_inner()
+                }
+                Err(s) => {
+                    let unanswered = plaintext && !answered2.load(Ordering::Relaxed);
+                    return fail_all(&p2, error_of(&addr2, &s, unanswered).await);
+                }
             };
             loop {
                 match inbound.message().await {
@@ -250,6 +301,8 @@ impl WorkerConn {
             tx,
             pending,
             epoch: epoch_cell(token),
+            ca,
+            answered,
         })
     }
 
@@ -267,9 +320,19 @@ impl WorkerConn {
         self.epoch.load(Ordering::SeqCst)
     }
 
+    /// Whether it talks TLS (TLS-2).
+    pub fn is_tls(&self) -> bool {
+        self.ca.is_some()
+    }
+
     /// The worker's address.
     pub fn addr(&self) -> &str {
         &self.addr
+    }
+
+    /// Whether a failure now is to be checked for a TLS server ([`error_of`]).
+    fn plaintext_unanswered(&self) -> bool {
+        self.ca.is_none() && !self.answered.load(Ordering::Relaxed)
     }
 
     /// Why the connection is gone, if it is.
@@ -439,10 +502,17 @@ impl WorkerConn {
     {
         let slot = Slot::new();
         let (s2, client, addr) = (slot.clone(), self.client.clone(), self.addr.clone());
+        let (answered, plaintext) = (self.answered.clone(), self.ca.is_none());
         rt.spawn(async move {
             let outcome: Outcome = match f(client).await {
-                Ok(r) => Ok(r.into_inner()),
-                Err(s) => Err(RpcError::from_status(&addr, &s)),
+                Ok(r) => {
+                    answered.store(true, Ordering::Relaxed);
+                    Ok(r.into_inner())
+                }
+                Err(s) => {
+                    let unanswered = plaintext && !answered.load(Ordering::Relaxed);
+                    Err(error_of(&addr, &s, unanswered).await)
+                }
             };
             s2.complete(outcome);
         });
@@ -503,22 +573,26 @@ impl WorkerConn {
     pub async fn ping(&self) -> Result<(u32, u64), RpcError> {
         let mut c = self.client.clone();
         let epoch = self.epoch();
-        c.ping(PingRequest { nonce: 1, epoch })
-            .await
-            .map(|r| {
+        match c.ping(PingRequest { nonce: 1, epoch }).await {
+            Ok(r) => {
+                self.answered.store(true, Ordering::Relaxed);
                 let r = r.into_inner();
-                (r.pid, r.epoch)
-            })
-            .map_err(|s| RpcError::from_status(&self.addr, &s))
+                Ok((r.pid, r.epoch))
+            }
+            Err(s) => Err(error_of(&self.addr, &s, self.plaintext_unanswered()).await),
+        }
     }
 
     /// The worker's counters.
     pub async fn stats(&self) -> Result<StatsReply, RpcError> {
         let mut c = self.client.clone();
-        c.stats(StatsRequest {})
-            .await
-            .map(|r| r.into_inner())
-            .map_err(|s| RpcError::from_status(&self.addr, &s))
+        match c.stats(StatsRequest {}).await {
+            Ok(r) => {
+                self.answered.store(true, Ordering::Relaxed);
+                Ok(r.into_inner())
+            }
+            Err(s) => Err(error_of(&self.addr, &s, self.plaintext_unanswered()).await),
+        }
     }
 }
 

@@ -1,6 +1,6 @@
-//! The gRPC control plane: token authentication ([`auth`]), the completion slots that
-//! carry replies to waiting threads ([`slot`]), the `Worker` service ([`server`]) and
-//! its one client ([`client`]).
+//! The gRPC control plane: token authentication ([`auth`]), TLS across hosts
+//! ([`tls`]), the completion slots that carry replies to waiting threads ([`slot`]),
+//! the `Worker` service ([`server`]) and its one client ([`client`]).
 
 pub mod auth;
 pub mod batch;
@@ -8,6 +8,7 @@ pub mod client;
 pub mod inbox;
 pub mod server;
 pub mod slot;
+pub mod tls;
 
 /// Largest gRPC message in either direction (payload plus out-of-band buffers).
 /// Larger values must go through the data plane.
@@ -27,6 +28,20 @@ pub fn server_builder() -> tonic::transport::Server {
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(3)))
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
+}
+
+/// [`server_builder`], serving TLS with `tls` when given (TLS-1), plaintext otherwise.
+pub fn server_builder_with(
+    tls: Option<&tls::ServerIdentity>,
+) -> Result<tonic::transport::Server, RpcError> {
+    let builder = server_builder();
+    let Some(id) = tls else { return Ok(builder) };
+    tls::install_provider();
+    builder.tls_config(id.server_config()).map_err(|e| {
+        RpcError::TlsConfig(format!(
+            "the TLS server certificate or key cannot be used: {e}"
+        ))
+    })
 }
 
 /// The connections accepted on `listener`, with Nagle's algorithm off. The builder's
@@ -73,6 +88,22 @@ pub enum RpcError {
         /// The gRPC status text.
         status: String,
     },
+    /// The TLS handshake with the peer failed (TLS-2): it presented a certificate
+    /// that the mesh's CA did not sign, or does not speak TLS while we do.
+    #[error(
+        "TLS with {addr} failed: {reason}. Across hosts, every server of a mesh presents the \
+         mesh's certificate and this process checks it against the mesh's CA: either {addr} \
+         is not a server of this mesh, or only one side of the connection uses TLS"
+    )]
+    Tls {
+        /// The peer's address.
+        addr: String,
+        /// What the TLS layer said.
+        reason: String,
+    },
+    /// A TLS certificate, key or CA given to us cannot be used.
+    #[error("{0}")]
+    TlsConfig(String),
     /// The address could not be parsed or bound.
     #[error("bad address {0}")]
     Address(String),
@@ -84,6 +115,12 @@ pub enum RpcError {
 impl RpcError {
     /// Classifies a tonic status returned by `addr`.
     pub fn from_status(addr: &str, s: &tonic::Status) -> Self {
+        if let Some(reason) = tls::failure(s) {
+            return RpcError::Tls {
+                addr: addr.to_string(),
+                reason,
+            };
+        }
         match s.code() {
             tonic::Code::Unauthenticated => RpcError::Auth(format!("{addr}: {}", s.message())),
             tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::Unknown => {

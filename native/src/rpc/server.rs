@@ -7,6 +7,7 @@ use super::inbox::{Inbox, Incoming, Kind};
 use super::auth::TokenCheck;
 use super::batch::Batched;
 use super::inbox::Sink;
+use super::tls::ServerIdentity;
 use super::{RpcError, MAX_MESSAGE_BYTES};
 use crate::proto::v1::worker_server::{Worker, WorkerServer};
 use crate::proto::v1::Replies;
@@ -182,16 +183,21 @@ pub struct WorkerHost {
     pub inbox: Arc<Inbox>,
     /// The bound address, `127.0.0.1:PORT`.
     pub addr: String,
+    /// Whether it serves TLS (TLS-1).
+    pub tls: bool,
 }
 
 impl WorkerHost {
     /// Serves on an already-bound listener (the host agent binds it and passes the
-    /// descriptor to the worker, so it knows the address before the worker starts).
+    /// descriptor to the worker, so it knows the address before the worker starts);
+    /// with `tls`, TLS only, presenting that certificate (TLS-1).
     pub fn serve(
         rt: &tokio::runtime::Handle,
         listener: std::net::TcpListener,
         token: &str,
+        tls: Option<&ServerIdentity>,
     ) -> Result<Self, RpcError> {
+        let mut builder = super::server_builder_with(tls)?;
         let auth = TokenCheck::new(token).map_err(|e| RpcError::Auth(e.to_string()))?;
         let addr = listener
             .local_addr()
@@ -215,19 +221,33 @@ impl WorkerHost {
             tokio::net::TcpListener::from_std(listener).map_err(|e| RpcError::Io(e.to_string()))?;
         rt.spawn(async move {
             let incoming = super::incoming(listener);
-            let _ = super::server_builder()
+            let _ = builder
                 .add_service(svc)
                 .serve_with_incoming_shutdown(incoming, async move { stopping.stopped().await })
                 .await;
         });
-        Ok(WorkerHost { inbox, addr })
+        Ok(WorkerHost {
+            inbox,
+            addr,
+            tls: tls.is_some(),
+        })
     }
 
-    /// Binds `addr` (for example `127.0.0.1:0`) and serves there.
+    /// Binds `addr` (for example `127.0.0.1:0`) and serves there, in plaintext.
     pub fn bind(rt: &tokio::runtime::Handle, addr: &str, token: &str) -> Result<Self, RpcError> {
+        Self::bind_with(rt, addr, token, None)
+    }
+
+    /// Binds `addr` and serves there, TLS with `tls` when given.
+    pub fn bind_with(
+        rt: &tokio::runtime::Handle,
+        addr: &str,
+        token: &str,
+        tls: Option<&ServerIdentity>,
+    ) -> Result<Self, RpcError> {
         let l = std::net::TcpListener::bind(addr)
             .map_err(|e| RpcError::Address(format!("{addr}: {e}")))?;
-        Self::serve(rt, l, token)
+        Self::serve(rt, l, token, tls)
     }
 
     /// Stops serving: open streams end, pending calls' callers see the connection end.
