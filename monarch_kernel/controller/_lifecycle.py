@@ -17,6 +17,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from monarch_kernel import _native
 from monarch_kernel.control import AgentClient
 from monarch_kernel.control._group import AgentGroup, single
 from monarch_kernel.controller._frontend import progress as frontend_progress
@@ -33,7 +34,14 @@ from monarch_kernel.hosts._admin import connect, group_of, stop_unowned
 from monarch_kernel.hosts._local import check_room
 from monarch_kernel.hosts._placement import HOSTS_DIM, placement_env
 from monarch_kernel.hosts._registry import MeshRecord
-from monarch_kernel.hosts._remote import SlurmHosts, SSHHosts, agent_config, end_job, start_agents
+from monarch_kernel.hosts._remote import (
+    SlurmHosts,
+    SSHHosts,
+    agent_config,
+    end_job,
+    new_tls_identity,
+    start_agents,
+)
 from monarch_kernel.mesh._proc_ref import ProcRef
 
 #: Default idle timeout of a named mesh: how long it waits for a controller.
@@ -66,6 +74,8 @@ def attach_record(rec: MeshRecord) -> Session:
     """Attaches to the mesh ``rec`` describes (bumping its epoch); a stale record is
     removed and raises MeshNotFoundError."""
     with sessions_lock:
+        if rec.ca:  # TLS-1: this mesh's connections verify its CA
+            _native.set_mesh_ca(rec.token, rec.ca)
         client = connect(rec)
         if client is None:
             _registry.remove_if_ours(rec.name, rec.token)
@@ -189,7 +199,9 @@ def create_across(
     token = _new_token()
     spec = {"per_host": per_host, "env": dict(env or {}), "hosts": nhosts}
     meta = json.dumps({"spec": spec, "ephemeral": ephemeral, "idle_timeout": idle_timeout})
-    agents, job = start_agents(hosts, agent_config(mesh_name, token, idle_timeout, meta))
+    tls = new_tls_identity()  # TLS-1: across hosts the control plane is TLS
+    _native.set_mesh_ca(token, tls["ca"])  # before any connection to the mesh opens
+    agents, job = start_agents(hosts, agent_config(mesh_name, token, idle_timeout, meta, tls=tls))
     per = math.prod(per_host.values())
     entries = [
         {"host": a.host, "agent_addr": a.addr, "agent_pid": a.pid, "first_rank": i * per, "procs": per}
@@ -206,6 +218,7 @@ def create_across(
         ephemeral=ephemeral,
         hosts=entries,
         job=job,
+        ca=tls["ca"],
     )
     client = group_of(rec)
     try:

@@ -48,7 +48,7 @@ def group_of(rec: MeshRecord) -> AgentGroup:
         [
             HostLink(
                 i,
-                AgentClient(h["agent_addr"], rec.token),
+                AgentClient(h["agent_addr"], rec.token, rec.ca or None),
                 h["host"],
                 h["first_rank"],
                 h["procs"],

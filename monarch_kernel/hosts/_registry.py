@@ -56,6 +56,9 @@ class MeshRecord:
     #: How its hosts were had: ``{"kind": "ssh", "targets": [...], "ssh_args": [...]}`` or
     #: ``{"kind": "slurm", "job_id": "...", "launcher_pid": N, "own_allocation": bool}``.
     job: dict[str, Any] = field(default_factory=dict)
+    #: The mesh's TLS CA certificate (PEM) when its control plane runs TLS (a mesh
+    #: across hosts, TLS-1); never its key.
+    ca: str = ""
 
     def host_entries(self, nprocs: int) -> list[dict[str, Any]]:
         """Every host's agent (one entry for a mesh on this host)."""

@@ -348,3 +348,24 @@ def test_a_call_to_many_procs_goes_as_one_message_per_host(hosts_code, controlle
     assert time.monotonic() - t < 20, "the stop did not reach the workers"
     assert "KeyboardInterrupt" in stopped.value.message or "KeyboardInterrupt" in stopped.value.kind
     assert c.eval("counter.slice(hosts=0).incr.call().get(timeout=30).values()") == [5, 4]
+
+
+def test_the_control_plane_across_hosts_is_tls(controllers, cluster, state_home):
+    c = _new(controllers, cluster, state_home)
+    c.run(
+        f"procs = SSHJob(hosts=['h1', 'h2'], ssh_args=['-F', {str(cluster.ssh_config)!r}])"
+        ".state(cached_path=None).hosts.spawn_procs(per_host={'procs': 1})"
+    )
+    rec = c.eval("[procs._session('t').rec.ca, procs._proc.token, procs._proc.addrs[1]]")
+    ca, token, addr = rec
+    assert ca.startswith("-----BEGIN CERTIFICATE-----")
+    # A client that has the token but not the mesh's CA (plaintext) is refused, saying TLS.
+    probe = (
+        "import sys\nfrom monarch_kernel import _native\n"
+        f"conn = _native.WorkerConn({addr!r}, {token!r})\n"
+        "try:\n    conn.ping(5.0)\nexcept Exception as e:\n    print(type(e).__name__, e)\n    sys.exit(0)\n"
+        "sys.exit(1)\n"
+    )
+    done = cluster.run_in_login([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "TLS" in done.stdout, done.stdout
