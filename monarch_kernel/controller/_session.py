@@ -312,6 +312,20 @@ class Session:
         """What the agent says of each worker (pid, host, state, restarts...), by rank."""
         return {w["rank"]: w for w in self.client.list_workers()}
 
+    def usage(self, ranks: list[int], timeout: float = 1.0) -> list[dict[str, Any] | None]:
+        """Each worker's CPU, memory and GPU use, measured on its own host (None for
+        a rank that does not answer within ``timeout``)."""
+        out: list[dict[str, Any] | None] = []
+        calls = self._builtin(ranks, "usage")
+        deadline = time.monotonic() + timeout
+        for r, c in zip(ranks, calls):
+            try:
+                reply = c.wait(max(0.0, deadline - time.monotonic()))
+                out.append(dict(decode_reply(reply, self.state.ref, r, self.state.ref.point(r), "usage")))
+            except Exception:
+                out.append(None)
+        return out
+
     def calls_in_flight(self, rank: int) -> int | None:
         """How many calls worker ``rank`` is serving now (None if it does not say)."""
         try:

@@ -5,12 +5,14 @@ and current stacks.
 
 INSPECT-1: a background thread refreshes the state once a second, whether a cell
 runs or not, until the widget is closed or the mesh is stopped.
+INSPECT-2: CPU, memory and GPU use are measured by each worker on its own host (the
+built-in actor's ``usage``), so a mesh across hosts shows every host's, grouped by
+host; nothing is read from this host's process table for a pid of another host.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import anywidget
@@ -66,17 +68,6 @@ def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def _gpus() -> Any:
-    """nvidia-ml-py, initialised, or None where there is no NVIDIA GPU."""
-    try:
-        import pynvml  # type: ignore[import-not-found]
-
-        pynvml.nvmlInit()
-        return pynvml if pynvml.nvmlDeviceGetCount() > 0 else None
-    except Exception:
-        return None
-
-
 class MeshInspector(anywidget.AnyWidget):  # type: ignore[misc]
     """The live picture of one mesh (see the module docstring)."""
 
@@ -93,9 +84,6 @@ class MeshInspector(anywidget.AnyWidget):  # type: ignore[misc]
         self._procs = procs
         self._every = every
         self._closed = threading.Event()
-        self._nvml = _gpus()
-        self.gpu = self._nvml is not None
-        self._cpu: dict[int, tuple[float, float]] = {}
         self.refresh()
         self.observe(self._on_select, names="selected")
         threading.Thread(target=self._loop, name=f"monarch-inspector-{procs.name}", daemon=True).start()
@@ -120,37 +108,29 @@ class MeshInspector(anywidget.AnyWidget):  # type: ignore[misc]
             if self.state in ("stopped", "lost"):
                 return
 
-    def _proc_stats(self, pid: int) -> dict[str, Any]:
-        try:
-            import psutil
-
-            p = psutil.Process(pid)
-            t = p.cpu_times()
-            busy, now = t.user + t.system, time.monotonic()
-            last = self._cpu.get(pid)
-            self._cpu[pid] = (busy, now)
-            cpu = round(100 * (busy - last[0]) / max(1e-6, now - last[1])) if last else 0
-            return {"cpu": cpu, "rss": f"{p.memory_info().rss / 2**20:,.0f} MiB"}
-        except Exception:
-            return {}
-
     def refresh(self) -> None:
         """Reads the mesh's state now (also what the background thread does)."""
         session = controller.session(self.mesh)
         proc_rows = self._procs.proc_rows()
+        alive = [p.rank for p in proc_rows if p.state == "alive" and p.pid]
+        # Measured by each worker on its own host (INSPECT-2): CPU, memory, its GPU.
+        usage = dict(zip(alive, session.usage(alive))) if session is not None and alive else {}
         rows = []
         for p in proc_rows:
             row: dict[str, Any] = {"rank": p.rank, "state": p.state, "pid": p.pid, "host": p.host}
-            if p.state == "alive" and p.pid:
-                row.update(self._proc_stats(p.pid))
-                inflight = session.calls_in_flight(p.rank) if session is not None else None
+            u = usage.get(p.rank)
+            if u:
+                row["cpu"], row["rss"] = u["cpu"], f"{u['rss'] / 2**20:,.0f} MiB"
+                if "gpu" in u:
+                    row["gpu"], row["gpu_mem"] = u["gpu"], f"{u['gpu_mem'] / 2**20:,.0f} MiB"
+            if p.state == "alive" and session is not None:
+                inflight = session.calls_in_flight(p.rank)
                 if inflight is not None:
                     row["inflight"] = inflight
             if p.error:
                 row["error"] = _escape(p.error[:200])
             rows.append(row)
-        if self._nvml is not None:
-            self._add_gpu(rows)
+        self.gpu = any("gpu" in r for r in rows)
         states = [p.state for p in proc_rows]
         alive = sum(s == "alive" for s in states)
         self.state = (
@@ -159,19 +139,6 @@ class MeshInspector(anywidget.AnyWidget):  # type: ignore[misc]
             else ("alive" if alive == len(states) else "degraded")
         )
         self.procs = rows
-
-    def _add_gpu(self, rows: list[dict[str, Any]]) -> None:
-        nv = self._nvml
-        by_pid: dict[int, tuple[int, int]] = {}
-        for i in range(nv.nvmlDeviceGetCount()):
-            h = nv.nvmlDeviceGetHandleByIndex(i)
-            util = nv.nvmlDeviceGetUtilizationRates(h).gpu
-            for proc in nv.nvmlDeviceGetComputeRunningProcesses(h):
-                by_pid[proc.pid] = (util, proc.usedGpuMemory or 0)
-        for row in rows:
-            if row.get("pid") in by_pid:
-                util, mem = by_pid[row["pid"]]
-                row["gpu"], row["gpu_mem"] = util, f"{mem / 2**20:,.0f} MiB"
 
     def _on_select(self, change: dict[str, Any]) -> None:
         rank = change["new"]

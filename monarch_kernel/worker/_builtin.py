@@ -30,8 +30,15 @@ def serve_builtin(d: Dispatcher, item: _native.Incoming) -> None:
 
     ``stacks``: the current Python stack of every thread, as text; answered here
     (not by an actor's thread), so it works while the main thread or an actor is
-    busy in Python code."""
+    busy in Python code.
+
+    ``usage``: this worker's CPU (percent since the last ``usage``), resident memory
+    and, where NVML lists its GPU, the GPU's use and this process's GPU memory,
+    measured on its own host (the inspector shows them for every host)."""
     token, method = item.token, item.method
+    if method == "usage":
+        d._reply(token, usage(), f"{BUILTIN}.usage")
+        return
     if method == "busy":
         d._reply(token, running_calls(d), f"{BUILTIN}.busy")
         return
@@ -65,6 +72,42 @@ def serve_builtin(d: Dispatcher, item: _native.Incoming) -> None:
         d._reply(token, None, f"{BUILTIN}.flush")
     else:
         d._reject(token, f"the built-in actor has no method {method!r}")
+
+
+#: The last ``usage`` sample: (CPU seconds, monotonic time).
+_last_cpu: list[tuple[float, float]] = []
+
+
+def usage() -> dict[str, Any]:
+    """See ``serve_builtin``: ``{"cpu": %, "rss": bytes[, "gpu": %, "gpu_mem": bytes]}``."""
+    import os
+    import time
+
+    import psutil
+
+    me = psutil.Process()
+    t = me.cpu_times()
+    busy, now = t.user + t.system, time.monotonic()
+    last = _last_cpu[-1] if _last_cpu else None
+    _last_cpu[:] = [(busy, now)]
+    out: dict[str, Any] = {
+        "cpu": round(100 * (busy - last[0]) / max(1e-6, now - last[1])) if last else 0,
+        "rss": me.memory_info().rss,
+    }
+    if os.path.isdir("/proc/driver/nvidia/gpus"):
+        try:
+            import pynvml  # type: ignore[import-not-found]
+
+            pynvml.nvmlInit()
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+                    if p.pid == os.getpid():
+                        out["gpu"] = pynvml.nvmlDeviceGetUtilizationRates(h).gpu
+                        out["gpu_mem"] = int(p.usedGpuMemory or 0)
+        except Exception:
+            pass  # no NVML: no GPU columns
+    return out
 
 
 def running_calls(d: Dispatcher) -> list[tuple[int, str, str]]:

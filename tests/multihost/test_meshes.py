@@ -46,6 +46,10 @@ class Counter(Actor):
     def make(self, nbytes):
         return np.full(nbytes // 8, 1.0)
     @endpoint
+    def hold(self, nbytes):
+        self.held = np.ones(nbytes // 8)
+        return nbytes
+    @endpoint
     def nap(self, seconds):
         end = time.time() + seconds
         while time.time() < end:  # Python code: a stop interrupts it
@@ -369,3 +373,18 @@ def test_the_control_plane_across_hosts_is_tls(controllers, cluster, state_home)
     done = cluster.run_in_login([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "TLS" in done.stdout, done.stdout
+
+
+def test_every_worker_reports_its_own_usage_on_its_host(controllers, cluster, state_home):
+    c = _new(controllers, cluster, state_home)
+    c.run(
+        f"procs = SSHJob(hosts=['h1', 'h2'], ssh_args=['-F', {str(cluster.ssh_config)!r}])"
+        ".state(cached_path=None).hosts.spawn_procs(per_host={'procs': 1})"
+    )
+    c.run(
+        "counter = procs.spawn('counter', Counter)\ncounter.slice(hosts=1).hold.call_one(256 << 20).get(timeout=60)"
+    )
+    small, big = c.eval("procs._session('t').usage([0, 1])")
+    assert big["rss"] - small["rss"] > 200 << 20, (small, big)  # each measured itself, on its host
+    rows = c.eval("[(p.rank, p.host, p.state) for p in procs.proc_rows()]")
+    assert [r[1] for r in rows] == ["h1", "h2"]
