@@ -29,7 +29,7 @@ from monarch_kernel.errors import (
     MeshStateError,
     MonarchKernelError,
 )
-from monarch_kernel.hosts import _registry, start_local_agent
+from monarch_kernel.hosts import AgentProcess, _registry, start_local_agent
 from monarch_kernel.hosts._admin import connect, group_of, stop_unowned
 from monarch_kernel.hosts._local import check_room
 from monarch_kernel.hosts._placement import HOSTS_DIM, placement_env
@@ -149,35 +149,17 @@ def create(
         record=dataclasses.asdict(first),
     )
     client = single(AgentClient(agent.addr, token), nprocs, first.host, agent.popen.pid)
-    try:
-        epoch = client.attach()[0].epoch
-        worker_env = {
-            "MONARCH_SHAPE": json.dumps([list(sizes), list(sizes.values())]),
-            **_worker_env(env),
-            **gpu_env,
-        }
-        workers = _showing_progress(
-            client,
-            nprocs,
-            f"starting mesh {mesh_name!r}, procs started",
-            lambda: client.spawn_workers_raw(
-                sys.executable, ["-m", "monarch_kernel.worker"], worker_env, os.getcwd(), epoch=epoch
-            ),
-        )
-        rec = dataclasses.replace(first, agent_addr=agent.addr, agent_pid=agent.popen.pid, epoch=epoch)
-        session = Session(rec, client, epoch, workers, [], agent)
-        _registry.write(rec)
-    except BaseException:  # nothing may be left running that no state file names
-        try:
-            client.shutdown()
-        except Exception:
-            pass  # the original error is the one to report
-        finally:
-            agent.wait(10)
-        raise
-    with sessions_lock:
-        sessions[mesh_name] = session
-    return session
+    rec = dataclasses.replace(first, agent_addr=agent.addr, agent_pid=agent.popen.pid)
+    return _bring_up(
+        client,
+        rec,
+        sys.executable,
+        {"MONARCH_SHAPE": json.dumps([list(sizes), list(sizes.values())]), **_worker_env(env), **gpu_env},
+        f"starting mesh {mesh_name!r}, procs started",
+        agent,
+        before=lambda: None,
+        undo=lambda: agent.wait(10),
+    )
 
 
 def create_across(
@@ -220,37 +202,64 @@ def create_across(
         job=job,
         ca=tls["ca"],
     )
-    client = group_of(rec)
-    try:
+    def listed() -> None:
         _registry.write(rec)  # listed from the first moment: nothing runs unlisted
         _transfer_host_facing(agents[0].addr)
+
+    def undo() -> None:
+        end_job(job)
+        _registry.remove_if_ours(mesh_name, token)
+
+    return _bring_up(
+        group_of(rec),
+        rec,
+        hosts.python,
+        {"MONARCH_SHAPE": json.dumps([list(sizes), list(sizes.values())]), **_worker_env(env)},
+        f"starting mesh {mesh_name!r} on {nhosts} hosts, procs started",
+        None,
+        before=listed,
+        undo=undo,
+    )
+
+
+def _bring_up(
+    client: AgentGroup,
+    rec: MeshRecord,
+    python: str,
+    worker_env: dict[str, str],
+    what: str,
+    agent: AgentProcess | None,
+    before: Callable[[], None],
+    undo: Callable[[], None],
+) -> Session:
+    """Becomes the controller of new agents, starts their workers (showing progress)
+    and writes the state file; on any failure, an interrupt too, stops the agents
+    and runs ``undo``: nothing may be left running that no state file names."""
+    try:
+        before()
         epoch = client.attach()[0].epoch
-        worker_env = {
-            "MONARCH_SHAPE": json.dumps([list(sizes), list(sizes.values())]),
-            **_worker_env(env),
-        }
+        nprocs = sum(link.nprocs for link in client.links)
         workers = _showing_progress(
             client,
-            nhosts * per,
-            f"starting mesh {mesh_name!r} on {nhosts} hosts, procs started",
+            nprocs,
+            what,
             lambda: client.spawn_workers_raw(
-                hosts.python, ["-m", "monarch_kernel.worker"], worker_env, os.getcwd(), epoch=epoch
+                python, ["-m", "monarch_kernel.worker"], worker_env, os.getcwd(), epoch=epoch
             ),
         )
-        rec.epoch = epoch
-        session = Session(rec, client, epoch, workers, [], None)
+        rec = dataclasses.replace(rec, epoch=epoch)
+        session = Session(rec, client, epoch, workers, [], agent)
         _registry.write(rec)
-    except BaseException:  # nothing may be left running that no state file names
+    except BaseException:
         try:
             client.shutdown()
         except Exception:
             pass  # the original error is the one to report
         finally:
-            end_job(job)
-            _registry.remove_if_ours(mesh_name, token)
+            undo()
         raise
     with sessions_lock:
-        sessions[mesh_name] = session
+        sessions[rec.name] = session
     return session
 
 
