@@ -29,16 +29,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-from monarch_kernel import Actor, endpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "multihost"))
 
 from cluster import Cluster, ClusterError, unavailable  # noqa: E402
+from run import Echo, Puller, Tensors, timed  # noqa: E402  (this folder: the actors and timing make bench uses)
 
 #: Hosts of the cluster, and procs per host of the call() mesh (the issue: 16 x 4).
 HOSTS = int(os.environ.get("BENCH_HOSTS", "16"))
@@ -56,50 +54,6 @@ Row = tuple[str, float, str, str, float, str]
 
 
 # -- actors (run in the workers; this file is __main__ there, so they travel by value) ---
-
-
-class Echo(Actor):
-    @endpoint
-    def ping(self, x: object) -> object:
-        return x
-
-
-class Holder(Actor):
-    @endpoint
-    def hold(self, nbytes: int) -> object:
-        import torch
-
-        from monarch_kernel import TransferBuffer
-
-        self.t = torch.ones(nbytes // 4, dtype=torch.float32)
-        return TransferBuffer(self.t)
-
-
-class Puller(Actor):
-    @endpoint
-    def pull(self, buf: Any, n: int) -> float:
-        """Median seconds of ``buf.read_into`` (n tries) into touched memory."""
-        import torch
-
-        dst = torch.zeros(buf.nbytes // 4, dtype=torch.float32)
-        samples = []
-        for _ in range(n):
-            t = time.perf_counter()
-            buf.read_into(dst).get(timeout=120)
-            samples.append(time.perf_counter() - t)
-        return statistics.median(samples)
-
-
-def timed(fn: Callable[[], object], n: int, warmup: int) -> float:
-    """Median seconds of one ``fn()`` over ``n`` runs."""
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t)
-    return statistics.median(samples)
 
 
 # -- raw baselines, each run inside a host's namespace -----------------------------------
@@ -239,7 +193,7 @@ def inside(cfg: dict[str, Any]) -> dict[str, float]:
     try:
         e = procs.spawn("echo2", Echo).slice(hosts=0, procs=0).ping
         out["remote_rt"] = timed(lambda: e.call_one(7).get(), N_CALLS, warmup=100)
-        buf = procs.slice(hosts=0, procs=0).spawn("holder", Holder).hold.call_one(GIB).get(timeout=120)
+        buf = procs.slice(hosts=0, procs=0).spawn("holder", Tensors).hold.call_one(GIB).get(timeout=120)
         puller = procs.slice(hosts=1, procs=0).spawn("puller", Puller)
         out["read_into"] = puller.pull.call_one(buf, 3).get(timeout=600)
         buf.drop()

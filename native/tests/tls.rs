@@ -8,47 +8,16 @@ use bytes::Bytes;
 use monarch_kernel_native::agent::{self, AgentConfig};
 use monarch_kernel_native::proto::v1::host_agent_client::HostAgentClient;
 use monarch_kernel_native::proto::v1::{AgentPingRequest, ReplyKind};
-use monarch_kernel_native::rpc::client::{reply_kind, Target, WorkerConn};
+use monarch_kernel_native::rpc::client::{reply_kind, WorkerConn};
 use monarch_kernel_native::rpc::inbox::LANE_LOOP;
 use monarch_kernel_native::rpc::server::WorkerHost;
 use monarch_kernel_native::rpc::tls::{self, MeshIdentity, DOMAIN};
 use monarch_kernel_native::rpc::RpcError;
 use std::time::Duration;
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
+mod common;
 
-fn echo_dispatcher(host: &WorkerHost, n: usize) -> std::thread::JoinHandle<()> {
-    let inbox = host.inbox.clone();
-    std::thread::spawn(move || {
-        let lane = inbox.lane(LANE_LOOP).unwrap();
-        let mut done = 0;
-        while done < n {
-            for item in lane.take_wait(Duration::from_secs(5)) {
-                inbox.reply(item.token, ReplyKind::Result, item.payload.clone(), vec![]);
-                done += 1;
-            }
-        }
-    })
-}
-
-fn target(payload: &Bytes) -> Target<'_> {
-    Target {
-        actor: "echo",
-        method: "ping",
-        payload,
-        buffers: &[],
-        oneway: false,
-        dims: &[],
-        sizes: &[],
-        origin: "",
-    }
-}
+use common::{echo_dispatcher, runtime, target};
 
 /// How long a call that must fail at once may take (generous for a busy machine;
 /// a handshake that fails takes milliseconds).

@@ -283,6 +283,28 @@ pub struct PyEndpoint {
     sizes: Vec<u32>,
 }
 
+impl PyEndpoint {
+    /// A call of this endpoint with `payload` and `buffers`.
+    fn target<'a>(
+        &'a self,
+        payload: &'a Bytes,
+        buffers: &'a [Bytes],
+        oneway: bool,
+        origin: &'a str,
+    ) -> Target<'a> {
+        Target {
+            actor: &self.actor,
+            method: &self.method,
+            payload,
+            buffers,
+            oneway,
+            dims: &self.dims,
+            sizes: &self.sizes,
+            origin,
+        }
+    }
+}
+
 #[pymethods]
 impl PyEndpoint {
     #[new]
@@ -339,16 +361,7 @@ fn call(
         .iter()
         .map(|c| c.conn())
         .collect::<PyResult<Vec<_>>>()?;
-    let t = Target {
-        actor: &endpoint.actor,
-        method: &endpoint.method,
-        payload: &payload,
-        buffers: &bufs,
-        oneway,
-        dims: &endpoint.dims,
-        sizes: &endpoint.sizes,
-        origin,
-    };
+    let t = endpoint.target(&payload, &bufs, oneway, origin);
     let sent = detach(py, || {
         targets
             .iter()
@@ -392,16 +405,7 @@ fn call_fanned(
     let bufs = to_bytes_vec(py, &buffers)?;
     let payload = Bytes::copy_from_slice(payload);
     let conn = relay.conn()?;
-    let t = Target {
-        actor: &endpoint.actor,
-        method: &endpoint.method,
-        payload: &payload,
-        buffers: &bufs,
-        oneway,
-        dims: &endpoint.dims,
-        sizes: &endpoint.sizes,
-        origin,
-    };
+    let t = endpoint.target(&payload, &bufs, oneway, origin);
     let deliveries: Vec<(u32, u32)> = procs.iter().copied().zip(ranks.iter().copied()).collect();
     let (call_id, slots) = detach(py, || conn.call_fanned(&t, &deliveries));
     Ok(slots
