@@ -12,8 +12,9 @@ use super::XferError;
 pub struct Descriptor {
     /// The sender's boot id (hosts differ when these differ).
     pub host: [u8; 16],
-    /// The sender's pid namespace (pids mean something only within one).
-    pub pidns: u64,
+    /// The sender's pid and network namespaces (as `Host` has them: a buffer is read
+    /// directly only within both).
+    pub namespaces: u64,
     /// The sender's pid.
     pub pid: u32,
     /// The sender's engine, `HOST:PORT`.
@@ -38,7 +39,7 @@ impl Descriptor {
         out.extend_from_slice(DESC_MAGIC);
         out.push(DESC_VERSION);
         out.extend_from_slice(&self.host);
-        out.extend_from_slice(&self.pidns.to_le_bytes());
+        out.extend_from_slice(&self.namespaces.to_le_bytes());
         out.extend_from_slice(&self.pid.to_le_bytes());
         out.extend_from_slice(&self.id.to_le_bytes());
         out.extend_from_slice(&self.ptr.to_le_bytes());
@@ -63,7 +64,7 @@ impl Descriptor {
             s
         };
         let host: [u8; 16] = take(16).try_into().map_err(|_| bad())?;
-        let pidns = u64::from_le_bytes(take(8).try_into().map_err(|_| bad())?);
+        let namespaces = u64::from_le_bytes(take(8).try_into().map_err(|_| bad())?);
         let pid = u32::from_le_bytes(take(4).try_into().map_err(|_| bad())?);
         let id = u64::from_le_bytes(take(8).try_into().map_err(|_| bad())?);
         let ptr = u64::from_le_bytes(take(8).try_into().map_err(|_| bad())?);
@@ -78,7 +79,7 @@ impl Descriptor {
             .to_string();
         Ok(Descriptor {
             host,
-            pidns,
+            namespaces,
             pid,
             addr,
             id,

@@ -1,7 +1,9 @@
 //! Where this process runs, and so which buffers it may read directly: a buffer is
-//! local when its process runs under the same kernel (boot id) and in the same pid
-//! namespace (its pid means the same process here). `MONARCH_TRANSFER_TCP=1` turns
-//! direct reads off.
+//! local when its process runs under the same kernel (boot id), in the same pid
+//! namespace (its pid means the same process here) and in the same network
+//! namespace (a process in another one counts as another host, as the test cluster's
+//! hosts are: they exercise the TCP path). `MONARCH_TRANSFER_TCP=1` turns direct
+//! reads off.
 
 use super::Descriptor;
 use std::sync::OnceLock;
@@ -10,8 +12,8 @@ use std::sync::OnceLock;
 pub(super) struct Host {
     /// The kernel's boot id (`/proc/sys/kernel/random/boot_id`).
     pub boot_id: [u8; 16],
-    /// The inode of this process's pid namespace.
-    pub pidns: u64,
+    /// This process's pid and network namespaces (their inodes, combined).
+    pub namespaces: u64,
 }
 
 impl Host {
@@ -19,13 +21,13 @@ impl Host {
     pub fn this() -> Host {
         Host {
             boot_id: boot_id(),
-            pidns: pidns(),
+            namespaces: namespaces(),
         }
     }
 
     /// True if the buffer `d` names lives in a process this one can read directly.
     pub fn holds(&self, d: &Descriptor) -> bool {
-        d.host == self.boot_id && d.pidns == self.pidns
+        d.host == self.boot_id && d.namespaces == self.namespaces
     }
 }
 
@@ -42,11 +44,14 @@ fn boot_id() -> [u8; 16] {
     out
 }
 
-fn pidns() -> u64 {
+fn namespaces() -> u64 {
     use std::os::unix::fs::MetadataExt;
-    std::fs::metadata("/proc/self/ns/pid")
-        .map(|m| m.ino())
-        .unwrap_or(0)
+    let ino = |ns: &str| {
+        std::fs::metadata(format!("/proc/self/ns/{ns}"))
+            .map(|m| m.ino())
+            .unwrap_or(0)
+    };
+    ino("pid") ^ ino("net").rotate_left(32)
 }
 
 /// `MONARCH_TRANSFER_TCP=1`: use the TCP path even on one host (to measure or test

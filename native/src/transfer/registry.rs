@@ -90,7 +90,7 @@ impl Engine {
         lock(&self.table).insert(id, Arc::new(entry));
         Descriptor {
             host: self.host.boot_id,
-            pidns: self.host.pidns,
+            namespaces: self.host.namespaces,
             pid: std::process::id(),
             addr: self.addr.clone(),
             id,
