@@ -15,6 +15,11 @@ import pytest
 
 from monarch_kernel import ProcMesh, this_host
 
+# The stop button's tests send this process SIGINT: they need Python's own handler,
+# which a shell that starts the suite in the background (no job control) leaves out
+# (its background commands ignore SIGINT, and Python then installs no handler).
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 # What the command line of a process the suite may leave behind contains.
 _OUR_COMMANDS = (b"monarch_kernel.worker", b"monarch_kernel.hosts._agent_main")
 
