@@ -175,7 +175,8 @@ def create_across(
     mesh_name = name or f"anon-{uuid.uuid4().hex[:8]}"
     # A partition ends the lease like a controller's exit does: an ephemeral mesh's
     # hosts wait this long for it to come back before they stop.
-    idle_timeout = max(idle_timeout, REMOTE_LEASE_GRACE_S)
+    if ephemeral:
+        idle_timeout = max(idle_timeout, REMOTE_LEASE_GRACE_S)
     nhosts = hosts.nodes if isinstance(hosts, SlurmHosts) else len(hosts.targets)
     sizes = {HOSTS_DIM: nhosts, **per_host}
     token = _new_token()
@@ -202,6 +203,7 @@ def create_across(
         job=job,
         ca=tls["ca"],
     )
+
     def listed() -> None:
         _registry.write(rec)  # listed from the first moment: nothing runs unlisted
         _transfer_host_facing(agents[0].addr)

@@ -372,6 +372,13 @@ def _torch_dist(procs: Any, backend: str | None) -> Any:
     return procs
 
 
+def _unquote(value: str) -> str:
+    """A magic's option value without the quotes IPython keeps (``--ssh-args "-F x"``)."""
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+        return value[1:-1]
+    return value
+
+
 def _host_mesh(args: Any, per_host: dict[str, int]) -> Any:
     """The hosts ``%mesh up`` runs on: this one, ssh hosts (``--hosts``) or SLURM nodes
     (``--slurm``)."""
@@ -381,8 +388,12 @@ def _host_mesh(args: Any, per_host: dict[str, int]) -> Any:
         raise UsageError("%mesh up: give --hosts or --slurm, not both")
     if args.hosts:
         targets = [h for h in args.hosts.split(",") if h]
-        ssh_args = shlex.split(args.ssh_args or "")
-        return SSHJob(hosts=targets, python=args.python, ssh_args=ssh_args).state(cached_path=None).hosts
+        ssh_args = shlex.split(_unquote(args.ssh_args or ""))
+        return (
+            SSHJob(hosts=targets, python=_unquote(args.python) if args.python else None, ssh_args=ssh_args)
+            .state(cached_path=None)
+            .hosts
+        )
     if args.slurm:
         opts = {}
         for kv in args.slurm.split(","):
@@ -397,7 +408,7 @@ def _host_mesh(args: Any, per_host: dict[str, int]) -> Any:
         gpus = opts.get("gpus_per_node") or (str(per_host["gpus"]) if "gpus" in per_host else None)
         job = SlurmJob(
             meshes={"hosts": int(opts["nodes"])},
-            python=args.python,
+            python=_unquote(args.python) if args.python else None,
             partition=opts.get("partition"),
             time_limit=opts.get("time"),
             gpus_per_node=int(gpus) if gpus else None,

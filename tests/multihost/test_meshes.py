@@ -388,3 +388,55 @@ def test_every_worker_reports_its_own_usage_on_its_host(controllers, cluster, st
     assert big["rss"] - small["rss"] > 200 << 20, (small, big)  # each measured itself, on its host
     rows = c.eval("[(p.rank, p.host, p.state) for p in procs.proc_rows()]")
     assert [r[1] for r in rows] == ["h1", "h2"]
+
+
+def test_killing_a_job_and_an_idle_timeout_leave_nothing_on_any_host(
+    hosts_code, controllers, cluster, state_home
+):
+    c = _new(controllers, cluster, state_home)
+    c.run(f"hosts = {hosts_code}\njob_hosts = hosts")
+    c.run("procs = hosts.spawn_procs(per_host={'procs': 1}, name='idle', idle_timeout=2)")
+    assert c.eval("procs.status()") == ["alive", "alive"]
+    c.close()  # no controller: the hosts' agents stop after 2 s
+    assert _wait_gone(cluster, within=WITHIN), _ours_on_hosts(cluster)
+    deadline = time.monotonic() + WITHIN
+    while _slurm_jobs(cluster) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _slurm_jobs(cluster)
+    # job.kill() stops what was spawned from the job, from any process.
+    c = _new(controllers, cluster, state_home)
+    job = hosts_code.rsplit(".state(", 1)[0]
+    c.run(
+        f"job = {job}\nprocs = job.state(cached_path=None).hosts.spawn_procs(per_host={{'procs': 1}}, name='killed')"
+    )
+    assert c.eval("procs.status()") == ["alive", "alive"]
+    c.run("job.kill()")
+    assert c.eval("job.active") is False
+    assert _wait_gone(cluster), _ours_on_hosts(cluster)
+
+
+def test_mesh_up_on_ssh_hosts_from_a_notebook(cluster, state_home, jupyter_path, tmp_path):
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "monarch", "display_name": "monarch", "language": "python"}
+    nb.cells = [
+        nbformat.v4.new_code_cell(f"cfg = {str(cluster.ssh_config)!r}"),
+        nbformat.v4.new_code_cell('procs = %mesh up mh --hosts h1,h2 --procs 2 --ssh-args "-F {cfg}"'),
+        nbformat.v4.new_code_cell("%mesh ls"),
+        nbformat.v4.new_code_cell("%%mesh\nimport socket\nsocket.gethostname()"),
+        nbformat.v4.new_code_cell("%mesh down mh"),
+    ]
+    path = tmp_path / "mh.ipynb"
+    nbformat.write(nb, str(path))
+    env = {**os.environ, **cluster.env(), "XDG_STATE_HOME": str(state_home)}
+    root = Path(__file__).resolve().parents[2]
+    argv = [sys.executable, str(root / "demo" / "run_notebook.py"), str(path)]
+    done = cluster.run_in_login(argv, env=env, cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    assert "mesh 'mh' up: 4 procs" in out, out
+    assert "h1 2/2, h2 2/2" in out, out
+    assert out.count("Out: 'h1'") == 2 and out.count("Out: 'h2'") == 2, out
+    assert "stopped mh" in out
+    assert _wait_gone(cluster), _ours_on_hosts(cluster)

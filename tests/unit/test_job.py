@@ -1,0 +1,57 @@
+"""monarch_kernel.job: Monarch's job shapes (no hosts are started here; the
+multi-host tests spawn meshes on the test cluster)."""
+
+from __future__ import annotations
+
+import pytest
+
+from monarch_kernel.errors import MeshSpecError
+from monarch_kernel.job import JobState, LocalJob, SlurmJob, SSHJob, job_load, job_loads
+
+
+def test_a_job_is_applied_once_and_its_state_names_its_host_meshes():
+    job = SSHJob(meshes={"trainers": ["node1", "node2"], "data": ["node3"]}, python="/venv/bin/python")
+    assert not job.active
+    state = job.state(cached_path=None)
+    assert job.active
+    assert state.trainers.sizes == {"hosts": 2}
+    assert state.data.sizes == {"hosts": 1}
+    assert "node1, node2" in repr(state.trainers)
+    with pytest.raises(AttributeError, match="'nope' is not a host mesh of this job .*data, trainers"):
+        _ = state.nope
+
+
+def test_slicing_a_host_mesh_picks_its_hosts():
+    hosts = SSHJob(hosts=["a", "b", "c"]).state(cached_path=None).hosts
+    assert "b, c" in repr(hosts.slice(hosts=slice(1, 3)))
+    assert repr(hosts.slice(hosts=2)).endswith("over ssh: c>")
+    slurm = SlurmJob(meshes={"trainers": 4}).state(cached_path=None).trainers
+    assert "2 SLURM nodes" in repr(slurm.slice(hosts=slice(0, 2)))
+
+
+def test_a_job_is_saved_and_loaded_with_its_specification(tmp_path):
+    job = SlurmJob(meshes={"trainers": 2}, partition="gpu", time_limit="02:00:00", gpus_per_node=8)
+    path = tmp_path / "job.pkl"
+    job.state(cached_path=str(path))  # applied, then saved
+    again = job_load(str(path))
+    assert isinstance(again, SlurmJob) and again.active
+    assert again.can_run(job) and job.can_run(again)
+    assert job_loads(job.dumps()).can_run(job)
+    assert not job.can_run(SlurmJob(meshes={"trainers": 3}))
+    with pytest.raises(TypeError, match="not a job"):
+        job_loads(b"\x80\x04K\x01.")  # pickle of 1
+
+
+def test_bad_job_specifications_say_what_is_wrong():
+    with pytest.raises(MeshSpecError, match="positive number of nodes"):
+        SlurmJob(meshes={"trainers": 0})
+    with pytest.raises(MeshSpecError, match="list of host names"):
+        SSHJob(hosts=[])
+    with pytest.raises(MeshSpecError, match="cannot have a 'hosts' dimension"):
+        SSHJob(hosts=["a"]).state(cached_path=None).hosts.spawn_procs(per_host={"hosts": 2})
+
+
+def test_a_local_job_is_this_host():
+    state = LocalJob(hosts=("a", "b")).state(cached_path=None)
+    assert isinstance(state, JobState)
+    assert repr(state.a) == "<HostMesh: this host>"
