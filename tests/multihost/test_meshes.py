@@ -426,6 +426,10 @@ def test_mesh_up_on_ssh_hosts_from_a_notebook(cluster, state_home, jupyter_path,
         nbformat.v4.new_code_cell("%mesh ls"),
         nbformat.v4.new_code_cell("%%mesh\nimport socket\nsocket.gethostname()"),
         nbformat.v4.new_code_cell("%mesh down mh"),
+        nbformat.v4.new_code_cell(f"part = {cluster.partition!r}"),
+        nbformat.v4.new_code_cell("slurm = %mesh up ms --slurm nodes=2,partition={part} --procs 1"),
+        nbformat.v4.new_code_cell("print(slurm._session('t').rec.job['kind'], slurm.sizes)"),
+        nbformat.v4.new_code_cell("%mesh down ms"),
     ]
     path = tmp_path / "mh.ipynb"
     nbformat.write(nb, str(path))
@@ -439,4 +443,6 @@ def test_mesh_up_on_ssh_hosts_from_a_notebook(cluster, state_home, jupyter_path,
     assert "h1 2/2, h2 2/2" in out, out
     assert out.count("Out: 'h1'") == 2 and out.count("Out: 'h2'") == 2, out
     assert "stopped mh" in out
+    assert "slurm {'hosts': 2, 'procs': 1}" in out, out
+    assert "stopped ms" in out
     assert _wait_gone(cluster), _ours_on_hosts(cluster)
