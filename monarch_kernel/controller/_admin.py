@@ -5,21 +5,55 @@ place: the table of running meshes, and stopping meshes by name as an administra
 from __future__ import annotations
 
 import time
+from typing import Any
 
+from monarch_kernel import _native
+from monarch_kernel._wire import BUILTIN
 from monarch_kernel.controller._lifecycle import stop_record
 from monarch_kernel.controller._session import sessions
 from monarch_kernel.hosts import _registry
-from monarch_kernel.hosts._admin import MeshInfo, list_meshes
+from monarch_kernel.hosts._admin import MeshInfo, group_of, list_meshes
+from monarch_kernel.mesh._serial import loads
 
 _COLUMNS = ("NAME", "PROCS", "ALIVE", "CONTROLLER", "EPOCH", "IDLE TIMEOUT", "AGE", "AGENT PID", "HOSTS")
 
 
 def _hosts_text(m: MeshInfo) -> str:
-    """Each host: its name, live procs of its procs, and its state if not alive."""
+    """Each host: its name, live procs of its procs, its state if not alive, and the
+    GPU use of its procs where its workers report one (NVML on that host)."""
+    gpus = _gpu_by_host(m.name)
     return ", ".join(
         f"{h['host']} {h['alive']}/{h['procs']}{'' if h['state'] == 'alive' else ' ' + h['state']}"
+        + (f" ({gpus[h['host']]})" if h["host"] in gpus else "")
         for h in m.hosts
     )
+
+
+def _gpu_by_host(name: str, timeout: float = 1.0) -> dict[str, str]:
+    """``host -> "GPU 73%, 12,345 MiB"``: the mean use of the GPUs of the mesh's procs on
+    each host and the memory they hold, as each worker measures it (its ``usage``)."""
+    rec = _registry.read(name)
+    if rec is None:
+        return {}
+    if rec.ca:
+        _native.set_mesh_ca(rec.token, rec.ca)
+    try:
+        live = [w for w in group_of(rec).list_workers() if w["state"] == "running"]
+        conns = [_native.WorkerConn(w["addr"], rec.token) for w in live]
+        calls = _native.call(_native.Endpoint(BUILTIN, "usage"), conns, list(range(len(conns))), b"", [])
+        replies = _native.wait_all(calls, timeout)
+    except Exception:
+        return {}  # a listing never fails for want of GPU figures
+    per_host: dict[str, list[dict[str, Any]]] = {}
+    for w, reply in zip(live, replies):
+        if isinstance(reply, _native.Reply) and reply.kind == _native.REPLY_RESULT:
+            u = loads(reply.payload, list(reply.buffers))
+            if isinstance(u, dict) and "gpu" in u:
+                per_host.setdefault(w["host"], []).append(u)
+    return {
+        host: f"GPU {sum(u['gpu'] for u in us) / len(us):.0f}%, {sum(u['gpu_mem'] for u in us) / 2**20:,.0f} MiB"
+        for host, us in per_host.items()
+    }
 
 
 def _age(seconds: float) -> str:
