@@ -120,6 +120,16 @@ def _new(controllers: list[Controller], cluster: Cluster, state_home: Path) -> C
     return c
 
 
+def _counting(c: Controller, hosts_code: str) -> Controller:
+    """``c`` with ``procs`` (2 hosts x 2 procs) that records its failures, and
+    ``counter`` on them, counted once."""
+    c.run(f"procs = {hosts_code}.spawn_procs(per_host={{'procs': 2}})")
+    c.run("procs.on_failure(record)")
+    c.run("counter = procs.spawn('counter', Counter)")
+    assert c.eval("counter.incr.call().get(timeout=30).values()") == [1, 1, 1, 1]
+    return c
+
+
 def _wait_failure(c: Controller, kind: str, within: float = WITHIN) -> list[str]:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
@@ -212,11 +222,7 @@ def _slurm_jobs(cluster: Cluster) -> list[str]:
 def test_a_host_whose_agent_is_killed_is_lost_and_the_other_host_goes_on(
     hosts_code, controllers, cluster, state_home
 ):
-    c = _new(controllers, cluster, state_home)
-    c.run(f"procs = {hosts_code}.spawn_procs(per_host={{'procs': 2}})")
-    c.run("procs.on_failure(record)")
-    c.run("counter = procs.spawn('counter', Counter)")
-    assert c.eval("counter.incr.call().get(timeout=30).values()") == [1, 1, 1, 1]
+    c = _counting(_new(controllers, cluster, state_home), hosts_code)
     agent = c.eval("procs._session('t').rec.hosts[1]['agent_pid']")
     os.kill(agent, signal.SIGKILL)
     kind, host, message = _wait_failure(c, "host_lost")
@@ -238,11 +244,7 @@ def test_a_host_whose_agent_is_killed_is_lost_and_the_other_host_goes_on(
 def test_a_partitioned_host_is_unreachable_then_back_with_nothing_lost(
     hosts_code, controllers, cluster, state_home
 ):
-    c = _new(controllers, cluster, state_home)
-    c.run(f"procs = {hosts_code}.spawn_procs(per_host={{'procs': 2}})")
-    c.run("procs.on_failure(record)")
-    c.run("counter = procs.spawn('counter', Counter)")
-    assert c.eval("counter.incr.call().get(timeout=30).values()") == [1, 1, 1, 1]
+    c = _counting(_new(controllers, cluster, state_home), hosts_code)
     bridge = cluster.record["namespaces"][0]
     subprocess.run(["ip", "-n", bridge, "link", "set", "h2", "down"], check=True)
     try:
