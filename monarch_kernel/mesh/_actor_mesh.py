@@ -133,7 +133,9 @@ class Endpoint(Generic[R]):
         try:
             if mesh._proc.hosts and FAN_OUT:
                 procs = [mesh._shape.ranks[i] for i in local]
-                calls = fan_out(self._target, mesh._proc, procs, local, payload, buffers, oneway, origin)
+                calls = fan_out(
+                    self._target, mesh._proc, conns, procs, local, payload, buffers, oneway, origin
+                )
             else:
                 calls = _native.call(
                     self._target, conns, local, payload, buffers, oneway=oneway, origin=origin

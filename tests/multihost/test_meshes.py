@@ -448,3 +448,26 @@ def test_mesh_up_on_ssh_hosts_from_a_notebook(cluster, state_home, jupyter_path,
     assert "slurm {'hosts': 2, 'procs': 1}" in out, out
     assert "stopped ms" in out
     assert _wait_gone(cluster), _ours_on_hosts(cluster)
+
+
+def test_calls_to_a_worker_keep_their_order_whichever_path_each_takes(
+    hosts_code, controllers, cluster, state_home
+):
+    c = _new(controllers, cluster, state_home)
+    c.run(f"procs = {hosts_code}.spawn_procs(per_host={{'procs': 2}})")
+    c.run("counter = procs.spawn('counter', Counter)\none = counter.slice(hosts=1, procs=0)")
+    # broadcasts (through the agents) and calls to one proc (direct when ORDER-1 allows),
+    # all without waiting: each worker must run them in the order they were sent.
+    c.run(
+        "futures = []\n"
+        "for _ in range(20):\n"
+        "    counter.incr.broadcast()\n"
+        "    futures.append(one.incr.call_one())\n"
+        "    futures.append(counter.incr.call())\n"
+        "    futures.append(one.incr.call_one())\n"
+    )
+    c.run("got = [f.get(timeout=60) for f in futures]")
+    seen = c.eval("[g.values()[2] if hasattr(g, 'values') else g for g in got]")  # proc 2's
+    # Each round: the broadcast (+1), the call_one (+1), the call() (+1), the call_one (+1).
+    assert seen == [v for k in range(20) for v in (4 * k + 2, 4 * k + 3, 4 * k + 4)], seen
+    assert c.eval("one.incr.call_one().get(timeout=30)") == 81  # and, all answered, direct again
