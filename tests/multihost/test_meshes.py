@@ -471,3 +471,18 @@ def test_calls_to_a_worker_keep_their_order_whichever_path_each_takes(
     # Each round: the broadcast (+1), the call_one (+1), the call() (+1), the call_one (+1).
     assert seen == [v for k in range(20) for v in (4 * k + 2, 4 * k + 3, 4 * k + 4)], seen
     assert c.eval("one.incr.call_one().get(timeout=30)") == 81  # and, all answered, direct again
+
+
+def test_a_slurm_job_that_reaches_its_time_limit_is_reported_with_its_reason(
+    controllers, cluster, state_home
+):
+    c = _new(controllers, cluster, state_home)
+    c.run(
+        f"procs = SlurmJob(meshes={{'hosts': 2}}, partition={cluster.partition!r}, time_limit='1')"
+        ".state(cached_path=None).hosts.spawn_procs(per_host={'procs': 1})"
+    )
+    c.run("procs.on_failure(record)")
+    assert c.eval("procs.status()") == ["alive", "alive"]
+    kind, _host, message = _wait_failure(c, "lost", within=180.0)  # SLURM's shortest limit: a minute
+    assert "time limit" in message, message
+    assert _wait_gone(cluster), _ours_on_hosts(cluster)
