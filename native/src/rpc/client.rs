@@ -348,19 +348,7 @@ impl WorkerConn {
         if let Err(err) = Self::fits(&msg) {
             return (call_id, (!msg.oneway).then(|| Slot::done_with(Err(err))));
         }
-        let slot = if msg.oneway {
-            None
-        } else {
-            let slot = Slot::new();
-            let mut p = lock(&self.pending);
-            if let Some(err) = &p.lost {
-                return (call_id, Some(Slot::done_with(Err(err.clone()))));
-            }
-            p.calls.insert(call_id, slot.clone());
-            Some(slot)
-        };
-        self.send(msg);
-        (call_id, slot)
+        (call_id, self.forward(msg))
     }
 
     /// Sends one endpoint call to a relay (a host agent) that delivers it to the
@@ -414,8 +402,8 @@ impl WorkerConn {
         (call_id, slots)
     }
 
-    /// Passes on a call as it came (its id, epoch and origin kept): a relay's
-    /// delivery to one worker. The slot its reply completes, unless `oneway`.
+    /// Sends `msg` as it is (its id, epoch and origin kept: also a relay's delivery
+    /// to one worker). The slot its reply completes, unless `oneway`.
     pub fn forward(&self, msg: Call) -> Option<Arc<Slot>> {
         let slot = if msg.oneway {
             None
