@@ -1,19 +1,25 @@
-"""The rest of Monarch's ``monarch.actor`` names: those that work here with the same
-meaning, and those that raise ``NotImplementedError`` naming what to use instead
-(docs/monarch-compat.md lists which)."""
+"""The rest of Monarch's ``monarch.actor`` names (docs/monarch-compat.md lists every
+name and how it compares)."""
 
 from __future__ import annotations
 
+import enum
+import functools
+import random
 import threading
-from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, Generic, ParamSpec, TypeVar
 
+from monarch_kernel.actor import concurrent_endpoint
 from monarch_kernel.controller import this_proc
 from monarch_kernel.mesh._actor_mesh import Endpoint
 from monarch_kernel.mesh._future import Future
+from monarch_kernel.mesh._port import Channel, Port, PortReceiver, RankedPortReceiver
 
 A = TypeVar("A")
 R = TypeVar("R")
+T = TypeVar("T")
+P = ParamSpec("P")
 
 
 class Accumulator(Generic[R, A]):
@@ -41,20 +47,48 @@ def send(
     endpoint: Endpoint[Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    port: Any = None,
+    port: Port[Any] | None = None,
     selection: str = "all",
 ) -> None:
-    """Fire-and-forget ``endpoint(*args, **kwargs)`` to every actor (``"all"``) or one (``"choose"``)."""
-    if port is not None:
-        raise NotImplementedError(
-            "send(port=...) is not supported: use endpoint.call() and its Future instead"
-        )
-    if selection == "all":
-        endpoint.broadcast(*args, **kwargs)
-    elif selection == "choose":
-        endpoint.choose(*args, **kwargs)
-    else:
+    """Fire-and-forget ``endpoint(*args, **kwargs)`` to every actor (``"all"``) or one
+    (``"choose"``). With ``port``, each actor's answer is sent on it (from the actor's
+    rank: a ranked receiver tells them apart); without, an exception goes to supervision."""
+    if selection not in ("all", "choose"):
         raise ValueError(f"selection must be 'all' or 'choose', not {selection!r}")
+    if port is None:
+        if selection == "all":
+            endpoint.broadcast(*args, **kwargs)
+        else:
+            endpoint._send(args, kwargs, [random.randrange(len(endpoint._mesh._shape))], True)
+        return
+    if not isinstance(port, Port):
+        raise TypeError(f"port must be a Port (from Channel.open()), not {type(port).__name__}")
+    n = len(endpoint._mesh._shape)
+    local = list(range(n)) if selection == "all" else [random.randrange(n)]
+    if endpoint._explicit:  # the endpoint answers on the port itself
+        endpoint._send((port, *args), kwargs, local, True)
+        return
+    calls = endpoint._send(args, kwargs, local, False)
+    decode = endpoint._decoder(local)
+    threading.Thread(
+        target=_forward, args=(calls, local, decode, port), name="monarch-send-port", daemon=True
+    ).start()
+
+
+def _forward(calls: list[Any], local: list[int], decode: Callable[[Any, int], Any], port: Port[Any]) -> None:
+    """``send(..., port=...)`` of a returning endpoint: each answer goes on ``port``
+    as it comes, as its actor's rank."""
+    from monarch_kernel.mesh._future import wait_calls
+
+    for i, c in enumerate(calls):
+        ranked: Port[Any] = Port(port._addr, port._token, port._id, port._once, local[i])
+        try:
+            (reply,) = wait_calls([c], None)
+            value = decode(reply, i)
+        except BaseException as e:
+            ranked.exception(e)
+        else:
+            ranked.send(value)
 
 
 _controllers: dict[str, Any] = {}
@@ -71,46 +105,167 @@ def get_or_spawn_controller(name: str, cls: type, *args: Any, **kwargs: Any) -> 
 
 
 def unhandled_fault_hook(failure: Any) -> None:
-    """Called with failures no one handled. Reassign it to change what happens."""
-    print(f"monarch_kernel: unhandled fault: {failure}")
+    """Called with a failure nobody handled (no ``on_failure`` callback, no
+    ``__supervise__`` that returned True), in the controller. Reassign it
+    (``monarch_kernel.unhandled_fault_hook = fn``) to change what happens: returning
+    handles the failure; raising leaves it unhandled. Unlike Monarch's, this default
+    does not exit the process: the failure is shown (in the notebook, or on stderr)."""
+    raise _Unhandled
 
 
-def _missing(name: str, instead: str) -> Any:
-    message = f"monarch_kernel does not implement {name} yet; {instead}"
-
-    class _Missing:
-        __qualname__ = __name__ = name
-
-        def __init__(self, *a: Any, **k: Any) -> None:
-            raise NotImplementedError(message)
-
-        def __class_getitem__(cls, item: Any) -> Any:
-            return cls
-
-        @classmethod
-        def open(cls, *a: Any, **k: Any) -> Any:
-            raise NotImplementedError(message)
-
-        open_ranked = open
-
-    return _Missing
+class _Unhandled(Exception):
+    """The default hook's way to say: show the failure as unhandled."""
 
 
-Channel = _missing("Channel", "return values from endpoints and use call()/stream() instead")
-Port = _missing("Port", "return values from endpoints and use call()/stream() instead")
-PortReceiver = _missing("PortReceiver", "return values from endpoints and use call()/stream() instead")
+def as_endpoint(
+    not_an_endpoint: Any, *, propagate: Any = None, explicit_response_port: bool = False
+) -> Endpoint[Any]:
+    """An endpoint of a method of a spawned actor that is not marked ``@endpoint``:
+    ``as_endpoint(mesh.method).call(...)``."""
+    from monarch_kernel.actor import EndpointProperty
+    from monarch_kernel.mesh._actor_mesh import NotAnEndpoint
 
-
-def concurrent_endpoint(*a: Any, **k: Any) -> Any:
-    raise NotImplementedError(
-        "concurrent_endpoint is not implemented yet; use @endpoint (one message at a time per actor) and "
-        "spawn more actors for concurrency"
+    if not isinstance(not_an_endpoint, NotAnEndpoint):
+        raise ValueError("expected an method of a spawned actor")
+    mesh, name = not_an_endpoint._mesh, not_an_endpoint._name
+    prop: EndpointProperty[Any] = EndpointProperty(
+        getattr(mesh._class, name), propagate, explicit_response_port
     )
+    return Endpoint(mesh, name, prop)
 
 
-def as_endpoint(*a: Any, **k: Any) -> Any:
-    raise NotImplementedError("as_endpoint is not implemented; mark the method with @endpoint instead")
+def returns_future(function: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Future[T]]:
+    """Makes an async function return a ``Future``: calling it does not start the body;
+    ``await`` runs it in the awaiting loop, ``.get()`` on a background loop."""
+
+    @functools.wraps(function)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        return Future(coro=function(*args, **kwargs))
+
+    return wrapper
 
 
-def returns_future(*a: Any, **k: Any) -> Any:
-    raise NotImplementedError("returns_future is not implemented; await the coroutine directly instead")
+def shutdown_context() -> Future[None]:
+    """Stops what this process started for its actors: its unnamed (ephemeral) meshes,
+    as at exit. Named meshes keep running (``monarch-kernel down NAME`` stops them)."""
+    from monarch_kernel.controller._lifecycle import stop_all_ephemeral
+
+    stop_all_ephemeral()
+    return Future._resolved(None)
+
+
+__all__ = [
+    "Accumulator",
+    "Channel",
+    "ChannelTransport",
+    "attach_to_workers",
+    "config",
+    "debug_controller",
+    "enable_transport",
+    "gpu_direct_rdma_supported",
+    "hosts_from_config",
+    "local_proc_mesh",
+    "proc_mesh",
+    "run_worker_loop_forever",
+    "sim_proc_mesh",
+    "Port",
+    "PortReceiver",
+    "RankedPortReceiver",
+    "as_endpoint",
+    "concurrent_endpoint",
+    "get_or_spawn_controller",
+    "returns_future",
+    "send",
+    "shutdown_context",
+    "unhandled_fault_hook",
+]
+
+
+# -- Monarch's other names --------------------------------------------------------------
+
+
+def proc_mesh(*, gpus: int | None = None, hosts: int = 1, env: dict[str, str] | None = None) -> Any:
+    """Monarch's older way to make procs: ``this_host().spawn_procs(per_host={"gpus": gpus})``."""
+    from monarch_kernel.controller import this_host
+
+    if hosts != 1:
+        raise ValueError(
+            f"proc_mesh(hosts={hosts}): this host is one host; for several, use a job "
+            "(monarch_kernel.job.SSHJob / SlurmJob) and its host mesh's spawn_procs"
+        )
+    return this_host().spawn_procs(per_host={"gpus": gpus} if gpus else None, env=env)
+
+
+local_proc_mesh = proc_mesh
+
+
+class ChannelTransport(enum.Enum):
+    """Monarch's transports. Here every connection is TCP (TLS across hosts), so the
+    choice changes nothing; ``enable_transport`` accepts them all."""
+
+    Unix = "ipc"
+    TcpWithHostname = "tcp"
+    TcpWithLocalhost = "tcp-localhost"
+    MetaTlsWithIpV6 = "metatls"
+    MetaTlsWithHostname = "metatls-hostname"
+    Tls = "tls"
+    Local = "local"
+
+
+def enable_transport(transport: ChannelTransport | str) -> None:
+    """Accepted for Monarch code: connections here are TCP, with TLS across hosts
+    (docs/multihost.md), whatever is asked."""
+    if isinstance(transport, ChannelTransport):
+        return
+    known = {t.value for t in ChannelTransport}
+    if not isinstance(transport, str) or not (transport in known or "://" in transport):
+        raise ValueError(
+            f"unknown transport {transport!r}; one of {sorted(known)} or a URL like tcp://host:port"
+        )
+
+
+def gpu_direct_rdma_supported() -> bool:
+    """False: transfers here go through the native TCP engine, not GPU-direct RDMA."""
+    return False
+
+
+class _Config:
+    """Monarch's ``monarch.actor.config``: the settings Monarch code reads or sets.
+    Those that have no meaning here are kept, and change nothing."""
+
+    prefix_python_logs_with_actor = False
+
+    def __repr__(self) -> str:
+        return f"<monarch_kernel config: {vars(self)}>"
+
+
+config = _Config()
+
+
+def _unsupported(name: str, instead: str) -> Callable[..., Any]:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"monarch_kernel has no {name}: {instead}")
+
+    refuse.__name__ = refuse.__qualname__ = name
+    refuse.__doc__ = f"Not in monarch_kernel: {instead}"
+    return refuse
+
+
+sim_proc_mesh = _unsupported(
+    "sim_proc_mesh", "there is no simulator; this_host().spawn_procs(...) runs real procs on this machine"
+)
+debug_controller = _unsupported(
+    "debug_controller",
+    "debug remote actors from the notebook with breakpoint() in an endpoint and %mesh debug (see the README)",
+)
+hosts_from_config = _unsupported(
+    "hosts_from_config",
+    "describe the hosts with a job: monarch_kernel.job.SSHJob or SlurmJob, then job.state()",
+)
+run_worker_loop_forever = _unsupported(
+    "run_worker_loop_forever",
+    "workers are started by host agents: SSHJob / SlurmJob start them on each host (docs/multihost.md)",
+)
+attach_to_workers = _unsupported(
+    "attach_to_workers", "use a job (monarch_kernel.job.SSHJob / SlurmJob) or attach(name) for a named mesh"
+)

@@ -1,5 +1,14 @@
-"""What actor code uses: ``Actor``, ``endpoint``, ``context``, ``current_rank``,
-``current_size``. Works in the controller, in workers and in plain scripts.
+"""What actor code uses: ``Actor``, ``endpoint``, ``concurrent_endpoint``,
+``context``, ``current_rank``, ``current_size``. Works in the controller, in workers
+and in plain scripts.
+
+ENDPOINT-1: an endpoint with ``explicit_response_port=True`` gets a ``Port`` as its
+first argument (after ``self``) and answers through it, now or later, from any thread
+or process; what it returns is dropped. ``call``/``call_one``/``choose``/``stream``
+give the caller what arrives on that port.
+ENDPOINT-2: a ``@concurrent_endpoint`` (async actors only) starts its message as a
+task of the actor's event loop and takes the next message at once; the tasks still
+running when the actor stops are cancelled before its ``__cleanup__``.
 """
 
 from __future__ import annotations
@@ -30,15 +39,12 @@ class EndpointProperty(Generic[R]):
         explicit_response_port: bool = False,
         instrument: bool = True,
     ) -> None:
-        if explicit_response_port:
-            raise NotImplementedError(
-                "endpoint(explicit_response_port=True) is not supported yet; return the value "
-                "from the endpoint instead (call_one / call give it to the caller)."
-            )
         self._method = method
         self._propagator = propagate
         self._explicit_response_port = explicit_response_port
         self._instrument = instrument
+        #: ENDPOINT-2: runs as a task of the actor's event loop, beside its other messages.
+        self._concurrent = False
         self.is_async = inspect.iscoroutinefunction(method)
         functools.update_wrapper(self, method)  # type: ignore[arg-type]
 
@@ -77,6 +83,37 @@ def endpoint(
             instrument=instrument,
         )
     return EndpointProperty(method, propagate, explicit_response_port, instrument)
+
+
+def concurrent_endpoint(
+    method: Callable[..., Any] | None = None,
+    *,
+    propagate: Any = None,
+    explicit_response_port: bool = False,
+    instrument: bool = True,
+) -> Any:
+    """Marks an ``async def`` method of an actor as an endpoint whose messages run
+    concurrently (ENDPOINT-2): each starts as a task of the actor's event loop, in
+    arrival order, and the actor takes its next message at once, instead of after the
+    previous one has finished. Takes ``@endpoint``'s options. Tasks still running when
+    the actor stops are cancelled before its ``__cleanup__`` runs.
+    """
+    if method is None:
+        return functools.partial(
+            concurrent_endpoint,
+            propagate=propagate,
+            explicit_response_port=explicit_response_port,
+            instrument=instrument,
+        )
+    if isinstance(method, EndpointProperty):
+        raise ValueError(
+            "concurrent_endpoint does not wrap @endpoint; pass endpoint options to @concurrent_endpoint"
+        )
+    if not inspect.iscoroutinefunction(method):
+        raise ValueError("concurrent_endpoint can only wrap async endpoints")
+    prop: EndpointProperty[Any] = EndpointProperty(method, propagate, explicit_response_port, instrument)
+    prop._concurrent = True
+    return prop
 
 
 class Actor:

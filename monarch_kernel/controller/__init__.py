@@ -33,12 +33,13 @@ from monarch_kernel.controller._session import sessions as _by_name
 from monarch_kernel.controller._supervision import MeshFailure
 from monarch_kernel.controller._waits import calls_of, describe_wait
 from monarch_kernel.hosts._admin import MeshInfo
-from monarch_kernel.mesh import _control
+from monarch_kernel.mesh import _control, _port
 from monarch_kernel.mesh._buffers import prefer_huge_pages
 from monarch_kernel.mesh._future import escalate_interrupted, interrupt
 from monarch_kernel.torch import BACKENDS as TORCH_BACKENDS
 
 _control.register(session_for)
+_port.register_local_starter(this_proc)
 
 
 def session(name: str) -> Session | None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import secrets
 import threading
 from collections.abc import Mapping
@@ -130,7 +131,9 @@ def this_proc() -> ProcMesh:
         mesh = current_proc()
         if mesh is None:
             token = secrets.token_urlsafe(32)
-            server = _native.WorkerServer(token)
+            # Reachable from other hosts once a mesh across hosts set where (ports)
+            host = os.environ.get("MONARCH_TRANSFER_HOST", "127.0.0.1")
+            server = _native.WorkerServer(token, addr=f"{host}:0")
             Dispatcher(server, Point(0, Extent([], [])), token).start()
             mesh = ProcMesh(ProcRef("this_proc", token, (server.addr,)), Shape(Extent([], [])))
             set_this_proc(mesh)

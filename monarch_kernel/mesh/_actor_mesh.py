@@ -21,7 +21,7 @@ from monarch_kernel.errors import (
     SerializationError,
     UnknownEndpointError,
 )
-from monarch_kernel.mesh import _buffers
+from monarch_kernel.mesh import _buffers, _port
 from monarch_kernel.mesh._control import session_for
 from monarch_kernel.mesh._fan_out import FAN_OUT, fan_out
 from monarch_kernel.mesh._future import Future, cancel_calls
@@ -159,9 +159,51 @@ class Endpoint(Generic[R]):
                 raise
         return calls
 
+    @property
+    def _explicit(self) -> bool:
+        return self._prop._explicit_response_port
+
+    def _answered(
+        self, local: list[int], args: tuple[Any, ...], kwargs: dict[str, Any], expected: int, finish: Any
+    ) -> Future[Any]:
+        """ENDPOINT-1: calls the actors at ``local`` with a port of this process as
+        their first argument; the Future settles from what arrives on it (``finish``
+        of the first ``expected`` messages), or with the error of a call that failed."""
+        port, out, fail = _port.call_port(expected, finish)
+        calls = self._send((port, *args), kwargs, local, False)
+        _port.fail_on_error(calls, self._decoder(local), fail)
+        shape = self._mesh._shape
+        return Future(
+            _calls=calls,
+            _local=out,
+            _where=(self._mesh._proc.name, self._what, [shape.ranks[i] for i in local]),
+        )
+
+    def _decoder(self, local: list[int]) -> Callable[[Any, int], Any]:
+        """``decode(reply, i)``: the value of reply ``i`` of a call to ``local``, or the error it means."""
+        shape, proc, what = self._mesh._shape, self._mesh._proc, self._what
+
+        def decode(reply: Any, i: int) -> Any:
+            return decode_reply(reply, proc, shape.ranks[local[i]], Point(local[i], shape.extent), what)
+
+        return decode
+
     def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[R]]:
         """Calls every actor in the mesh; the Future gives a ValueMesh of the results."""
         shape = self._mesh._shape
+        if self._explicit:
+            local_shape = Shape(shape.extent)
+            n = len(shape)
+
+            def by_rank(got: list[tuple[int | None, bool, Any]]) -> ValueMesh[R]:
+                values: list[Any] = [None] * n
+                for i, (rank, is_exc, value) in enumerate(got):
+                    if is_exc:
+                        raise value
+                    values[rank if rank is not None and 0 <= rank < n else i] = value
+                return ValueMesh(local_shape, values)
+
+            return self._answered(list(range(n)), args, kwargs, n, by_rank)
         calls = self._send(args, kwargs, list(range(len(shape))), False)
         proc, what = self._mesh._proc, self._what
         local_shape = Shape(shape.extent)
@@ -173,6 +215,8 @@ class Endpoint(Generic[R]):
 
     def _one(self, i: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[R]:
         shape = self._mesh._shape
+        if self._explicit:
+            return self._answered([i], args, kwargs, 1, _only)
         (c,) = self._send(args, kwargs, [i], False)
         proc = self._mesh._proc
         finish = _finish_one(proc, shape.ranks[i], Point(i, shape.extent), self._what)
@@ -195,7 +239,10 @@ class Endpoint(Generic[R]):
         return self._one(random.randrange(len(self._mesh._shape)), args, kwargs)
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
-        """Sends to every actor without waiting for replies (exceptions go to the worker's log)."""
+        """Sends to every actor without waiting for replies (an exception goes to
+        supervision: the mesh's ``on_failure``, else the notebook)."""
+        if self._explicit:
+            args = (_port.DroppingPort(), *args)
         self._send(args, kwargs, list(range(len(self._mesh._shape))), True)
 
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[R]]:
@@ -206,6 +253,11 @@ class Endpoint(Generic[R]):
         """Calls the actors at ``local`` (indices into this mesh) in one native call;
         one Future each."""
         shape = self._mesh._shape
+        if self._explicit:  # the i-th Future: the i-th answer to arrive, from any actor
+            port, outs, fail = _port.stream_port(len(local))
+            calls = self._send((port, *args), kwargs, local, False)
+            _port.fail_on_error(calls, self._decoder(local), fail)
+            return [Future(_calls=calls, _local=out) for out in outs]
         calls = self._send(args, kwargs, local, False)
         proc, what = self._mesh._proc, self._what
         return [
@@ -219,6 +271,13 @@ class Endpoint(Generic[R]):
 
     def __repr__(self) -> str:
         return f"<Endpoint {self._what}>"
+
+
+def _only(got: list[tuple[int | None, bool, Any]]) -> Any:
+    _rank, is_exc, value = got[0]
+    if is_exc:
+        raise value
+    return value
 
 
 _SIGNATURES: dict[int, inspect.Signature] = {}
@@ -287,6 +346,8 @@ class ActorMesh(MeshTrait, Generic[R]):
         if prop is not None:
             ep = self._endpoint_cache[attr] = Endpoint(self, attr, prop)
             return ep
+        if callable(getattr(self._class, attr, None)):
+            return NotAnEndpoint(self, attr)
         if hasattr(self._class, attr):
             raise UnknownEndpointError(
                 f"{self._class.__qualname__}.{attr} is not an endpoint; mark it with @endpoint to call it "
@@ -322,6 +383,29 @@ class ActorMesh(MeshTrait, Generic[R]):
         return (ActorMesh, (self._name, self._class, self._proc, self._shape))
 
 
+class NotAnEndpoint:
+    """A method of an actor mesh's class that is not marked ``@endpoint``: calling it
+    on the mesh is an error, and ``as_endpoint(mesh.method)`` makes it an endpoint."""
+
+    def __init__(self, mesh: ActorMesh[Any], name: str) -> None:
+        self._mesh = mesh
+        self._name = name
+
+    def _refuse(self) -> UnknownEndpointError:
+        return UnknownEndpointError(
+            f"{self._mesh._class.__qualname__}.{self._name} is not an endpoint; mark it with @endpoint to "
+            f"call it on the mesh (or use as_endpoint(mesh.{self._name}))"
+        )
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("_"):
+            raise AttributeError(attr)
+        raise self._refuse()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise self._refuse()
+
+
 def check_endpoint_names(cls: type) -> None:
     clash = sorted(n for n in endpoints_of(cls) if hasattr(ActorMesh, n))
     if clash:
@@ -330,4 +414,4 @@ def check_endpoint_names(cls: type) -> None:
         )
 
 
-__all__ = ["ActorMesh", "Endpoint", "check_endpoint_names", "decode_all", "decode_reply"]
+__all__ = ["ActorMesh", "Endpoint", "NotAnEndpoint", "check_endpoint_names", "decode_all", "decode_reply"]

@@ -6,6 +6,7 @@ asyncio loop: every notebook cell runs inside one.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import math
 import sys
@@ -131,24 +132,33 @@ def wait_calls(calls: Sequence[Any], timeout: float | None, what: str = "calls")
 class Future(Generic[R]):
     """A value that will be there once the calls behind it reply.
 
-    Not constructed by users; endpoints' adverbs return them.
+    Endpoints' adverbs and ``PortReceiver.recv()`` return them; ``Future(coro=c)``
+    runs coroutine ``c`` (on a background event loop when ``get()`` is used, in the
+    caller's loop when awaited), as Monarch's does.
     """
 
-    __slots__ = ("_calls", "_finish", "_value", "_error", "_where")
+    __slots__ = ("_calls", "_finish", "_value", "_error", "_where", "_local", "_coro")
 
     def __init__(
         self,
         *,
-        _calls: Sequence[Any],
-        _finish: Callable[[list[Any]], R],
+        coro: Any = None,
+        _calls: Sequence[Any] = (),
+        _finish: Callable[[list[Any]], R] | None = None,
         _where: tuple[str, str, Sequence[int]] | None = None,
+        _local: concurrent.futures.Future[Any] | None = None,
     ) -> None:
         self._calls = list(_calls)
-        self._finish = _finish
+        self._finish = _finish if _finish is not None else _first
         #: (mesh, endpoint, rank of each call): what the calls are, for a user.
         self._where = _where
         self._value: Any = _UNSET
         self._error: BaseException | None = None
+        #: The value comes from this process (a port's message, a coroutine), not
+        #: from the replies of ``_calls`` (which an interrupt still cancels).
+        self._local = _local
+        #: ``Future(coro=...)``: started on first use.
+        self._coro = coro
 
     @property
     def _labels(self) -> list[str]:
@@ -173,7 +183,34 @@ class Future(Generic[R]):
             self._value = None
 
     def done(self) -> bool:
-        return self._value is not _UNSET or all(c.done() for c in self._calls)
+        if self._value is not _UNSET:
+            return True
+        if self._coro is not None or self._local is not None:
+            return self._local is not None and self._local.done()
+        return all(c.done() for c in self._calls)
+
+    def _started(self) -> concurrent.futures.Future[Any]:
+        """The local future, starting ``coro`` on the background loop if needed."""
+        if self._local is None:
+            self._local = _background().run(self._coro)
+            self._coro = None
+        return self._local
+
+    def _get_local(self, timeout: float | None) -> None:
+        try:
+            value = self._started().result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(f"the value did not arrive within {timeout} s") from None
+        except KeyboardInterrupt as e:
+            if self._calls:
+                self._cancel_remote()
+                say_still_running(self._calls, self._labels)
+            raise e.with_traceback(None) from None
+        except BaseException as e:  # cached and re-raised by every get()
+            self._error = e
+            self._value = None
+            return
+        self._value = value
 
     def get(self, timeout: float | None = None) -> R:
         """Blocks until the value is there (or ``timeout`` seconds pass: TimeoutError).
@@ -182,7 +219,9 @@ class Future(Generic[R]):
         """
         if timeout is not None and (timeout < 0 or not math.isfinite(timeout)):
             raise ValueError(f"timeout must be a finite number >= 0, not {timeout!r}")
-        if self._value is _UNSET:
+        if self._value is _UNSET and (self._local is not None or self._coro is not None):
+            self._get_local(timeout)
+        elif self._value is _UNSET:
             try:
                 replies = wait_calls(self._calls, timeout, f"{len(self._calls)} call(s)")
             except KeyboardInterrupt as e:  # the remote code gets it too, then we stop waiting
@@ -211,7 +250,19 @@ class Future(Generic[R]):
         return None
 
     def __await__(self) -> Generator[Any, None, R]:
-        if not self.done():
+        if self._value is _UNSET and self._coro is not None and self._local is None:
+            coro, self._coro = self._coro, None  # runs in the awaiting loop
+            try:
+                self._value = yield from coro.__await__()
+            except BaseException as e:
+                self._error, self._value = e, None
+                raise
+            return self._value
+        if self._value is _UNSET and self._local is not None and not self._local.done():
+            import asyncio
+
+            yield from asyncio.wrap_future(self._local).__await__()
+        elif not self.done():
             yield from self._until_done().__await__()
         return self.get()
 
@@ -239,3 +290,38 @@ class Future(Generic[R]):
     def __repr__(self) -> str:
         state = "done" if self.done() else "pending"
         return f"<monarch_kernel.Future {state}>"
+
+
+def _first(replies: list[Any]) -> Any:
+    return replies[0] if replies else None
+
+
+class _Background:
+    """One event loop on a daemon thread, for ``Future(coro=...).get()`` (a caller
+    that is not in a loop, or is in one it cannot block)."""
+
+    def __init__(self) -> None:
+        import asyncio
+
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="monarch-futures", daemon=True).start()
+
+    def run(self, coro: Any) -> concurrent.futures.Future[Any]:
+        import asyncio
+
+        return asyncio.run_coroutine_threadsafe(_awaited(coro), self.loop)
+
+
+async def _awaited(x: Any) -> Any:
+    return await x
+
+
+_bg: list[_Background] = []
+_bg_lock = threading.Lock()
+
+
+def _background() -> _Background:
+    with _bg_lock:
+        if not _bg:
+            _bg.append(_Background())
+        return _bg[0]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import linecache
 import pickle
+import traceback
 import types
 from typing import Any
 
@@ -184,19 +185,46 @@ def dumps_exception(exc: BaseException | None, formatted: str) -> tuple[bytes, l
     pickled on its own, so that the text arrives even where the exception cannot be
     rebuilt (a class whose ``__init__`` takes other arguments than it gives
     ``BaseException``, or one the caller cannot import)."""
-    inner: bytes | None = None
+    return dumps((formatted, _pickled_exception(exc)), "exception")
+
+
+def _pickled_exception(exc: BaseException | None) -> bytes | None:
+    if exc is None:
+        return None
+    try:
+        return _cloudpickle_dumps(exc)
+    except Exception:  # the exception itself does not pickle: its text goes alone
+        return None
+
+
+def exception_blob(exc: BaseException) -> tuple[str, bytes | None]:
+    """``exc`` as (its formatted traceback, itself pickled or None): what
+    :func:`rebuild_exception` turns back into an exception in another process."""
+    if not isinstance(exc, BaseException):
+        raise TypeError(f"exception() needs an exception, not {type(exc).__name__}")
+    formatted = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return formatted, _pickled_exception(exc)
+
+
+def rebuild_exception(formatted: str, inner: bytes | None) -> BaseException:
+    """Undoes :func:`exception_blob`: the exception itself, or where it cannot be
+    rebuilt here an ``ActorError`` carrying its text."""
+    exc, formatted = _unpickle_exception(formatted, inner)
     if exc is not None:
-        try:
-            inner = _cloudpickle_dumps(exc)
-        except Exception:  # the exception itself does not pickle: its text goes alone
-            inner = None
-    return dumps((formatted, inner), "exception")
+        return exc
+    from monarch_kernel.errors import ActorError
+
+    return ActorError(None, "an exception that cannot be rebuilt here was sent", formatted)
 
 
 def loads_exception(data: Any, buffers: list[Any], token: str | None) -> tuple[BaseException | None, str]:
     """Undoes :func:`dumps_exception`: (the exception, or None where it cannot be
     rebuilt here, and the formatted traceback)."""
     formatted, inner = loads(data, buffers, token)
+    return _unpickle_exception(formatted, inner)
+
+
+def _unpickle_exception(formatted: str, inner: bytes | None) -> tuple[BaseException | None, str]:
     if inner is None:
         return None, formatted
     try:

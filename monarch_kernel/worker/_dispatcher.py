@@ -12,7 +12,9 @@ Threads:
   constructors, endpoints and ``__cleanup__`` run in its event loop.
 
 DISPATCH-1: each actor handles one message at a time, in arrival order (async ones
-too: the next handler starts when the previous coroutine has finished).
+too: the next handler starts when the previous coroutine has finished), except the
+messages of its ``@concurrent_endpoint``s, which start in arrival order as tasks of
+the event loop and run beside the others (ENDPOINT-2).
 DISPATCH-2: an endpoint's exception goes back to the caller (REPLY_EXCEPTION) and the
 actor stays usable; nothing an actor does takes the dispatcher down.
 (DISPATCH-3, in ``_lanes``: no lane thread is left waiting in native code at exit.)
@@ -23,6 +25,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import functools
+import inspect
 import os
 import signal
 import sys
@@ -36,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from monarch_kernel import _native, _origin
 from monarch_kernel._wire import BUILTIN
 from monarch_kernel.actor import Context, Instance, _current, _process_default, endpoints_of, is_async_actor
+from monarch_kernel.mesh import _port
 from monarch_kernel.mesh._buffers import wait_read
 from monarch_kernel.mesh._serial import dumps, dumps_exception, loads
 from monarch_kernel.mesh._shape import Extent, Point
@@ -68,8 +72,15 @@ class _Actor:
     inbox: asyncio.Queue[_native.Incoming] | None = None
     task: asyncio.Task[None] | None = None
     running: dict[int, asyncio.Task[Any]] = field(default_factory=dict)
+    #: Endpoints whose messages run concurrently (ENDPOINT-2), and their tasks.
+    concurrent: frozenset[str] = frozenset()
+    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     # Sync actors: the thread that runs them.
     runner: LaneThread | None = None
+
+
+def _forget(running: dict[int, Any], call_id: int, _task: Any) -> None:
+    running.pop(call_id, None)
 
 
 class Dispatcher:
@@ -90,6 +101,7 @@ class Dispatcher:
         #: Cancels of sync calls that had not started: they end without running.
         self._early_cancels: collections.OrderedDict[int, bool] = collections.OrderedDict()
         _process_default[0] = Context(Instance(point, name="root"), message_rank=point)
+        _port.set_local(server.addr, token)
 
     def start(self) -> None:
         """Starts the routing thread."""
@@ -127,6 +139,12 @@ class Dispatcher:
         token, kind, actor, method = item.token, item.kind, item.actor, item.method
         if kind == _CALL and actor == BUILTIN:
             serve_builtin(self, item)
+        elif kind == _CALL and actor == _port.PORTS:
+            refused = _port.deliver(item, self.token)
+            if refused is None:
+                self._reply(token, None, "port message")
+            else:
+                self._reject(token, refused)
         elif kind == _CALL:
             a = self._callee(token, actor, method)
             if a is None:
@@ -160,7 +178,11 @@ class Dispatcher:
         if a is None or (runner is not None and a.runner is not runner):
             self._reject(token, f"no actor named {actor!r} on {self.point} (stopped, or never spawned)")
             return None
-        if method not in a.endpoints and not (method in _HOOKS and hasattr(a.instance, method)):
+        if (
+            method not in a.endpoints
+            and not (method in _HOOKS and hasattr(a.instance, method))
+            and (method.startswith("_") or not callable(getattr(type(a.instance), method, None)))
+        ):  # (a public method that is not an endpoint: as_endpoint(mesh.method))
             self._reject(token, f"actor {actor!r} has no endpoint {method!r}")
             return None
         return a
@@ -199,7 +221,16 @@ class Dispatcher:
         finally:
             _origin.reset(reset_origin)
             _current.reset(reset)
-        a = _Actor(name, instance, runner is None, frozenset(endpoints_of(cls)), ctx, runner=runner)
+        eps = endpoints_of(cls)
+        a = _Actor(
+            name,
+            instance,
+            runner is None,
+            frozenset(eps),
+            ctx,
+            runner=runner,
+            concurrent=frozenset(n for n, e in eps.items() if e._concurrent),
+        )
         if a.is_async:
             import asyncio
 
@@ -243,13 +274,26 @@ class Dispatcher:
         runner.submit(lambda: self._close_runner(runner))
 
     def _cleanup_async(self, a: _Actor, hook: Callable[[Any], Any] | None) -> None:
+        import asyncio
+
         if a.task is not None:
             a.task.cancel()
-        if hook is not None:
-            import asyncio
+        task = asyncio.get_running_loop().create_task(self._end_async(a, hook))
+        self._async_cleanups = [t for t in self._async_cleanups if not t.done()] + [task]
 
-            task = asyncio.get_running_loop().create_task(self._guard(hook(None), f"{a.name}.__cleanup__"))
-            self._async_cleanups = [t for t in self._async_cleanups if not t.done()] + [task]
+    async def _end_async(self, a: _Actor, hook: Callable[[Any], Any] | None) -> None:
+        """ENDPOINT-2: the actor's concurrent tasks are cancelled and awaited, then its
+        ``__cleanup__`` runs."""
+        import asyncio
+
+        while a.tasks:
+            tasks = list(a.tasks)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            a.tasks.difference_update(tasks)
+        if hook is not None:
+            await self._guard(hook(None), f"{a.name}.__cleanup__")
 
     def exit_cleanly(self, grace: float = 1.5) -> None:
         """STOP-1: the agent stops a worker with SIGTERM (the mesh stopped, its idle
@@ -342,6 +386,12 @@ class Dispatcher:
             call_id = item.call_id
             task = asyncio.ensure_future(self._run_async_call(a, item))
             a.running[call_id] = task
+            if item.method in a.concurrent:  # ENDPOINT-2: the next message goes on now
+                a.tasks.add(task)
+                task.add_done_callback(a.tasks.discard)
+                task.add_done_callback(functools.partial(_forget, a.running, call_id))
+                await asyncio.sleep(0)  # it starts before the next message's task
+                continue
             try:
                 await asyncio.shield(task)
             except asyncio.CancelledError:
@@ -359,7 +409,9 @@ class Dispatcher:
         _origin.set_context(item.origin)  # this task's own context
         try:
             args, kwargs = loads(item.payload, item.buffers, self.token)
-            result = await getattr(a.instance, method)(*args, **kwargs)
+            result = getattr(a.instance, method)(*args, **kwargs)
+            if inspect.isawaitable(result):  # (a sync method through as_endpoint: not)
+                result = await result
         except BaseException as e:  # DISPATCH-2, CancelledError from a cancel included
             self._reply_exception(token, e, f"{a.name}.{method}")
             return
