@@ -13,6 +13,7 @@ that the native core parses what Python writes.
 | ``TRANSFER_STREAMS_ENV`` | Rust (transfer engine) | environment variable: parallel TCP streams per transfer across hosts |
 | ``PROMPT_MARK``, ``INPUT_MARK`` | Python | a worker asks the notebook for a line (pdb, ``input()``) |
 | ``BUILTIN`` | Python | the actor every worker has without spawning it |
+| ``SUPERVISION_MARK`` | Python | a worker line that carries a failure up to the mesh's controller (JSON after the mark; OWN-1) |
 """
 
 from __future__ import annotations
@@ -32,12 +33,16 @@ PROMPT_MARK = "\x1d monarch pdb input"
 INPUT_MARK = "\x1d monarch input "
 #: The actor every worker has, without spawning: see ``worker._builtin``.
 BUILTIN = "__monarch__"
+#: A failure of one of the worker's actors, for its mesh's controller (OWN-1): JSON
+#: ``{"actor", "message"}`` follows the mark.
+SUPERVISION_MARK = "\x1d monarch supervision "
 
 __all__ = [
     "BUILTIN",
     "DEFAULT_TRANSFER_STREAMS",
     "FLUSH_MARK",
     "INPUT_MARK",
+    "SUPERVISION_MARK",
     "MESSAGE_HEADER",
     "ORIGIN_END",
     "ORIGIN_START",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, overload
@@ -167,6 +168,10 @@ def is_async_actor(cls: type) -> bool:
 # -- context ---------------------------------------------------------------------------
 
 _ROOT_EXTENT = Extent([], [])
+#: Who made this process's mesh: an actor that owns it (OWN-1; its name, as
+#: ``str(instance)`` gives it, comes in the worker's environment), else the controller.
+CREATOR_ENV = "MONARCH_CREATOR"
+_CREATOR = os.environ.get(CREATOR_ENV, "<root>")
 
 
 @dataclass
@@ -186,7 +191,7 @@ class Instance:
         if self.name == "root":
             return "<root>"
         rank = str(self.rank) if len(self.rank) else ""
-        return f"<root>.<{self.class_name} {self.name}{rank}>"
+        return f"{_CREATOR}.<{self.class_name} {self.name}{rank}>"
 
 
 @dataclass

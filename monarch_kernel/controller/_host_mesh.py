@@ -11,12 +11,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from monarch_kernel import _native
+from monarch_kernel.actor import CREATOR_ENV, _current
 from monarch_kernel.controller._lifecycle import attach_session, get_or_create
 from monarch_kernel.errors import MeshSpecError
 from monarch_kernel.hosts import _admin
 from monarch_kernel.hosts._admin import MeshInfo
 from monarch_kernel.hosts._placement import HOSTS_DIM
 from monarch_kernel.hosts._remote import SlurmHosts, SSHHosts
+from monarch_kernel.mesh import _control
 from monarch_kernel.mesh._proc_mesh import ProcMesh, current_proc, set_this_proc
 from monarch_kernel.mesh._proc_ref import ProcRef
 from monarch_kernel.mesh._shape import Extent, MeshTrait, Point, Shape
@@ -93,6 +95,9 @@ class HostMesh(MeshTrait):
                 "spawn_procs(bootstrap=...) is not supported yet; run setup in an actor's __init__"
             )
         sizes = _check_per_host(per_host)
+        owner = _current.get().actor_instance
+        if owner.name != "root" and (name is None or ephemeral):  # OWN-1: the mesh of an actor
+            env = {CREATOR_ENV: str(owner), **(env or {})}
         if self._hosts is not None and HOSTS_DIM in sizes:
             raise MeshSpecError(f"per_host cannot have a {HOSTS_DIM!r} dimension: the host mesh gives it")
         session = get_or_create(
@@ -104,6 +109,8 @@ class HostMesh(MeshTrait):
             idle_timeout=idle_timeout,
             hosts=self._hosts,
         )
+        if session.rec.ephemeral:  # OWN-1: made by an actor, it is that actor's
+            _control.adopt(session.name, lambda: session.stop(timeout=10))
         return ProcMesh(session.ref, Shape.of(session.sizes))
 
 

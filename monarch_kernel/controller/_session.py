@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from monarch_kernel import _native, _origin
-from monarch_kernel._wire import BUILTIN, FLUSH_MARK
+from monarch_kernel._wire import BUILTIN, FLUSH_MARK, SUPERVISION_MARK
 from monarch_kernel.control import has_exited
 from monarch_kernel.control._group import AgentGroup, HostLink
 from monarch_kernel.controller._frontend import frontend
@@ -141,6 +141,9 @@ class Session:
                 sys.stderr.write(text)
         elif ev.HasField("log") and not self.closed:
             line = ev.log
+            if line.text.startswith(SUPERVISION_MARK):  # OWN-1: an actor of the mesh failed
+                self.supervisor.actor_failed(line.rank, line.text[len(SUPERVISION_MARK) :])
+                return
             on_line = frontend().on_line
             if on_line is not None:
                 on_line(self, line)

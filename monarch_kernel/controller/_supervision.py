@@ -18,6 +18,7 @@ from lost; it is back when it answers, with nothing lost. A host whose agent is 
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import time
@@ -27,6 +28,7 @@ from monarch_kernel import _native
 from monarch_kernel.control import has_exited, worker_dict
 from monarch_kernel.controller._frontend import frontend
 from monarch_kernel.errors import MonarchKernelError, SupervisionError
+from monarch_kernel.mesh import _control
 from monarch_kernel.mesh._control import MeshFailure
 from monarch_kernel.mesh._proc_ref import death_error, describe, tail_lines
 from monarch_kernel.mesh._serial import dumps, loads
@@ -49,7 +51,29 @@ _HINTS = {
     "unreachable": "calls to its ranks wait until it answers",
     "host_back": "",
     "host_lost": "calls that need its ranks fail; the other hosts go on",
+    "actor_failed": "",
 }
+#: The kinds that are failures: they go up the supervision tree when unhandled (OWN-1).
+_FAILURES = frozenset({"dead", "lost", "host_lost", "actor_failed"})
+
+
+def _user_hook(failure: MeshFailure) -> bool:
+    """The root controller's ``unhandled_fault_hook``, if the user set one
+    (``monarch_kernel.unhandled_fault_hook = fn``): returning handles the failure."""
+    pkg = sys.modules.get("monarch_kernel")
+    hook = getattr(pkg, "__dict__", {}).get("unhandled_fault_hook")
+    from monarch_kernel import _compat
+
+    if hook is None or hook is _compat.unhandled_fault_hook:
+        return False
+    try:
+        hook(failure)
+    except BaseException as e:
+        print(f"monarch: unhandled_fault_hook raised {type(e).__name__}: {e}", file=sys.stderr)
+        return False
+    return True
+
+
 #: Who stopped a mesh, as the agent says it (``Stopping.by``), in words.
 _STOPPED_BY = {
     "administrator": "an administrator (monarch-kernel down, or %mesh down from another controller)",
@@ -198,8 +222,11 @@ class Supervisor:
             self.notify(MeshFailure.of(err, "dead"))
 
     def notify(self, failure: MeshFailure) -> None:
-        """Tells whoever listens (callbacks, ``__supervise__`` hooks, else the front
-        end or a line on stderr) of ``failure``."""
+        """Tells whoever listens of ``failure``: ``on_failure`` callbacks and the
+        ``__supervise__`` hooks of the mesh's other actors; else (OWN-1) the owner
+        actor's ``__supervise__`` and then the owner's own controller, for a mesh an
+        actor owns; else ``unhandled_fault_hook`` if the user set one; else the
+        front end or a line on stderr."""
         handled = False
         for cb in list(self.s.callbacks):
             handled = True
@@ -209,13 +236,27 @@ class Supervisor:
                 print(f"monarch: on_failure callback {cb!r} raised {type(e).__name__}: {e}", file=sys.stderr)
         if failure.kind in ("dead", "unresponsive"):
             handled = self._supervise(failure) or handled
+        if not handled and failure.kind in _FAILURES:
+            handled = (
+                _control.owner_handles(self.s.name, failure)
+                or _control.escalate(self.s.name, failure)
+                or _user_hook(failure)
+            )
         sink = frontend().on_failure
         if not handled and sink is not None:
             sink(failure)
         elif not handled:
             hint = _HINTS[failure.kind]
-            first = failure.message.splitlines()[0]
-            print(f"monarch: {first}{f' ({hint})' if hint else ''}", file=sys.stderr, flush=True)
+            text = failure.message if failure.kind == "actor_failed" else failure.message.splitlines()[0]
+            print(f"monarch: {text}{f' ({hint})' if hint else ''}", file=sys.stderr, flush=True)
+
+    def actor_failed(self, rank: int, data: str) -> None:
+        """OWN-1: a worker said one of its actors failed (``SUPERVISION_MARK``)."""
+        try:
+            message = str(json.loads(data)["message"])
+        except (ValueError, KeyError, TypeError):
+            message = f"an actor on rank {rank} failed (its report could not be read: {data[:200]!r})"
+        self.notify(MeshFailure(self.s.name, "actor_failed", message, rank))
 
     def _supervise(self, failure: MeshFailure) -> bool:
         """Sends ``__supervise__(failure)`` to the live actors of every actor mesh

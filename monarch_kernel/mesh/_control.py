@@ -10,6 +10,7 @@ process that imported no controller controls no mesh (the lookup answers None).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -23,13 +24,15 @@ if TYPE_CHECKING:
 @dataclass
 class MeshFailure:
     """What went wrong with a mesh, as given to ``on_failure`` callbacks and actors'
-    ``__supervise__``. ``kind`` is "dead" (a worker exited), "unresponsive" (alive but
-    not answering heartbeats), "recovered" (answering again), "lost" (the host agent
-    is gone, so is every worker), "fenced" (another controller attached), "stopped"
-    (stopped by someone else: an administrator, the idle timeout), and across hosts
-    "unreachable" (a host does not answer: a partition, its agent stopped; its ranks
-    wait), "host_back" (it answers again) or "host_lost" (its agent is gone, and its
-    ranks with it; the other hosts go on). Host events name the host in ``host``."""
+        ``__supervise__``. ``kind`` is "dead" (a worker exited), "unresponsive" (alive but
+        not answering heartbeats), "recovered" (answering again), "lost" (the host agent
+        is gone, so is every worker), "fenced" (another controller attached), "stopped"
+        (stopped by someone else: an administrator, the idle timeout), and across hosts
+        "unreachable" (a host does not answer: a partition, its agent stopped; its ranks
+        wait), "host_back" (it answers again) or "host_lost" (its agent is gone, and its
+        ranks with it; the other hosts go on). Host events name the host in ``host``.
+    "actor_failed": an actor failed (a broadcast it got raised, with nobody waiting
+    for the answer; or a mesh it owns had a failure it did not handle)."""
 
     mesh: str
     kind: str
@@ -42,6 +45,10 @@ class MeshFailure:
     log_tail: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
+        return self.message
+
+    def report(self) -> str:
+        """The failure in words (Monarch's ``MeshFailure.report()``)."""
         return self.message
 
     @classmethod
@@ -95,4 +102,95 @@ def session_for(ref: ProcRef) -> MeshControl | None:
     return _lookup[0](ref) if _lookup else None
 
 
-__all__ = ["MeshControl", "MeshFailure", "register", "session_for"]
+# -- the supervision tree (OWN-1) -------------------------------------------------------
+#
+# OWN-1: an unnamed (ephemeral) mesh created while an actor runs (in its __init__ or
+# an endpoint) belongs to that actor: it stops when the actor stops (after its
+# __cleanup__; recursively, as its own actors stop) or its process ends. A failure
+# in it that no on_failure callback handled goes to the owner's __supervise__
+# (True: handled); one that is still unhandled goes up: to the controller of the
+# owner's mesh, as an "actor_failed" failure of the owner (and so on, up to the
+# root controller's on_failure callbacks and unhandled_fault_hook).
+
+#: Meshes owned by each actor of this process: (mesh name, stop()).
+_owned: dict[str, list[tuple[str, Callable[[], Any]]]] = {}
+#: By mesh name: the owner's ``__supervise__`` (returns whether it handled it).
+_owners: dict[str, tuple[str, Callable[[MeshFailure], bool]]] = {}
+#: Where an unhandled failure goes from this process (a worker: up to its controller):
+#: ``up(owner actor, mesh, failure)``.
+_escalate: list[Callable[[str, str, MeshFailure], None]] = []
+#: Runs an actor's ``__supervise__`` in order with its messages (the worker's).
+_supervise_with: list[Callable[[str, MeshFailure], bool]] = []
+
+
+def adopt(mesh: str, stop: Callable[[], Any]) -> None:
+    """OWN-1: mesh ``mesh`` (just created here) belongs to the running actor, if any."""
+    from monarch_kernel.actor import _current
+
+    owner = _current.get().actor_instance.name
+    if owner == "root" or not _supervise_with:
+        return
+    _owned.setdefault(owner, []).append((mesh, stop))
+    supervise = _supervise_with[0]
+    _owners[mesh] = (owner, lambda failure: supervise(owner, failure))
+
+
+def stop_owned(actor: str) -> None:
+    """OWN-1: stops the meshes ``actor`` owns (it is stopping)."""
+    for mesh, stop in _owned.pop(actor, []):
+        _owners.pop(mesh, None)
+        try:
+            stop()
+        except Exception as e:
+            print(f"monarch: stopping mesh {mesh!r} of actor {actor!r} failed: {e}", file=sys.stderr)
+
+
+def owns(actor: str) -> bool:
+    return bool(_owned.get(actor))
+
+
+def escalates() -> bool:
+    """Whether failures here go up to a controller (this process is a worker)."""
+    return bool(_escalate)
+
+
+def owner_handles(mesh: str, failure: MeshFailure) -> bool:
+    """Gives ``failure`` of ``mesh`` to its owner's ``__supervise__``; whether it handled it."""
+    owner = _owners.get(mesh)
+    return owner is not None and owner[1](failure)
+
+
+def escalate(mesh: str, failure: MeshFailure) -> bool:
+    """Sends an unhandled ``failure`` of ``mesh`` up, as a failure of its owner
+    (OWN-1); False where there is no owner to fail (the root controller's meshes)."""
+    owner = _owners.get(mesh)
+    if not _escalate or owner is None:
+        return False
+    _escalate[0](owner[0], mesh, failure)
+    return True
+
+
+def set_owner_supervision(supervise: Callable[[str, MeshFailure], bool]) -> None:
+    """How this process runs an actor's ``__supervise__`` (its dispatcher's)."""
+    _supervise_with[:] = [supervise]
+
+
+def set_escalation(up: Callable[[str, str, MeshFailure], None]) -> None:
+    """A worker's: how an unhandled failure of a mesh one of its actors owns goes up."""
+    _escalate[:] = [up]
+
+
+__all__ = [
+    "MeshControl",
+    "MeshFailure",
+    "adopt",
+    "escalate",
+    "escalates",
+    "owns",
+    "owner_handles",
+    "register",
+    "session_for",
+    "set_escalation",
+    "set_owner_supervision",
+    "stop_owned",
+]

@@ -63,6 +63,9 @@ def main() -> None:
 
     _buffers.process_token[0] = token
     dispatcher = Dispatcher(server, point, token)
+    from monarch_kernel.mesh import _control
+
+    _control.set_escalation(dispatcher.send_up)  # OWN-1: this worker's failures go to its controller
     dispatcher.start()
     import signal
     import threading

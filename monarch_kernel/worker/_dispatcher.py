@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from monarch_kernel import _native, _origin
-from monarch_kernel._wire import BUILTIN
+from monarch_kernel._wire import BUILTIN, SUPERVISION_MARK
 from monarch_kernel.actor import Context, Instance, _current, _process_default, endpoints_of, is_async_actor
-from monarch_kernel.mesh import _port
+from monarch_kernel.mesh import _control, _port
 from monarch_kernel.mesh._buffers import wait_read
 from monarch_kernel.mesh._serial import dumps, dumps_exception, loads
 from monarch_kernel.mesh._shape import Extent, Point
@@ -102,6 +102,7 @@ class Dispatcher:
         self._early_cancels: collections.OrderedDict[int, bool] = collections.OrderedDict()
         _process_default[0] = Context(Instance(point, name="root"), message_rank=point)
         _port.set_local(server.addr, token)
+        _control.set_owner_supervision(self._supervise_owner)
 
     def start(self) -> None:
         """Starts the routing thread."""
@@ -271,6 +272,7 @@ class Dispatcher:
         assert runner is not None
         if hook is not None:
             runner.submit(lambda: self._guarded_sync(hook, f"{a.name}.__cleanup__"))
+        runner.submit(lambda: _control.stop_owned(a.name))  # OWN-1
         runner.submit(lambda: self._close_runner(runner))
 
     def _cleanup_async(self, a: _Actor, hook: Callable[[Any], Any] | None) -> None:
@@ -294,6 +296,8 @@ class Dispatcher:
             a.tasks.difference_update(tasks)
         if hook is not None:
             await self._guard(hook(None), f"{a.name}.__cleanup__")
+        if _control.owns(a.name):  # OWN-1 (stopping waits for the agent: off the loop)
+            await asyncio.get_running_loop().run_in_executor(None, _control.stop_owned, a.name)
 
     def exit_cleanly(self, grace: float = 1.5) -> None:
         """STOP-1: the agent stops a worker with SIGTERM (the mesh stopped, its idle
@@ -319,6 +323,9 @@ class Dispatcher:
             scheduled.wait(max(0.0, deadline - time.monotonic()))
         while any(not t.done() for t in self._async_cleanups) and time.monotonic() < deadline:
             time.sleep(0.01)
+        import gc
+
+        gc.collect()  # the actors are gone from the table: their finalizers (__del__) run now
         _output.end_lines()
         # Ends as SIGTERM would have, so that the agent reports the signal: the C
         # handler goes back to the default (signal.signal works only on the main thread).
@@ -502,6 +509,78 @@ class Dispatcher:
                 task.cancel()
                 return
 
+    # -- the supervision tree (OWN-1) ----------------------------------------------------
+
+    def _supervise_owner(self, actor: str, failure: Any, limit: float = 60.0) -> bool:
+        """Runs ``actor.__supervise__(failure)`` in order with its messages (on its
+        thread, or its event loop); whether it handled the failure (returned true)."""
+        a = self.actors.get(actor)
+        hook = getattr(a.instance, "__supervise__", None) if a is not None else None
+        if a is None or hook is None:
+            return False
+        done = threading.Event()
+        out: list[Any] = [False]
+
+        def run() -> None:
+            reset = _current.set(a.context)
+            try:
+                out[0] = hook(failure)
+            except BaseException:
+                traceback.print_exc()
+                print(
+                    f"monarch: {actor}.__supervise__ raised (above): the failure is unhandled",
+                    file=sys.stderr,
+                )
+            finally:
+                _current.reset(reset)
+                done.set()
+
+        async def run_async() -> None:
+            try:
+                result = hook(failure)
+                out[0] = (await result) if inspect.isawaitable(result) else result
+            except BaseException:
+                traceback.print_exc()
+                print(
+                    f"monarch: {actor}.__supervise__ raised (above): the failure is unhandled",
+                    file=sys.stderr,
+                )
+            finally:
+                done.set()
+
+        if a.runner is not None:
+            a.runner.submit(run)
+        else:
+            import asyncio
+
+            asyncio.run_coroutine_threadsafe(run_async(), self._async())
+        if not done.wait(limit):
+            print(
+                f"monarch: {actor}.__supervise__ did not run within {limit:.0f} s: the failure is unhandled",
+                file=sys.stderr,
+            )
+            return False
+        return bool(out[0])
+
+    def send_up(self, owner: str, mesh: str, failure: Any) -> None:
+        """OWN-1: a failure of mesh ``mesh`` that its owner ``owner`` did not handle
+        goes to this worker's controller, as a failure of the owner."""
+        a = self.actors.get(owner)
+        who = str(a.context.actor_instance) if a is not None else owner
+        self.report_failure(
+            owner,
+            f"actor {who} failed: its mesh {mesh!r} had a failure it did not handle:\n{failure.message}",
+        )
+
+    @staticmethod
+    def report_failure(actor: str, message: str) -> None:
+        """Tells this worker's controller (by a line its agent forwards) that an actor failed."""
+        import json
+
+        line = SUPERVISION_MARK + json.dumps({"actor": actor, "message": message[:16384]})
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
     # -- replies -------------------------------------------------------------------------
 
     def _reply(self, token: int, value: Any, what: str) -> list[int]:
@@ -531,6 +610,16 @@ class Dispatcher:
         if start is not None and not isinstance(exc, KeyboardInterrupt):
             _debug.last_traceback[0] = start  # for %mesh debug --post-mortem
         formatted = "".join(traceback.format_exception(type(exc), exc, start))
+        if not token and _control.escalates() and what:  # a broadcast: nobody waits for it (OWN-1)
+            actor = what.split(".", 1)[0]
+            a = self.actors.get(actor)
+            who = str(a.context.actor_instance) if a is not None else actor
+            self.report_failure(
+                actor,
+                f"actor {who} failed: {what} raised, in a message nobody waited for the answer of "
+                f"(a broadcast). This occurred because the actor itself failed.\n{formatted}",
+            )
+            return
         if not token:
             print(f"monarch: {what or 'a message'} raised:\n{formatted}", file=sys.stderr, flush=True)
             return
