@@ -43,8 +43,10 @@ class HostMesh(MeshTrait):
     (``monarch_kernel.job``) gives meshes of other hosts, with a ``hosts`` dimension
     (``slice(hosts=...)`` picks some of them)."""
 
-    def __init__(self, hosts: SSHHosts | SlurmHosts | None = None) -> None:
+    def __init__(self, hosts: SSHHosts | SlurmHosts | None = None, python: str | None = None) -> None:
         self._hosts = hosts
+        #: The interpreter that runs the workers on this host (None: this process's).
+        self._python = python
         if hosts is None:
             self._shape = Shape(Extent([], []))
         else:
@@ -60,6 +62,22 @@ class HostMesh(MeshTrait):
                 dataclasses.replace(self._hosts, targets=[self._hosts.targets[i] for i in picked])
             )
         return HostMesh(dataclasses.replace(self._hosts, nodes=len(picked)))  # SLURM picks the nodes
+
+    def with_python_executable(self, python: str) -> HostMesh:
+        """These hosts, whose procs run with interpreter ``python`` (which must have
+        monarch-kernel installed). On a job's hosts it runs their agents too."""
+        if not isinstance(python, str) or not python:
+            raise MeshSpecError(
+                f"with_python_executable needs the path of a Python interpreter, not {python!r}"
+            )
+        if self._hosts is not None:
+            return HostMesh(dataclasses.replace(self._hosts, python=python))
+        if not os.access(python, os.X_OK):
+            raise MeshSpecError(
+                f"with_python_executable({python!r}): no executable there; give the path of a Python "
+                "interpreter that has monarch-kernel installed"
+            )
+        return HostMesh(None, python)
 
     def __repr__(self) -> str:
         if self._hosts is None:
@@ -108,6 +126,7 @@ class HostMesh(MeshTrait):
             ephemeral=ephemeral,
             idle_timeout=idle_timeout,
             hosts=self._hosts,
+            python=self._python,
         )
         if session.rec.ephemeral:  # OWN-1: made by an actor, it is that actor's
             _control.adopt(session.name, lambda: session.stop(timeout=10))

@@ -119,14 +119,18 @@ def create(
     env: Mapping[str, str] | None,
     ephemeral: bool,
     idle_timeout: float,
+    python: str | None = None,
 ) -> Session:
-    """Starts a new mesh: a host agent, its workers, and (if named) a state file."""
+    """Starts a new mesh: a host agent, its workers (run by ``python``, default this
+    process's interpreter), and (if named) a state file."""
     mesh_name = name or f"anon-{uuid.uuid4().hex[:8]}"
     gpu_env = placement_env(sizes)  # PLACE-1: checked before anything starts
     nprocs = math.prod(sizes.values())
     check_room(nprocs)  # and whether the host can hold them
     token = _new_token()
-    spec = {"per_host": sizes, "env": dict(env or {})}
+    spec: dict[str, Any] = {"per_host": sizes, "env": dict(env or {})}
+    if python is not None:
+        spec["python"] = python
     meta = json.dumps({"spec": spec, "ephemeral": ephemeral, "idle_timeout": idle_timeout})
     # The agent writes the state file itself as soon as it listens (REGISTRY-2), so no
     # path (an error or an interrupt right after it starts) leaves an agent unlisted.
@@ -153,7 +157,7 @@ def create(
     return _bring_up(
         client,
         rec,
-        sys.executable,
+        python or sys.executable,
         {"MONARCH_SHAPE": json.dumps([list(sizes), list(sizes.values())]), **_worker_env(env), **gpu_env},
         f"starting mesh {mesh_name!r}, procs started",
         agent,
@@ -339,9 +343,10 @@ def get_or_create(
     ephemeral: bool | None,
     idle_timeout: float | None,
     hosts: SSHHosts | SlurmHosts | None = None,
+    python: str | None = None,
 ) -> Session:
     """``spawn_procs``: the running mesh ``name`` if its spec matches, else a new one
-    (on this host, or across ``hosts``)."""
+    (on this host, or across ``hosts``); ``python`` runs its workers (this host)."""
     if ephemeral is None:
         ephemeral = name is None
     if idle_timeout is None:
@@ -351,13 +356,15 @@ def get_or_create(
 
     def new(name: str | None) -> Session:
         if hosts is None:
-            return create(name, sizes, env, ephemeral, float(idle_timeout))
+            return create(name, sizes, env, ephemeral, float(idle_timeout), python)
         return create_across(name, hosts, sizes, env, ephemeral, float(idle_timeout))
 
     if name is None:
         return new(None)
     _registry.check_name(name)
     spec: dict[str, Any] = {"per_host": sizes, "env": dict(env or {})}
+    if python is not None and hosts is None:
+        spec["python"] = python
     if hosts is not None:
         spec["hosts"] = hosts.nodes if isinstance(hosts, SlurmHosts) else len(hosts.targets)
     with _registry.locked(name):

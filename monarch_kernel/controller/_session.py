@@ -91,6 +91,8 @@ class Session:
             a.name: (a.payload, list(a.buffers), a.shape) for a in actors
         }
         self.callbacks: list[Callable[[MeshFailure], Any]] = []
+        #: Whether worker lines are shown here as they come (``logging_option``).
+        self.show_output = True
         self.closed = False
         self.stopping = False
         #: Serializes respawns.
@@ -143,6 +145,8 @@ class Session:
             line = ev.log
             if line.text.startswith(SUPERVISION_MARK):  # OWN-1: an actor of the mesh failed
                 self.supervisor.actor_failed(line.rank, line.text[len(SUPERVISION_MARK) :])
+                return
+            if not self.show_output:  # logging_option(stream_to_client=False): logs() has them
                 return
             on_line = frontend().on_line
             if on_line is not None:
@@ -382,6 +386,14 @@ class Session:
         """Calls ``method`` of the actor every worker has (``Dispatcher._builtin``)."""
         conns = self.state.connect(ranks)
         return _native.call(_native.Endpoint(BUILTIN, method), conns, ranks, payload, [], origin=origin)
+
+    def logging_option(self, stream_to_client: bool, level: int, timeout: float = 10.0) -> None:
+        """``ProcMesh.logging_option``: whether worker lines are shown here, and the
+        workers' root logger level."""
+        self.show_output = bool(stream_to_client)
+        live = [r for r in range(self.nprocs) if r not in self.state.dead]
+        if live and not self.closed and self.state.lost is None:
+            _native.wait_all(self._builtin(live, "log_level", str(int(level)).encode()), timeout)
 
     def post_mortem(self, rank: int) -> Future[None]:
         """Starts pdb on worker ``rank``'s last exception; the Future completes when

@@ -5,6 +5,7 @@ controller's: ``controller/_host_mesh.py``)."""
 from __future__ import annotations
 
 import atexit
+import logging
 import pickle
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -150,6 +151,23 @@ class ProcMesh(MeshTrait):
         fails, is named in the ``DistributedSetupError``. Returns the backend, world
         size, master address and whether a group was created now."""
         return self._session("setup_torch_distributed()").setup_torch_distributed(self, backend, timeout)
+
+    def logging_option(
+        self, stream_to_client: bool = True, aggregate_window_sec: float | None = 3, level: int = logging.INFO
+    ) -> None:
+        """Monarch's: whether the workers' output is shown here as it comes
+        (``stream_to_client``; ``logs()`` keeps every line either way), and the level
+        of the workers' root logger. ``aggregate_window_sec`` is accepted: lines are
+        never merged here, each shows with its rank."""
+        if aggregate_window_sec is not None and (
+            not isinstance(aggregate_window_sec, (int, float)) or aggregate_window_sec < 0
+        ):
+            raise ValueError(
+                f"aggregate_window_sec must be None or a number >= 0, not {aggregate_window_sec!r}"
+            )
+        if not isinstance(level, int):
+            raise ValueError(f"level must be a logging level (logging.INFO, ...), not {level!r}")
+        self._session("logging_option()").logging_option(stream_to_client, level)
 
     def stop(self) -> Future[None]:
         """Stops every worker and the host agent, and forgets the mesh's name. Later

@@ -32,6 +32,8 @@ def serve_builtin(d: Dispatcher, item: _native.Incoming) -> None:
     (not by an actor's thread), so it works while the main thread or an actor is
     busy in Python code.
 
+    ``log_level``: the root logger's level becomes the payload (a number, as text).
+
     ``usage``: this worker's CPU (percent since the last ``usage``), resident memory
     and, where NVML lists its GPU, the GPU's use and this process's GPU memory,
     measured on its own host (the inspector shows them for every host)."""
@@ -59,6 +61,12 @@ def serve_builtin(d: Dispatcher, item: _native.Incoming) -> None:
         return
     if method == "pdb_input":
         d._reply(token, _debug.feed(bytes(item.payload).decode("utf-8", "replace")), f"{BUILTIN}.pdb_input")
+        return
+    if method == "log_level":  # ProcMesh.logging_option(level=...)
+        import logging
+
+        logging.getLogger().setLevel(int(bytes(item.payload).decode()))
+        d._reply(token, None, f"{BUILTIN}.log_level")
         return
     if method == "flush":
         reset = _origin.set_context(item.origin)
