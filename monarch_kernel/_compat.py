@@ -13,6 +13,7 @@ from typing import Any, Generic, ParamSpec, TypeVar
 from monarch_kernel.actor import concurrent_endpoint
 from monarch_kernel.controller import this_proc
 from monarch_kernel.mesh._actor_mesh import Endpoint
+from monarch_kernel.mesh._control import unhandled_fault_hook
 from monarch_kernel.mesh._future import Future
 from monarch_kernel.mesh._port import Channel, Port, PortReceiver, RankedPortReceiver
 
@@ -102,19 +103,6 @@ def get_or_spawn_controller(name: str, cls: type, *args: Any, **kwargs: Any) -> 
         if mesh is None:
             mesh = _controllers[name] = this_proc().spawn(name, cls, *args, **kwargs)
     return Future._resolved(mesh)
-
-
-def unhandled_fault_hook(failure: Any) -> None:
-    """Called with a failure nobody handled (no ``on_failure`` callback, no
-    ``__supervise__`` that returned True), in the controller. Reassign it
-    (``monarch_kernel.unhandled_fault_hook = fn``) to change what happens: returning
-    handles the failure; raising leaves it unhandled. Unlike Monarch's, this default
-    does not exit the process: the failure is shown (in the notebook, or on stderr)."""
-    raise _Unhandled
-
-
-class _Unhandled(Exception):
-    """The default hook's way to say: show the failure as unhandled."""
 
 
 def as_endpoint(

@@ -130,6 +130,22 @@ class LocalJob(JobTrait):
         return self._names
 
 
+class ProcessJob(JobTrait):
+    """Monarch's job of local processes standing for hosts. Not here: raises on use."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError(
+            "monarch_kernel has no ProcessJob: use LocalJob (this host under each mesh name) or "
+            "spawn_procs(per_host={'procs': N}); for several hosts, SSHJob or SlurmJob"
+        )
+
+    def _state(self) -> JobState:  # pragma: no cover (never constructed)
+        raise NotImplementedError
+
+    def _spec(self) -> Any:  # pragma: no cover
+        raise NotImplementedError
+
+
 def _python(python: str | None, python_exe: str | None) -> str:
     return python or python_exe or sys.executable
 
@@ -246,6 +262,7 @@ __all__ = [
     "JobState",
     "JobTrait",
     "LocalJob",
+    "ProcessJob",
     "SSHJob",
     "SlurmJob",
     "job_load",

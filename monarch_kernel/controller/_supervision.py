@@ -56,24 +56,6 @@ _HINTS = {
 #: The kinds that are failures: they go up the supervision tree when unhandled (OWN-1).
 _FAILURES = frozenset({"dead", "lost", "host_lost", "actor_failed"})
 
-
-def _user_hook(failure: MeshFailure) -> bool:
-    """The root controller's ``unhandled_fault_hook``, if the user set one
-    (``monarch_kernel.unhandled_fault_hook = fn``): returning handles the failure."""
-    pkg = sys.modules.get("monarch_kernel")
-    hook = getattr(pkg, "__dict__", {}).get("unhandled_fault_hook")
-    from monarch_kernel import _compat
-
-    if hook is None or hook is _compat.unhandled_fault_hook:
-        return False
-    try:
-        hook(failure)
-    except BaseException as e:
-        print(f"monarch: unhandled_fault_hook raised {type(e).__name__}: {e}", file=sys.stderr)
-        return False
-    return True
-
-
 #: Who stopped a mesh, as the agent says it (``Stopping.by``), in words.
 _STOPPED_BY = {
     "administrator": "an administrator (monarch-kernel down, or %mesh down from another controller)",
@@ -240,7 +222,7 @@ class Supervisor:
             handled = (
                 _control.owner_handles(self.s.name, failure)
                 or _control.escalate(self.s.name, failure)
-                or _user_hook(failure)
+                or _control.user_fault_hook(failure)
             )
         sink = frontend().on_failure
         if not handled and sink is not None:

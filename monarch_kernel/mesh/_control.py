@@ -124,6 +124,30 @@ _escalate: list[Callable[[str, str, MeshFailure], None]] = []
 _supervise_with: list[Callable[[str, MeshFailure], bool]] = []
 
 
+def unhandled_fault_hook(failure: MeshFailure) -> None:
+    """Called with a failure nobody handled (no ``on_failure`` callback, no
+    ``__supervise__`` that returned True), in the controller. Reassign it
+    (``monarch_kernel.unhandled_fault_hook = fn``) to change what happens: returning
+    handles the failure; raising leaves it unhandled. Unlike Monarch's, this default
+    does not exit the process: the failure is shown (in the notebook, or on stderr)."""
+    raise RuntimeError(f"unhandled: {failure}")
+
+
+def user_fault_hook(failure: MeshFailure) -> bool:
+    """The root controller's ``unhandled_fault_hook`` if the user set one
+    (``monarch_kernel.unhandled_fault_hook = fn``); whether it handled ``failure``."""
+    pkg = sys.modules.get("monarch_kernel")
+    hook = getattr(pkg, "__dict__", {}).get("unhandled_fault_hook")
+    if hook is None or hook is unhandled_fault_hook:
+        return False
+    try:
+        hook(failure)
+    except BaseException as e:
+        print(f"monarch: unhandled_fault_hook raised {type(e).__name__}: {e}", file=sys.stderr)
+        return False
+    return True
+
+
 def adopt(mesh: str, stop: Callable[[], Any]) -> None:
     """OWN-1: mesh ``mesh`` (just created here) belongs to the running actor, if any."""
     from monarch_kernel.actor import _current
@@ -194,4 +218,6 @@ __all__ = [
     "set_escalation",
     "set_owner_supervision",
     "stop_owned",
+    "unhandled_fault_hook",
+    "user_fault_hook",
 ]
