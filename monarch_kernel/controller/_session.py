@@ -387,6 +387,14 @@ class Session:
         conns = self.state.connect(ranks)
         return _native.call(_native.Endpoint(BUILTIN, method), conns, ranks, payload, [], origin=origin)
 
+    def report(self, failure: MeshFailure) -> None:
+        """Tells supervision of ``failure`` (found here, not by the watch), on a thread
+        of its own: it may wait on an actor of this very thread (an owner's
+        ``__supervise__``)."""
+        threading.Thread(
+            target=self.supervisor.notify, args=(failure,), name="monarch-report", daemon=True
+        ).start()
+
     def logging_option(self, stream_to_client: bool, level: int, timeout: float = 10.0) -> None:
         """``ProcMesh.logging_option``: whether worker lines are shown here, and the
         workers' root logger level."""

@@ -119,6 +119,11 @@ class Endpoint(Generic[R]):
             except TypeError as e:
                 raise TypeError(f"{self._what}(): {e}") from None
         mesh = self._mesh
+        if mesh._init_errors:  # an actor whose __init__ failed (supervision was told)
+            for i in local:
+                err = mesh._init_errors.get(mesh._shape.ranks[i])
+                if err is not None:
+                    raise err
         conns = mesh._conns()  # first: a dead rank fails before anything is registered
         if len(local) != len(conns):
             conns = [conns[i] for i in local]
@@ -324,6 +329,9 @@ class ActorMesh(MeshTrait, Generic[R]):
         self._conn_cache: list[Any] | None = None
         self._conn_gen = -1
         self._endpoint_cache: dict[str, Endpoint[Any]] = {}
+        #: By proc rank: the exceptions of constructors that raised (Monarch reports
+        #: them to supervision, not at spawn); calls to those ranks raise them.
+        self._init_errors: dict[int, ActorError] = {}
 
     def _conns(self) -> list[Any]:
         """Connections to this mesh's procs, in local rank order (opened once)."""
@@ -334,7 +342,9 @@ class ActorMesh(MeshTrait, Generic[R]):
         return self._conn_cache
 
     def _new_with_shape(self, shape: Shape) -> ActorMesh[R]:
-        return ActorMesh(self._name, self._class, self._proc, shape)
+        mesh: ActorMesh[R] = ActorMesh(self._name, self._class, self._proc, shape)
+        mesh._init_errors = self._init_errors
+        return mesh
 
     def __getattr__(self, attr: str) -> Any:
         if attr.startswith("_"):

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from monarch_kernel import _native, _origin
 from monarch_kernel.actor import is_async_actor
 from monarch_kernel.errors import (
+    ActorError,
     MeshOwnershipError,
     MeshSpecError,
     SerializationError,
@@ -132,15 +133,42 @@ class ProcMesh(MeshTrait):
         replies = wait_calls(calls, SPAWN_TIMEOUT, f"spawn of {name} on {len(calls)} procs")
         failed = f"Actor {name} ({cls.__qualname__}) failed in __init__."
         points = [self._proc.point(base) for base in ranks]
-        decode_all(replies, self._proc, ranks, points, f"spawn of {name}", failed=failed, value=False)
         session = session_for(self._proc)
+        init_errors: dict[int, ActorError] = {}
+        try:
+            decode_all(replies, self._proc, ranks, points, f"spawn of {name}", failed=failed, value=False)
+        except ActorError:
+            if session is None:  # nobody supervises this mesh from here: the spawn fails
+                raise
+            init_errors = self._init_failures(name, replies, ranks, points, failed, session)
         if session is not None:  # so that attach() and respawn() find it
             if payload[:4] == HEADER:  # the record keeps its own copy, for later controllers
                 payload, buffers = dumps((cls, args, kwargs), what)
             session.record_actor(
                 name, payload, buffers, pickle.dumps(self._shape), hasattr(cls, "__supervise__")
             )
-        return ActorMesh(name, cls, self._proc, self._shape)
+        mesh: ActorMesh[Any] = ActorMesh(name, cls, self._proc, self._shape)
+        mesh._init_errors = init_errors
+        return mesh
+
+    def _init_failures(
+        self, name: str, replies: list[Any], ranks: list[int], points: list[Any], failed: str, session: MeshControl
+    ) -> dict[int, ActorError]:
+        """As in Monarch, an exception in ``__init__`` is a failure of the actor, which
+        goes to supervision (``on_failure``, the owner's ``__supervise__``,
+        ``unhandled_fault_hook``, else the notebook), one per rank; calls to those
+        ranks raise it. Returns it by proc rank."""
+        errors: dict[int, ActorError] = {}
+        for reply, base, point in zip(replies, ranks, points):
+            try:
+                decode_all([reply], self._proc, [base], [point], f"spawn of {name}", failed=failed, value=False)
+            except ActorError as e:
+                errors[base] = e
+        for base, err in errors.items():
+            session.report(
+                MeshFailure(self.name, "actor_failed", f"actor {name} on rank {base} failed in __init__: {err}", base)
+            )
+        return errors
 
     def setup_torch_distributed(self, backend: str = "auto", timeout: float = 60.0) -> dict[str, Any]:
         """Sets up torch.distributed on these procs: ``MASTER_ADDR``, ``MASTER_PORT`` (a

@@ -7,6 +7,7 @@ import os
 import signal
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,7 @@ from monarch_kernel import (
     current_rank,
     endpoint,
     this_host,
+    this_proc,
 )
 from monarch_kernel.errors import (
     DimensionError,
@@ -104,6 +106,11 @@ class BrokenInit(Actor):
     @endpoint
     def ping(self) -> str:
         return "pong"
+
+
+class BrokenHere(Actor):
+    def __init__(self) -> None:
+        raise KeyError("nothing to run on here")
 
 
 class AsyncFaulty(Actor):
@@ -195,14 +202,29 @@ def test_an_async_endpoint_exception_comes_back_as_actor_error(procs4):
         mesh.stop().get(timeout=TIMEOUT)
 
 
-def test_a_constructor_that_raises_fails_the_spawn_with_actor_error(procs4):
+def test_a_constructor_that_raises_is_a_supervision_failure_and_calls_to_it_raise_actor_error(fresh_procs2):
+    # As in Monarch: the spawn returns, the failure goes to supervision (one per rank
+    # that failed), and a call to that rank raises the constructor's ActorError.
+    heard: list[Any] = []
+    fresh_procs2.on_failure(heard.append)
+    mesh = fresh_procs2.spawn("broken", BrokenInit, 1)
+    deadline = time.monotonic() + TIMEOUT
+    while not heard and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [f.kind for f in heard] == ["actor_failed"] and heard[0].rank == 1
+    assert "broken" in heard[0].report() and "no config for rank 1" in heard[0].report()
     with pytest.raises(ActorError) as info:
-        procs4.spawn("broken", BrokenInit, 3)
+        mesh.slice(procs=1).ping.call_one().get(timeout=TIMEOUT)
     text = str(info.value)
-    assert "no config for rank 3" in text
-    assert "BrokenInit" in text
-    assert "__init__" in text
+    assert "no config for rank 1" in text and "BrokenInit" in text and "__init__" in text
     assert info.value.rank is not None
+    assert mesh.slice(procs=0).ping.call_one().get(timeout=TIMEOUT) == "pong"
+
+
+def test_a_constructor_that_raises_on_this_proc_fails_the_spawn(state_home):
+    # this_proc() is supervised by nobody: the spawn itself raises.
+    with pytest.raises(ActorError, match="BrokenHere"):
+        this_proc().spawn("broken_here", BrokenHere)
 
 
 def test_an_exception_that_cannot_be_rebuilt_still_shows_its_remote_traceback(procs4):
@@ -216,8 +238,9 @@ def test_an_exception_that_cannot_be_rebuilt_still_shows_its_remote_traceback(pr
         assert info.value.exception is None
     finally:
         mesh.stop().get(timeout=TIMEOUT)
+    broken = procs4.spawn("two_arg_init", RaisesTwoArg, True)  # (its failure goes to supervision)
     with pytest.raises(ActorError) as info:
-        procs4.spawn("two_arg_init", RaisesTwoArg, True)
+        broken.slice(procs=0).fail.call_one().get(timeout=TIMEOUT)
     text = str(info.value)
     assert "TwoArgError: 3-4 went wrong" in text and "__init__" in text, text
 
