@@ -486,3 +486,42 @@ def test_a_slurm_job_that_reaches_its_time_limit_is_reported_with_its_reason(
     kind, _host, message = _wait_failure(c, "lost", within=180.0)  # SLURM's shortest limit: a minute
     assert "time limit" in message, message
     assert _wait_gone(cluster), _ours_on_hosts(cluster)
+
+
+PORTS_SETUP = """
+import threading
+from monarch_kernel import Channel, Port
+
+class Relay(Actor):
+    @endpoint
+    def send(self, port, value):
+        port.send((socket.gethostname(), value))
+
+    @endpoint
+    def forward(self, other, port, value):
+        other.send.call_one(port, value).get(timeout=30)
+
+    @endpoint(explicit_response_port=True)
+    def later(self, port, x):
+        threading.Timer(0.1, lambda: port.send((socket.gethostname(), x * 2))).start()
+"""
+
+
+def test_ports_work_between_hosts_and_the_controller(controllers, cluster, state_home):
+    # Ports across hosts: the controller's port gets messages from workers on both
+    # hosts (its port server faces the hosts), a port goes from a worker on h1 to one
+    # on h2 (TLS, with the CA the port carries), and an explicit-response endpoint on
+    # h2 answers the controller later from another thread.
+    ssh = f"SSHJob(hosts=['h1', 'h2'], ssh_args=['-F', {str(cluster.ssh_config)!r}]).state(cached_path=None).hosts"
+    c = _new(controllers, cluster, state_home)
+    c.run(PORTS_SETUP)
+    c.run(f"procs = {ssh}.spawn_procs(per_host={{'procs': 1}})")
+    c.run("relay = procs.spawn('relay', Relay)")
+    c.run("port, receiver = Channel.open()")
+    c.run("relay.send.call(port, 1).get(timeout=30)")
+    got = sorted([c.eval("receiver.recv().get(timeout=30)"), c.eval("receiver.recv().get(timeout=30)")])
+    assert got == [["h1", 1], ["h2", 1]]
+    c.run("relay.slice(hosts=0).forward.call_one(relay.slice(hosts=1), port, 2).get(timeout=30)")
+    assert c.eval("receiver.recv().get(timeout=30)") == ["h2", 2]
+    assert c.eval("relay.slice(hosts=1).later.call_one(21).get(timeout=30)") == ["h2", 42]
+    c.run("procs.stop()")
