@@ -11,7 +11,6 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from monarch_kernel.actor import concurrent_endpoint
-from monarch_kernel.controller import this_proc
 from monarch_kernel.mesh._actor_mesh import Endpoint
 from monarch_kernel.mesh._control import unhandled_fault_hook
 from monarch_kernel.mesh._future import Future
@@ -92,17 +91,20 @@ def _forward(calls: list[Any], local: list[int], decode: Callable[[Any, int], An
             ranked.send(value)
 
 
-_controllers: dict[str, Any] = {}
-_controllers_lock = threading.Lock()
-
-
 def get_or_spawn_controller(name: str, cls: type, *args: Any, **kwargs: Any) -> Future[Any]:
-    """A per-process singleton actor named ``name``, spawned on ``this_proc()`` on first use."""
-    with _controllers_lock:
-        mesh = _controllers.get(name)
-        if mesh is None:
-            mesh = _controllers[name] = this_proc().spawn(name, cls, *args, **kwargs)
-    return Future._resolved(mesh)
+    """The one actor named ``name`` of this tree of meshes (SINGLE-1), spawned as
+    ``cls(*args, **kwargs)`` on the root controller's ``this_proc()`` on first use;
+    from any actor on any proc, the same one. The spawn never blocks an event loop
+    that awaits it."""
+    from monarch_kernel.controller import _singletons
+
+    async def spawn() -> Any:
+        import asyncio
+
+        call = functools.partial(_singletons.get_or_spawn, name, cls, args, kwargs)
+        return await asyncio.get_running_loop().run_in_executor(None, call)
+
+    return Future(coro=spawn())
 
 
 def as_endpoint(

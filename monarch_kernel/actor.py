@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -123,6 +124,11 @@ class Actor:
 
     Optional hooks: ``__cleanup__(self, exc)`` runs when the actor is stopped or replaced.
     """
+
+    @property
+    def logger(self) -> logging.Logger:
+        """A logger named after the actor's class (Monarch's ``Actor.logger``)."""
+        return logging.getLogger(f"{type(self).__module__}.{type(self).__qualname__}")
 
 
 def endpoints_of(cls: type) -> dict[str, EndpointProperty[Any]]:

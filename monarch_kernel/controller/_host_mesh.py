@@ -3,26 +3,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import inspect
 import os
-import secrets
-import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from monarch_kernel import _native
-from monarch_kernel.actor import CREATOR_ENV, _current
+from monarch_kernel.actor import _ROOT, CREATOR_ENV, Actor, _current, endpoint
 from monarch_kernel.controller._lifecycle import attach_session, get_or_create
+from monarch_kernel.controller._this_proc import this_proc
 from monarch_kernel.errors import MeshSpecError
 from monarch_kernel.hosts import _admin
 from monarch_kernel.hosts._admin import MeshInfo
 from monarch_kernel.hosts._placement import HOSTS_DIM
 from monarch_kernel.hosts._remote import SlurmHosts, SSHHosts
 from monarch_kernel.mesh import _control
-from monarch_kernel.mesh._proc_mesh import ProcMesh, current_proc, set_this_proc
-from monarch_kernel.mesh._proc_ref import ProcRef
-from monarch_kernel.mesh._shape import Extent, MeshTrait, Point, Shape
-from monarch_kernel.worker import Dispatcher
+from monarch_kernel.mesh._proc_mesh import ProcMesh
+from monarch_kernel.mesh._shape import Extent, MeshTrait, Shape
 
 
 def _check_per_host(per_host: Mapping[str, int] | None) -> dict[str, int]:
@@ -108,9 +106,9 @@ class HostMesh(MeshTrait):
         running name is an error unless ``replace=True``. Unnamed meshes, and those
         with ``ephemeral=True``, stop when this process exits.
         """
-        if bootstrap is not None:
-            raise NotImplementedError(
-                "spawn_procs(bootstrap=...) is not supported yet; run setup in an actor's __init__"
+        if bootstrap is not None and not callable(bootstrap):
+            raise MeshSpecError(
+                f"bootstrap must be a function (sync or async) to run on each proc, not {bootstrap!r}"
             )
         sizes = _check_per_host(per_host)
         owner = _current.get().actor_instance
@@ -130,7 +128,36 @@ class HostMesh(MeshTrait):
         )
         if session.rec.ephemeral:  # OWN-1: made by an actor, it is that actor's
             _control.adopt(session.name, lambda: session.stop(timeout=10))
-        return ProcMesh(session.ref, Shape.of(session.sizes))
+        procs = ProcMesh(session.ref, Shape.of(session.sizes))
+        if bootstrap is not None:
+            _bootstrap(procs, bootstrap)
+        return procs
+
+
+class _Bootstrap(Actor):
+    """Runs ``spawn_procs(bootstrap=fn)``'s ``fn`` on its proc, as the proc's own
+    code (what it spawns belongs to no actor), then is stopped."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        reset = _current.set(_ROOT)
+        try:
+            result = fn()
+            if inspect.iscoroutine(result):
+                asyncio.run(result)
+        finally:
+            _current.reset(reset)
+
+    @endpoint
+    def done(self) -> None:
+        pass
+
+
+def _bootstrap(procs: ProcMesh, fn: Callable[[], Any]) -> None:
+    """Runs ``fn`` on every proc of ``procs``; one that raises fails ``spawn_procs``."""
+    runner = procs.spawn("__monarch_bootstrap__", _Bootstrap, fn)
+    if runner._init_errors:
+        raise next(iter(runner._init_errors.values()))
+    runner.stop().get(timeout=60)
 
 
 def attach(name: str) -> ProcMesh:
@@ -145,25 +172,6 @@ def attach(name: str) -> ProcMesh:
 def this_host() -> HostMesh:
     """The host this code runs on."""
     return HostMesh()
-
-
-_this_proc_lock = threading.Lock()
-
-
-def this_proc() -> ProcMesh:
-    """The process this code runs in, as a one-proc mesh. In the controller, actors
-    spawned on it run in this process (on background threads)."""
-    with _this_proc_lock:
-        mesh = current_proc()
-        if mesh is None:
-            token = secrets.token_urlsafe(32)
-            # Reachable from other hosts once a mesh across hosts set where (ports)
-            host = os.environ.get("MONARCH_TRANSFER_HOST", "127.0.0.1")
-            server = _native.WorkerServer(token, addr=f"{host}:0")
-            Dispatcher(server, Point(0, Extent([], [])), token).start()
-            mesh = ProcMesh(ProcRef("this_proc", token, (server.addr,)), Shape(Extent([], [])))
-            set_this_proc(mesh)
-        return mesh
 
 
 def list_meshes() -> list[MeshInfo]:

@@ -22,6 +22,7 @@ from monarch_kernel.control import AgentClient
 from monarch_kernel.control._group import AgentGroup, single
 from monarch_kernel.controller._frontend import progress as frontend_progress
 from monarch_kernel.controller._session import Session, sessions, sessions_lock
+from monarch_kernel.controller._singletons import ROOT_ENV, root_address
 from monarch_kernel.errors import (
     MeshNotFoundError,
     MeshOwnershipError,
@@ -62,6 +63,7 @@ def session_for(ref: ProcRef) -> Session | None:
 def _worker_env(env: Mapping[str, str] | None) -> dict[str, str]:
     return {
         "MONARCH_SYS_PATH": json.dumps([p for p in sys.path if p and os.path.isdir(p)]),
+        ROOT_ENV: root_address(),  # SINGLE-1: where get_or_spawn_controller's singletons live
         "PYTHONUNBUFFERED": "1",
         # A native abort's Rust backtrace would fill the log tail that a SupervisionError
         # shows in place of its message; spawn_procs(env={"RUST_BACKTRACE": "1"}) keeps it.
@@ -110,6 +112,7 @@ def attach_record(rec: MeshRecord) -> Session:
                 f"{e} (this controller owns the mesh all the same)", _registry.MeshStateWarning, stacklevel=3
             )
         sessions[rec.name] = session
+        session.tell_root(root_address())  # SINGLE-1: this process is the root now
         return session
 
 
@@ -189,6 +192,7 @@ def create_across(
     tls = new_tls_identity()  # TLS-1: across hosts the control plane is TLS
     _native.set_mesh_ca(token, tls["ca"])  # before any connection to the mesh opens
     agents, job = start_agents(hosts, agent_config(mesh_name, token, idle_timeout, meta, tls=tls))
+    _transfer_host_facing(agents[0].addr)  # (before this process's servers start: they face the hosts)
     per = math.prod(per_host.values())
     entries = [
         {"host": a.host, "agent_addr": a.addr, "agent_pid": a.pid, "first_rank": i * per, "procs": per}

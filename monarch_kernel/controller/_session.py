@@ -387,6 +387,16 @@ class Session:
         conns = self.state.connect(ranks)
         return _native.call(_native.Endpoint(BUILTIN, method), conns, ranks, payload, [], origin=origin)
 
+    def tell_root(self, root: str, timeout: float = 5.0) -> None:
+        """SINGLE-1: the live workers' ``MONARCH_ROOT`` becomes ``root`` (an attach)."""
+        live = [r for r in range(self.nprocs) if r not in self.state.dead]
+        if not live or self.state.lost is not None:
+            return
+        try:
+            _native.wait_all(self._builtin(live, "root", root.encode()), timeout)
+        except Exception:  # a worker that does not answer keeps the root it had
+            pass
+
     def report(self, failure: MeshFailure) -> None:
         """Tells supervision of ``failure`` (found here, not by the watch), on a thread
         of its own: it may wait on an actor of this very thread (an owner's

@@ -107,8 +107,9 @@ def session_for(ref: ProcRef) -> MeshControl | None:
 # -- the supervision tree (OWN-1) -------------------------------------------------------
 #
 # OWN-1: an unnamed (ephemeral) mesh created while an actor runs (in its __init__ or
-# an endpoint) belongs to that actor: it stops when the actor stops (after its
-# __cleanup__; recursively, as its own actors stop) or its process ends. A failure
+# an endpoint) belongs to that actor, as do the actors it spawns on any proc mesh:
+# they stop when the actor stops (after its __cleanup__; recursively, as their own
+# actors stop) or, for meshes, when its process ends. A failure
 # in it that no on_failure callback handled goes to the owner's __supervise__
 # (True: handled); one that is still unhandled goes up: to the controller of the
 # owner's mesh, as an "actor_failed" failure of the owner (and so on, up to the
@@ -149,21 +150,25 @@ def user_fault_hook(failure: MeshFailure) -> bool:
     return True
 
 
-def adopt(mesh: str, stop: Callable[[], Any]) -> None:
-    """OWN-1: mesh ``mesh`` (just created here) belongs to the running actor, if any."""
+def adopt(mesh: str, stop: Callable[[], Any], supervise: bool = True) -> None:
+    """OWN-1: ``mesh`` (a proc mesh, or actors spawned on any proc mesh), just made
+    here, belongs to the running actor, if any; with ``supervise``, its failures go to
+    the actor."""
     from monarch_kernel.actor import _current
 
     owner = _current.get().actor_instance.name
     if owner == "root" or not _supervise_with:
         return
     _owned.setdefault(owner, []).append((mesh, stop))
-    supervise = _supervise_with[0]
-    _owners[mesh] = (owner, lambda failure: supervise(owner, failure))
+    if supervise:
+        run = _supervise_with[0]
+        _owners[mesh] = (owner, lambda failure: run(owner, failure))
 
 
 def stop_owned(actor: str) -> None:
-    """OWN-1: stops the meshes ``actor`` owns (it is stopping)."""
-    for mesh, stop in _owned.pop(actor, []):
+    """OWN-1: stops what ``actor`` owns (it is stopping), the newest first: the actors
+    it spawned before the procs they run on."""
+    for mesh, stop in reversed(_owned.pop(actor, [])):
         _owners.pop(mesh, None)
         try:
             stop()

@@ -19,6 +19,7 @@ from monarch_kernel.errors import (
     MeshSpecError,
     SerializationError,
 )
+from monarch_kernel.mesh import _control
 from monarch_kernel.mesh._actor_mesh import ActorMesh, check_endpoint_names, decode_all
 from monarch_kernel.mesh._buffers import HEADER, drop_now, drop_when_done
 from monarch_kernel.mesh._control import MeshControl, MeshFailure, session_for
@@ -149,10 +150,19 @@ class ProcMesh(MeshTrait):
             )
         mesh: ActorMesh[Any] = ActorMesh(name, cls, self._proc, self._shape)
         mesh._init_errors = init_errors
+        _control.adopt(
+            f"actors {name!r} of mesh {self.name!r}", lambda: mesh.stop().get(timeout=30), supervise=False
+        )
         return mesh
 
     def _init_failures(
-        self, name: str, replies: list[Any], ranks: list[int], points: list[Any], failed: str, session: MeshControl
+        self,
+        name: str,
+        replies: list[Any],
+        ranks: list[int],
+        points: list[Any],
+        failed: str,
+        session: MeshControl,
     ) -> dict[int, ActorError]:
         """As in Monarch, an exception in ``__init__`` is a failure of the actor, which
         goes to supervision (``on_failure``, the owner's ``__supervise__``,
@@ -161,12 +171,16 @@ class ProcMesh(MeshTrait):
         errors: dict[int, ActorError] = {}
         for reply, base, point in zip(replies, ranks, points):
             try:
-                decode_all([reply], self._proc, [base], [point], f"spawn of {name}", failed=failed, value=False)
+                decode_all(
+                    [reply], self._proc, [base], [point], f"spawn of {name}", failed=failed, value=False
+                )
             except ActorError as e:
                 errors[base] = e
         for base, err in errors.items():
             session.report(
-                MeshFailure(self.name, "actor_failed", f"actor {name} on rank {base} failed in __init__: {err}", base)
+                MeshFailure(
+                    self.name, "actor_failed", f"actor {name} on rank {base} failed in __init__: {err}", base
+                )
             )
         return errors
 
@@ -182,7 +196,7 @@ class ProcMesh(MeshTrait):
 
     def logging_option(
         self, stream_to_client: bool = True, aggregate_window_sec: float | None = 3, level: int = logging.INFO
-    ) -> None:
+    ) -> Future[None]:
         """Monarch's: whether the workers' output is shown here as it comes
         (``stream_to_client``; ``logs()`` keeps every line either way), and the level
         of the workers' root logger. ``aggregate_window_sec`` is accepted: lines are
@@ -196,6 +210,7 @@ class ProcMesh(MeshTrait):
         if not isinstance(level, int):
             raise ValueError(f"level must be a logging level (logging.INFO, ...), not {level!r}")
         self._session("logging_option()").logging_option(stream_to_client, level)
+        return Future._resolved(None)  # done already; Monarch code awaits it
 
     def stop(self) -> Future[None]:
         """Stops every worker and the host agent, and forgets the mesh's name. Later

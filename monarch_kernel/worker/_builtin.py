@@ -32,6 +32,8 @@ def serve_builtin(d: Dispatcher, item: _native.Incoming) -> None:
     (not by an actor's thread), so it works while the main thread or an actor is
     busy in Python code.
 
+    ``root``: ``MONARCH_ROOT`` becomes the payload (SINGLE-1: a controller attached).
+
     ``log_level``: the root logger's level becomes the payload (a number, as text).
 
     ``usage``: this worker's CPU (percent since the last ``usage``), resident memory
@@ -61,6 +63,12 @@ def serve_builtin(d: Dispatcher, item: _native.Incoming) -> None:
         return
     if method == "pdb_input":
         d._reply(token, _debug.feed(bytes(item.payload).decode("utf-8", "replace")), f"{BUILTIN}.pdb_input")
+        return
+    if method == "root":  # SINGLE-1: a controller attached; it is the root now
+        import os
+
+        os.environ["MONARCH_ROOT"] = bytes(item.payload).decode()
+        d._reply(token, None, f"{BUILTIN}.root")
         return
     if method == "log_level":  # ProcMesh.logging_option(level=...)
         import logging

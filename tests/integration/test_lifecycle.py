@@ -153,3 +153,46 @@ def test_shutdown_context_stops_this_processes_unnamed_meshes(state_home):
     while time.monotonic() < deadline and os.path.exists(f"/proc/{pid}"):
         time.sleep(0.1)
     assert not os.path.exists(f"/proc/{pid}")
+
+
+_bootstrapped: list[str] = []
+
+
+def _setup() -> None:
+    os.environ["BOOTSTRAPPED"] = "sync"
+
+
+async def _setup_async() -> None:
+    import asyncio
+
+    await asyncio.sleep(0)
+    os.environ["BOOTSTRAPPED"] = "async"
+
+
+def _setup_fails() -> None:
+    raise RuntimeError("no scratch disk")
+
+
+class Env(Actor):
+    @endpoint
+    def get(self, key: str) -> str | None:
+        self.logger.info("asked for %s", key)  # Monarch's Actor.logger
+        return os.environ.get(key)
+
+
+@pytest.mark.parametrize(("setup", "expected"), [(_setup, "sync"), (_setup_async, "async")])
+def test_spawn_procs_runs_bootstrap_on_every_proc_first(state_home, setup, expected):
+    procs = this_host().spawn_procs(per_host={"procs": 2}, bootstrap=setup)
+    try:
+        assert (
+            list(procs.spawn("env", Env).get.call("BOOTSTRAPPED").get(timeout=30).values()) == [expected] * 2
+        )
+    finally:
+        procs.stop()
+
+
+def test_a_bootstrap_that_raises_fails_spawn_procs_naming_the_error(state_home):
+    from monarch_kernel import ActorError
+
+    with pytest.raises(ActorError, match="no scratch disk"):
+        this_host().spawn_procs(per_host={"procs": 1}, bootstrap=_setup_fails)

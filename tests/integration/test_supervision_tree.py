@@ -256,3 +256,97 @@ def test_on_failure_callbacks_hear_an_actor_failure_before_the_hook(fresh_procs1
         time.sleep(0.1)
     assert heard and heard[0].kind == "actor_failed"
     assert faults == []
+
+
+class Store(Actor):
+    def __init__(self) -> None:
+        self.data: dict[str, Any] = {}
+
+    @endpoint
+    def put(self, key: str, value: Any) -> None:
+        self.data[key] = value
+
+    @endpoint
+    def get(self, key: str) -> Any:
+        return self.data.get(key)
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class StoreUser(Actor):
+    @endpoint
+    def read(self, key: str) -> Any:
+        return get_or_spawn_controller("store", Store).get(timeout=60).get.call_one(key).get(timeout=60)
+
+    @endpoint
+    def read_from_a_child(self, key: str) -> Any:
+        child = this_host().spawn_procs(per_host={"procs": 1}).spawn("child", StoreUser)
+        return child.read.call_one(key).get(timeout=60)
+
+
+class AsyncStoreUser(Actor):
+    @endpoint
+    async def read(self, key: str) -> Any:
+        store = await get_or_spawn_controller("store", Store)  # (never blocks this loop)
+        return await store.get.call_one(key)
+
+
+class Cleans(Actor):
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    @endpoint
+    def ready(self) -> bool:
+        return True
+
+    def __cleanup__(self, exc: object) -> None:
+        self.store.put.call_one(f"cleaned-{os.getpid()}", True).get(timeout=30)
+
+
+class SpawnsOnPassedProcs(Actor):
+    """Spawns actors on a proc mesh it was given: they are its own, too (OWN-1)."""
+
+    def __init__(self, procs: Any, store: Any) -> None:
+        self.cleans = procs.spawn("cleans", Cleans, store)
+
+    @endpoint
+    def ready(self) -> bool:
+        return self.cleans.ready.call_one().get(timeout=30)
+
+
+def test_get_or_spawn_controller_gives_every_actor_of_the_tree_the_same_singleton(fresh_procs1):
+    store = get_or_spawn_controller("store", Store).get(timeout=60)
+    store.put.call_one("a", 1).get(timeout=30)
+    assert store.pid.call_one().get(timeout=30) == os.getpid()  # it lives in the root controller
+    user = fresh_procs1.spawn("user", StoreUser)
+    assert user.read.call_one("a").get(timeout=60) == 1
+    assert fresh_procs1.spawn("async_user", AsyncStoreUser).read.call_one("a").get(timeout=60) == 1
+    assert user.read_from_a_child.call_one("a").get(timeout=120) == 1  # two levels down
+
+
+def test_actors_an_actor_spawned_on_a_mesh_it_was_given_stop_with_it(fresh_procs1):
+    store = get_or_spawn_controller("cleanup_store", Store).get(timeout=60)
+    owner = fresh_procs1.spawn("owner", SpawnsOnPassedProcs, fresh_procs1, store)
+    assert owner.ready.call_one().get(timeout=60)
+    owner.stop().get(timeout=30)
+    worker = fresh_procs1.spawn("pid", Lambda).run.call_one(os.getpid).get(timeout=30)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not store.get.call_one(f"cleaned-{worker}").get(timeout=30):
+        time.sleep(0.1)
+    assert store.get.call_one(f"cleaned-{worker}").get(timeout=30) is True
+
+
+class AsyncSpawner(Actor):
+    @endpoint
+    async def spawn_singleton(self, name: str) -> str:
+        # An async singleton spawned on this very process: awaiting must leave the
+        # event loop free for its constructor.
+        singleton = await get_or_spawn_controller(name, AsyncStoreUser)
+        return repr(singleton)
+
+
+def test_an_async_actor_on_this_proc_awaits_an_async_singleton_without_blocking_its_loop(state_home):
+    spawner = this_proc().spawn("async_spawner", AsyncSpawner)
+    assert "async_single" in spawner.spawn_singleton.call_one("async_single").get(timeout=60)
