@@ -13,6 +13,7 @@ that the native core parses what Python writes.
 | ``TRANSFER_STREAMS_ENV`` | Rust (transfer engine) | environment variable: parallel TCP streams per transfer across hosts |
 | ``PROMPT_MARK``, ``INPUT_MARK`` | Python | a worker asks the notebook for a line (pdb, ``input()``) |
 | ``BUILTIN`` | Python | the actor every worker has without spawning it |
+| ``ACTOR_FAILED`` | Python | a refused call's text starts with it when the actor failed (DISPATCH-4) |
 | ``SUPERVISION_MARK`` | Python | a worker line that carries a failure up to the mesh's controller (JSON after the mark; OWN-1) |
 """
 
@@ -36,8 +37,12 @@ BUILTIN = "__monarch__"
 #: A failure of one of the worker's actors, for its mesh's controller (OWN-1): JSON
 #: ``{"actor", "message"}`` follows the mark.
 SUPERVISION_MARK = "\x1d monarch supervision "
+#: A refusal (``REPLY_REJECTED``) that says the actor failed (DISPATCH-4): the caller
+#: raises a SupervisionError with the text after it.
+ACTOR_FAILED = "actor failed: "
 
 __all__ = [
+    "ACTOR_FAILED",
     "BUILTIN",
     "DEFAULT_TRANSFER_STREAMS",
     "FLUSH_MARK",

@@ -13,12 +13,14 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from monarch_kernel import _native, _origin
+from monarch_kernel._wire import ACTOR_FAILED
 from monarch_kernel.actor import EndpointProperty, endpoints_of
 from monarch_kernel.errors import (
     ActorError,
     MeshIndexError,
     MeshSpecError,
     SerializationError,
+    SupervisionError,
     UnknownEndpointError,
 )
 from monarch_kernel.mesh import _buffers, _port
@@ -72,7 +74,12 @@ def decode_reply(
         raise ActorError(exc, failed or f"Actor call {what} failed.", formatted, rank=proc.point(base_rank))
     if kind == _FENCED:
         raise proc.fenced(bytes(payload).decode("utf-8", "replace"), base_rank, what)
-    raise proc.rejected(bytes(payload).decode("utf-8", "replace"), base_rank, what)
+    text = bytes(payload).decode("utf-8", "replace")
+    if text.startswith(ACTOR_FAILED):  # DISPATCH-4: the actor itself failed
+        raise SupervisionError(
+            f"Endpoint call {what}() failed, {text[len(ACTOR_FAILED) :]}", mesh=proc.name, rank=base_rank
+        )
+    raise proc.rejected(text, base_rank, what)
 
 
 def decode_all(

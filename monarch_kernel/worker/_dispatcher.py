@@ -17,6 +17,9 @@ messages of its ``@concurrent_endpoint``s, which start in arrival order as tasks
 the event loop and run beside the others (ENDPOINT-2).
 DISPATCH-2: an endpoint's exception goes back to the caller (REPLY_EXCEPTION) and the
 actor stays usable; nothing an actor does takes the dispatcher down.
+DISPATCH-4: a BaseException that is no Exception (and no interrupt) ends the actor,
+as in Monarch: its call fails with a SupervisionError, later calls are refused with
+the reason, its ``__cleanup__`` runs, and its controller hears of it.
 (DISPATCH-3, in ``_lanes``: no lane thread is left waiting in native code at exit.)
 """
 
@@ -37,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from monarch_kernel import _native, _origin
-from monarch_kernel._wire import BUILTIN, SUPERVISION_MARK
+from monarch_kernel._wire import ACTOR_FAILED, BUILTIN, SUPERVISION_MARK
 from monarch_kernel.actor import Context, Instance, _current, _process_default, endpoints_of, is_async_actor
 from monarch_kernel.mesh import _control, _port
 from monarch_kernel.mesh._buffers import wait_read
@@ -79,6 +82,14 @@ class _Actor:
     runner: LaneThread | None = None
 
 
+def _fails_actor(e: BaseException) -> bool:
+    """DISPATCH-4: whether ``e`` ends the actor: a BaseException that is no Exception
+    (Monarch's meaning), except the interrupts the stop button sends."""
+    import asyncio
+
+    return not isinstance(e, (Exception, KeyboardInterrupt, asyncio.CancelledError))
+
+
 def _forget(running: dict[int, Any], call_id: int, _task: Any) -> None:
     running.pop(call_id, None)
 
@@ -101,6 +112,8 @@ class Dispatcher:
         #: Cancels of sync calls that had not started: they end without running.
         self._early_cancels: collections.OrderedDict[int, bool] = collections.OrderedDict()
         _process_default[0] = Context(Instance(point, name="root"), message_rank=point)
+        #: DISPATCH-4: why each failed actor ended (calls to it are refused with it).
+        self._failed: dict[str, str] = {}
         _port.set_local(server.addr, token)
         _control.set_owner_supervision(self._supervise_owner)
 
@@ -177,7 +190,11 @@ class Dispatcher:
         the actor must still be the one that runner serves (not stopped or replaced)."""
         a = self.actors.get(actor)
         if a is None or (runner is not None and a.runner is not runner):
-            self._reject(token, f"no actor named {actor!r} on {self.point} (stopped, or never spawned)")
+            failed = self._failed.get(actor)
+            if failed is not None and a is None:  # DISPATCH-4
+                self._reject(token, ACTOR_FAILED + failed)
+            else:
+                self._reject(token, f"no actor named {actor!r} on {self.point} (stopped, or never spawned)")
             return None
         if (
             method not in a.endpoints
@@ -243,6 +260,7 @@ class Dispatcher:
         """Makes ``a`` the actor of its name (routing thread), replacing any old one."""
         old = self.actors.get(a.name)
         self.actors[a.name] = a
+        self._failed.pop(a.name, None)
         self.server.route(a.name, a.runner.lane if a.runner is not None else None)
         if old is not None:
             self._cleanup(old)
@@ -369,7 +387,10 @@ class Dispatcher:
             result = getattr(a.instance, method)(*args, **kwargs)
         except BaseException as e:  # DISPATCH-2, KeyboardInterrupt from a cancel included
             runner.running_call = None
-            self._reply_exception(token, e, f"{a.name}.{method}")
+            if _fails_actor(e):
+                self._fail_actor(a, e, token, f"{a.name}.{method}")
+            else:
+                self._reply_exception(token, e, f"{a.name}.{method}")
             return
         finally:
             runner.running_call = None
@@ -402,7 +423,10 @@ class Dispatcher:
             try:
                 await asyncio.shield(task)
             except asyncio.CancelledError:
-                if not task.done():  # the consumer itself was cancelled (actor stopped)
+                me = asyncio.current_task()
+                if not task.done() or (me is not None and me.cancelling()):
+                    # the consumer itself was cancelled (the actor stopped), perhaps
+                    # just as its call ended: it ends too
                     task.cancel()
                     raise
             finally:
@@ -420,7 +444,10 @@ class Dispatcher:
             if inspect.isawaitable(result):  # (a sync method through as_endpoint: not)
                 result = await result
         except BaseException as e:  # DISPATCH-2, CancelledError from a cancel included
-            self._reply_exception(token, e, f"{a.name}.{method}")
+            if _fails_actor(e):
+                self._fail_actor(a, e, token, f"{a.name}.{method}")
+            else:
+                self._reply_exception(token, e, f"{a.name}.{method}")
             return
         a.running.pop(call_id, None)  # replying: an interrupt must not cut into that
         live = self._reply(token, result, f"{a.name}.{method}")
@@ -508,6 +535,27 @@ class Dispatcher:
             if task is not None:
                 task.cancel()
                 return
+
+    # -- actor failure (DISPATCH-4) -----------------------------------------------------
+
+    def _fail_actor(self, a: _Actor, exc: BaseException, token: int, what: str) -> None:
+        """DISPATCH-4: ``exc`` (a BaseException that is no Exception, and no interrupt)
+        ends actor ``a``: the call that raised fails with a SupervisionError, later
+        calls to it are refused saying why, its ``__cleanup__`` runs, and supervision
+        hears of it (the actor's controller, as an ``actor_failed`` failure)."""
+        tb = exc.__traceback__.tb_next if exc.__traceback__ else None
+        formatted = "".join(traceback.format_exception(type(exc), exc, tb))
+        who = str(a.context.actor_instance)
+        reason = f"actor {who} exited because of the following reason: {what} raised\n{formatted}"
+        self._failed[a.name] = reason
+        if token:
+            self.server.reply(token, _native.REPLY_REJECTED, (ACTOR_FAILED + reason).encode(), [])
+        name = a.name
+        self.router.submit(lambda: self._stop_actor(0, name) if self.actors.get(name) is a else None)
+        if _control.escalates():
+            self.report_failure(name, reason)
+        else:
+            print(f"monarch: {reason}", file=sys.stderr, flush=True)
 
     # -- the supervision tree (OWN-1) ----------------------------------------------------
 

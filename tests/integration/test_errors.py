@@ -397,3 +397,45 @@ def test_calls_to_a_dead_rank_keep_failing_while_live_ranks_answer(own_procs2):
     assert mesh.slice(procs=1).ping.call_one().get(timeout=TIMEOUT) in (1, 2)
     assert _worker(own_procs2, 0)["state"] == "exited"
     assert _worker(own_procs2, 1)["state"] == "running"
+
+
+class ActorFailure(BaseException):
+    """Not an Exception: ends the actor that raises it (DISPATCH-4)."""
+
+
+class EndsItself(Actor):
+    @endpoint
+    def fail(self) -> None:
+        raise ActorFailure("the actor cannot go on")
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+
+class AsyncEndsItself(Actor):
+    @endpoint
+    async def fail(self) -> None:
+        raise ActorFailure("the actor cannot go on")
+
+    @endpoint
+    async def ping(self) -> str:
+        return "pong"
+
+
+@pytest.mark.parametrize("cls", [EndsItself, AsyncEndsItself])
+def test_a_base_exception_ends_the_actor_its_calls_say_why_and_supervision_hears_it(fresh_procs1, cls):
+    heard: list[Any] = []
+    fresh_procs1.on_failure(heard.append)
+    mesh = fresh_procs1.spawn("ends", cls)
+    with pytest.raises(SupervisionError, match="exited because of the following reason") as first:
+        mesh.fail.call_one().get(timeout=TIMEOUT)
+    assert "ActorFailure: the actor cannot go on" in str(first.value)
+    with pytest.raises(SupervisionError, match="ActorFailure: the actor cannot go on"):
+        mesh.ping.call_one().get(timeout=TIMEOUT)
+    deadline = time.monotonic() + TIMEOUT
+    while not heard and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [f.kind for f in heard] == ["actor_failed"]
+    # The proc is fine: the same name spawned again works.
+    assert fresh_procs1.spawn("ends", cls).ping.call_one().get(timeout=TIMEOUT) == "pong"
