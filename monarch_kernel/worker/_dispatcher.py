@@ -569,16 +569,16 @@ class Dispatcher:
         done = threading.Event()
         out: list[Any] = [False]
 
+        def raised() -> None:
+            traceback.print_exc()
+            print(f"monarch: {actor}.__supervise__ raised (above): the failure is unhandled", file=sys.stderr)
+
         def run() -> None:
             reset = _current.set(a.context)
             try:
                 out[0] = hook(failure)
             except BaseException:
-                traceback.print_exc()
-                print(
-                    f"monarch: {actor}.__supervise__ raised (above): the failure is unhandled",
-                    file=sys.stderr,
-                )
+                raised()
             finally:
                 _current.reset(reset)
                 done.set()
@@ -588,11 +588,7 @@ class Dispatcher:
                 result = hook(failure)
                 out[0] = (await result) if inspect.isawaitable(result) else result
             except BaseException:
-                traceback.print_exc()
-                print(
-                    f"monarch: {actor}.__supervise__ raised (above): the failure is unhandled",
-                    file=sys.stderr,
-                )
+                raised()
             finally:
                 done.set()
 
