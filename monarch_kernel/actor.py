@@ -190,6 +190,31 @@ class Instance:
     proc_mesh: Any = None
 
     @property
+    def creator(self) -> Instance | None:
+        """Who spawned this actor's procs: the controller (``name == "root"``), or the
+        actor that owns them (OWN-1); None for the controller itself."""
+        if self.name == "root":
+            return None
+        if _CREATOR == "<root>":
+            return Instance(Point(0, _ROOT_EXTENT))
+        last = _CREATOR.rsplit(".<", 1)[-1].rstrip(">")  # "module.Class name{rank}"
+        return Instance(Point(0, _ROOT_EXTENT), name=last.split(" ")[-1].split("{")[0])
+
+    def abort(self, reason: str | None = None) -> None:
+        """Ends this actor with a failure once its current message is done: later calls
+        to it fail, and supervision hears of it (DISPATCH-4)."""
+        self._end(reason, failed=True)
+
+    def stop(self, reason: str | None = None) -> None:
+        """Stops this actor once its current message is done (its ``__cleanup__`` runs)."""
+        self._end(reason, failed=False)
+
+    def _end(self, reason: str | None, failed: bool) -> None:
+        if self.name == "root" or not _instance_hooks:
+            raise RuntimeError("abort() and stop() end an actor: call them from an actor's endpoint")
+        _instance_hooks[0](self.name, reason, failed)
+
+    @property
     def actor_id(self) -> str:
         return "<root>" if self.name == "root" else f"{self.name}{self.rank}"
 
@@ -210,6 +235,8 @@ class Context:
 
 _ROOT = Context(Instance(Point(0, _ROOT_EXTENT)))
 _current: contextvars.ContextVar[Context] = contextvars.ContextVar("monarch_kernel_context", default=_ROOT)
+#: The dispatcher's ``(actor name, reason, failed)`` for ``Instance.abort``/``stop``.
+_instance_hooks: list[Callable[[str, str | None, bool], None]] = []
 # The process-wide default when no actor is running (a worker's own proc rank).
 _process_default: list[Context] = [_ROOT]
 

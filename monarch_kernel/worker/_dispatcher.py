@@ -41,7 +41,15 @@ from typing import TYPE_CHECKING, Any
 
 from monarch_kernel import _native, _origin
 from monarch_kernel._wire import ACTOR_FAILED, BUILTIN, SUPERVISION_MARK
-from monarch_kernel.actor import Context, Instance, _current, _process_default, endpoints_of, is_async_actor
+from monarch_kernel.actor import (
+    Context,
+    Instance,
+    _current,
+    _instance_hooks,
+    _process_default,
+    endpoints_of,
+    is_async_actor,
+)
 from monarch_kernel.mesh import _control, _port
 from monarch_kernel.mesh._buffers import wait_read
 from monarch_kernel.mesh._serial import dumps, dumps_exception, loads
@@ -115,6 +123,7 @@ class Dispatcher:
         #: DISPATCH-4: why each failed actor ended (calls to it are refused with it).
         self._failed: dict[str, str] = {}
         _port.set_local(server.addr, token)
+        _instance_hooks[:] = [self._instance_ends]
         _control.set_owner_supervision(self._supervise_owner)
 
     def start(self) -> None:
@@ -545,8 +554,11 @@ class Dispatcher:
         hears of it (the actor's controller, as an ``actor_failed`` failure)."""
         tb = exc.__traceback__.tb_next if exc.__traceback__ else None
         formatted = "".join(traceback.format_exception(type(exc), exc, tb))
-        who = str(a.context.actor_instance)
-        reason = f"actor {who} exited because of the following reason: {what} raised\n{formatted}"
+        self._end_actor(a, f"{what} raised\n{formatted}", token)
+
+    def _end_actor(self, a: _Actor, why: str, token: int = 0) -> None:
+        """DISPATCH-4: actor ``a`` failed (``why``), and ends; see ``_fail_actor``."""
+        reason = f"actor {a.context.actor_instance} exited because of the following reason: {why}"
         self._failed[a.name] = reason
         if token:
             self.server.reply(token, _native.REPLY_REJECTED, (ACTOR_FAILED + reason).encode(), [])
@@ -556,6 +568,33 @@ class Dispatcher:
             self.report_failure(name, reason)
         else:
             print(f"monarch: {reason}", file=sys.stderr, flush=True)
+
+    def _instance_ends(self, name: str, reason: str | None, failed: bool) -> None:
+        """``context().actor_instance.abort(reason)`` (``failed``) or ``.stop(reason)``:
+        the running actor ends once its current message is done."""
+        a = self.actors.get(name)
+        if a is None:
+            return
+        if failed:
+            end = lambda: self._end_actor(a, f"aborted: {reason or 'no reason provided'}")  # noqa: E731
+        else:
+            end = lambda: self.router.submit(
+                lambda: self._stop_actor(0, name) if self.actors.get(name) is a else None
+            )  # noqa: E731
+        # After the message that asked: it completes as usual.
+        if a.runner is not None:
+            a.runner.submit(end)
+            return
+        import asyncio
+
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:  # (another thread)
+            task = None
+        if task is None:
+            end()
+        else:
+            task.add_done_callback(lambda _t: end())
 
     # -- the supervision tree (OWN-1) ----------------------------------------------------
 

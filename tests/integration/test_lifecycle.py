@@ -196,3 +196,65 @@ def test_a_bootstrap_that_raises_fails_spawn_procs_naming_the_error(state_home):
 
     with pytest.raises(ActorError, match="no scratch disk"):
         this_host().spawn_procs(per_host={"procs": 1}, bootstrap=_setup_fails)
+
+
+class SelfEnding(Actor):
+    @endpoint
+    def abort(self, reason: str | None = None) -> str:
+        from monarch_kernel import context
+
+        context().actor_instance.abort(reason)
+        return "answered"
+
+    @endpoint
+    def stop_me(self) -> str:
+        from monarch_kernel import context
+
+        context().actor_instance.stop()
+        return "answered"
+
+    @endpoint
+    def creator_name(self) -> str | None:
+        from monarch_kernel import context
+
+        creator = context().actor_instance.creator
+        return creator.name if creator is not None else None
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+
+def test_an_actor_that_aborts_answers_its_call_then_fails_and_supervision_hears_why(fresh_procs1):
+    from monarch_kernel import SupervisionError
+
+    heard: list[object] = []
+    fresh_procs1.on_failure(heard.append)
+    actor = fresh_procs1.spawn("aborting", SelfEnding)
+    assert actor.abort.call_one("out of disk").get(timeout=30) == "answered"
+    deadline = time.monotonic() + 30
+    while not heard and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert heard and "out of disk" in heard[0].report()  # type: ignore[attr-defined]
+    with pytest.raises(SupervisionError, match="aborted: out of disk"):
+        actor.ping.call_one().get(timeout=30)
+
+
+def test_an_actor_that_stops_itself_answers_its_call_then_is_gone(fresh_procs1):
+    from monarch_kernel import MeshStoppedError
+
+    actor = fresh_procs1.spawn("stopping", SelfEnding)
+    assert actor.stop_me.call_one().get(timeout=30) == "answered"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            actor.ping.call_one().get(timeout=30)
+        except MeshStoppedError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the actor still answers after stopping itself")
+
+
+def test_an_actors_creator_is_the_controller_that_spawned_its_procs(fresh_procs1):
+    assert fresh_procs1.spawn("creator", SelfEnding).creator_name.call_one().get(timeout=30) == "root"
