@@ -18,6 +18,7 @@ import functools
 import inspect
 import logging
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, overload
@@ -178,6 +179,9 @@ _ROOT_EXTENT = Extent([], [])
 #: ``str(instance)`` gives it, comes in the worker's environment), else the controller.
 CREATOR_ENV = "MONARCH_CREATOR"
 _CREATOR = os.environ.get(CREATOR_ENV, "<root>")
+#: The suffix that makes the name of actors an actor spawned unique (``name-<id>``):
+#: names show without it, as Monarch shows its actors' given names.
+_UNIQUE = re.compile(r"-[0-9a-f]{12}$")
 
 
 @dataclass
@@ -222,7 +226,7 @@ class Instance:
         if self.name == "root":
             return "<root>"
         rank = str(self.rank) if len(self.rank) else ""
-        return f"{_CREATOR}.<{self.class_name} {self.name}{rank}>"
+        return f"{_CREATOR}.<{self.class_name} {_UNIQUE.sub('', self.name)}{rank}>"
 
 
 @dataclass

@@ -130,7 +130,11 @@ class HostMesh(MeshTrait):
             _control.adopt(session.name, lambda: session.stop(timeout=10))
         procs = ProcMesh(session.ref, Shape.of(session.sizes))
         if bootstrap is not None:
-            _bootstrap(procs, bootstrap)
+            try:
+                _bootstrap(procs, bootstrap)
+            except BaseException:
+                procs.stop()  # a mesh whose set-up failed is not left running
+                raise
         return procs
 
 

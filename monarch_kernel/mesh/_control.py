@@ -11,6 +11,7 @@ process that imported no controller controls no mesh (the lookup answers None).
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -113,7 +114,9 @@ def session_for(ref: ProcRef) -> MeshControl | None:
 # in it that no on_failure callback handled goes to the owner's __supervise__
 # (True: handled); one that is still unhandled goes up: to the controller of the
 # owner's mesh, as an "actor_failed" failure of the owner (and so on, up to the
-# root controller's on_failure callbacks and unhandled_fault_hook).
+# root controller's on_failure callbacks and unhandled_fault_hook). A failure of
+# actors an actor spawned on any proc mesh goes to that actor the same way (its
+# process's failures port).
 
 #: Meshes owned by each actor of this process: (mesh name, stop()).
 _owned: dict[str, list[tuple[str, Callable[[], Any]]]] = {}
@@ -165,6 +168,49 @@ def adopt(mesh: str, stop: Callable[[], Any], supervise: bool = True) -> None:
         _owners[mesh] = (owner, lambda failure: run(owner, failure))
 
 
+#: This process's channel for failures of actors its actors spawned: its port.
+_hearing: list[Any] = []
+_hearing_lock = threading.Lock()
+
+
+def failures_port() -> Any:
+    """OWN-1: the port on which this process hears of failures of the actors its
+    actors spawned (on any proc mesh), as ``(owner actor, MeshFailure)``; started on
+    first use, with one thread that hands each to the owner (see ``_heard``)."""
+    from monarch_kernel.mesh._port import Channel
+
+    with _hearing_lock:
+        if not _hearing:
+            port: Any
+            receiver: Any
+            port, receiver = Channel.open()
+
+            def serve() -> None:
+                while True:
+                    try:
+                        owner, failure = receiver.recv().get()
+                    except Exception as e:  # (a message that did not unpickle)
+                        print(f"monarch: a failure report could not be read: {e}", file=sys.stderr)
+                        continue
+                    _heard(owner, failure)
+
+            threading.Thread(target=serve, name="monarch-failures", daemon=True).start()
+            _hearing.append(port)
+        return _hearing[0]
+
+
+def _heard(owner: str, failure: MeshFailure) -> None:
+    """A failure of actors ``owner`` spawned: its ``__supervise__``, else up (as a
+    failure of the owner), else (the root) the user's hook, else stderr."""
+    if _supervise_with and _supervise_with[0](owner, failure):
+        return
+    if _escalate:
+        _escalate[0](owner, f"actors it spawned ({failure.mesh})", failure)
+        return
+    if not user_fault_hook(failure):
+        print(f"monarch: {failure.message}", file=sys.stderr, flush=True)
+
+
 def stop_owned(actor: str) -> None:
     """OWN-1: stops what ``actor`` owns (it is stopping), the newest first: the actors
     it spawned before the procs they run on."""
@@ -174,6 +220,11 @@ def stop_owned(actor: str) -> None:
             stop()
         except Exception as e:
             print(f"monarch: stopping mesh {mesh!r} of actor {actor!r} failed: {e}", file=sys.stderr)
+
+
+def has_dispatcher() -> bool:
+    """Whether actors run in this process (a worker, or a controller's ``this_proc``)."""
+    return bool(_supervise_with)
 
 
 def owns(actor: str) -> bool:
@@ -217,6 +268,8 @@ __all__ = [
     "adopt",
     "escalate",
     "escalates",
+    "failures_port",
+    "has_dispatcher",
     "owns",
     "owner_handles",
     "register",

@@ -7,12 +7,14 @@ from __future__ import annotations
 import atexit
 import logging
 import pickle
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from monarch_kernel import _native, _origin
-from monarch_kernel.actor import is_async_actor
+from monarch_kernel._wire import BUILTIN
+from monarch_kernel.actor import _current, is_async_actor
 from monarch_kernel.errors import (
     ActorError,
     MeshOwnershipError,
@@ -111,10 +113,15 @@ class ProcMesh(MeshTrait):
         """Creates actor ``cls(*args, **kwargs)`` on every proc, under ``name``.
 
         Returns an ``ActorMesh`` once every constructor has returned; a constructor that
-        raises gives ``ActorError`` naming the rank. A name already in use is replaced.
+        raises goes to supervision (Monarch's meaning), and calls to its rank raise its
+        ``ActorError``. From the controller, a name already in use is replaced (a cell run
+        again replaces its actors); an actor's spawns get a name of their own,
+        ``name-<id>``, as in Monarch, so that actors spawning alike never collide.
         """
         if not isinstance(name, str) or not name:
             raise MeshSpecError(f"spawn() needs a non-empty actor name, not {name!r}")
+        if _current.get().actor_instance.name != "root" and _control.has_dispatcher():
+            name = f"{name}-{uuid.uuid4().hex[:12]}"  # OWN-1: spawned by an actor
         is_async_actor(cls)
         check_endpoint_names(cls)
         what = f"class and constructor arguments of actor {name!r}"
@@ -150,10 +157,20 @@ class ProcMesh(MeshTrait):
             )
         mesh: ActorMesh[Any] = ActorMesh(name, cls, self._proc, self._shape)
         mesh._init_errors = init_errors
-        _control.adopt(
-            f"actors {name!r} of mesh {self.name!r}", lambda: mesh.stop().get(timeout=30), supervise=False
-        )
+        owner = _current.get().actor_instance.name
+        if owner != "root" and _control.has_dispatcher():  # OWN-1: an actor spawned them
+            _control.adopt(
+                f"actors {name!r} of mesh {self.name!r}", lambda: mesh.stop().get(timeout=30), supervise=False
+            )
+            self._supervised_by(owner, name, conns, ranks)
         return mesh
+
+    def _supervised_by(self, owner: str, name: str, conns: list[Any], ranks: list[int]) -> None:
+        """OWN-1: failures of actors ``name`` (just spawned by actor ``owner`` of this
+        process) go to ``owner``: their workers get this process's failures port."""
+        payload, buffers = dumps((name, owner, _control.failures_port()), "supervision of a spawn")
+        calls = _native.call(_native.Endpoint(BUILTIN, "supervise"), conns, ranks, payload, buffers)
+        wait_calls(calls, SPAWN_TIMEOUT, f"supervision of {name}")
 
     def _init_failures(
         self,

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from monarch_kernel import _native, _origin
 from monarch_kernel._wire import BUILTIN, FLUSH_MARK
+from monarch_kernel.mesh._serial import loads
 from monarch_kernel.worker import _debug, _output
 from monarch_kernel.worker._lanes import thread_stacks
 
@@ -31,6 +32,9 @@ def serve_builtin(d: Dispatcher, item: _native.Incoming) -> None:
     ``stacks``: the current Python stack of every thread, as text; answered here
     (not by an actor's thread), so it works while the main thread or an actor is
     busy in Python code.
+
+    ``supervise``: the payload is (actor, owner, port): failures of ``actor`` here go
+    on ``port`` to the actor ``owner`` that spawned it (OWN-1).
 
     ``root``: ``MONARCH_ROOT`` becomes the payload (SINGLE-1: a controller attached).
 
@@ -63,6 +67,11 @@ def serve_builtin(d: Dispatcher, item: _native.Incoming) -> None:
         return
     if method == "pdb_input":
         d._reply(token, _debug.feed(bytes(item.payload).decode("utf-8", "replace")), f"{BUILTIN}.pdb_input")
+        return
+    if method == "supervise":  # OWN-1: an actor spawned these actors: their failures go to it
+        actor, owner, port = loads(item.payload, item.buffers, d.token)
+        d._supervisors[actor] = (owner, port)
+        d._reply(token, None, f"{BUILTIN}.supervise")
         return
     if method == "root":  # SINGLE-1: a controller attached; it is the root now
         import os

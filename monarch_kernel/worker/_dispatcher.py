@@ -52,6 +52,7 @@ from monarch_kernel.actor import (
 )
 from monarch_kernel.mesh import _control, _port
 from monarch_kernel.mesh._buffers import wait_read
+from monarch_kernel.mesh._control import MeshFailure
 from monarch_kernel.mesh._serial import dumps, dumps_exception, loads
 from monarch_kernel.mesh._shape import Extent, Point
 from monarch_kernel.worker import _debug, _output
@@ -67,6 +68,8 @@ _LANE_LOOP = _native.LANE_LOOP
 _HOOKS = frozenset({"__supervise__"})
 #: Longest an actor waits for its caller to pull a large return value (XFER-2).
 REPLY_WAIT_S = 10.0
+#: This worker's mesh, as failures name it.
+_MESH = os.environ.get("MONARCH_MESH", "mesh")
 #: A worker's exit status when a second interrupt ended it (INTERRUPT-2), as a shell's 128 + SIGINT.
 EXIT_INTERRUPTED = 130
 
@@ -122,6 +125,9 @@ class Dispatcher:
         _process_default[0] = Context(Instance(point, name="root"), message_rank=point)
         #: DISPATCH-4: why each failed actor ended (calls to it are refused with it).
         self._failed: dict[str, str] = {}
+        #: OWN-1: actors spawned by an actor: (that actor's name, the port its
+        #: process hears failures on), set by the built-in ``supervise``.
+        self._supervisors: dict[str, tuple[str, Any]] = {}
         _port.set_local(server.addr, token)
         _instance_hooks[:] = [self._instance_ends]
         _control.set_owner_supervision(self._supervise_owner)
@@ -270,6 +276,7 @@ class Dispatcher:
         old = self.actors.get(a.name)
         self.actors[a.name] = a
         self._failed.pop(a.name, None)
+        self._supervisors.pop(a.name, None)
         self.server.route(a.name, a.runner.lane if a.runner is not None else None)
         if old is not None:
             self._cleanup(old)
@@ -564,10 +571,25 @@ class Dispatcher:
             self.server.reply(token, _native.REPLY_REJECTED, (ACTOR_FAILED + reason).encode(), [])
         name = a.name
         self.router.submit(lambda: self._stop_actor(0, name) if self.actors.get(name) is a else None)
+        self._actor_failed(name, reason)
+
+    def _actor_failed(self, actor: str, message: str) -> None:
+        """Supervision of a failure of ``actor`` (OWN-1): to the actor that spawned it
+        (the port it gave, ``supervise``), else to this worker's controller, else (the
+        controller's own ``this_proc()``) on stderr."""
+        sup = self._supervisors.get(actor)
+        if sup is not None:
+            owner, port = sup
+            rank = self.point.rank if len(self.point) else None
+            try:
+                port.send((owner, MeshFailure(_MESH, "actor_failed", message, rank)))
+                return
+            except Exception as e:  # its owner is gone: the controller hears of it instead
+                print(f"monarch: the owner of actor {actor!r} did not get its failure: {e}", file=sys.stderr)
         if _control.escalates():
-            self.report_failure(name, reason)
+            self.report_failure(actor, message)
         else:
-            print(f"monarch: {reason}", file=sys.stderr, flush=True)
+            print(f"monarch: {message}", file=sys.stderr, flush=True)
 
     def _instance_ends(self, name: str, reason: str | None, failed: bool) -> None:
         """``context().actor_instance.abort(reason)`` (``failed``) or ``.stop(reason)``:
@@ -575,12 +597,17 @@ class Dispatcher:
         a = self.actors.get(name)
         if a is None:
             return
-        if failed:
-            end = lambda: self._end_actor(a, f"aborted: {reason or 'no reason provided'}")  # noqa: E731
-        else:
-            end = lambda: self.router.submit(
-                lambda: self._stop_actor(0, name) if self.actors.get(name) is a else None
-            )  # noqa: E731
+
+        def stop() -> None:
+            if self.actors.get(name) is a:
+                self._stop_actor(0, name)
+
+        def end() -> None:
+            if failed:
+                self._end_actor(a, f"aborted: {reason or 'no reason provided'}")
+            else:
+                self.router.submit(stop)
+
         # After the message that asked: it completes as usual.
         if a.runner is not None:
             a.runner.submit(end)
@@ -650,9 +677,9 @@ class Dispatcher:
         goes to this worker's controller, as a failure of the owner."""
         a = self.actors.get(owner)
         who = str(a.context.actor_instance) if a is not None else owner
+        what = mesh if mesh.startswith("actors it spawned") else f"its mesh {mesh!r}"
         self.report_failure(
-            owner,
-            f"actor {who} failed: its mesh {mesh!r} had a failure it did not handle:\n{failure.message}",
+            owner, f"actor {who} failed: {what} had a failure it did not handle:\n{failure.message}"
         )
 
     @staticmethod
@@ -693,11 +720,11 @@ class Dispatcher:
         if start is not None and not isinstance(exc, KeyboardInterrupt):
             _debug.last_traceback[0] = start  # for %mesh debug --post-mortem
         formatted = "".join(traceback.format_exception(type(exc), exc, start))
-        if not token and _control.escalates() and what:  # a broadcast: nobody waits for it (OWN-1)
+        if not token and what:  # a broadcast: nobody waits for it (OWN-1)
             actor = what.split(".", 1)[0]
             a = self.actors.get(actor)
             who = str(a.context.actor_instance) if a is not None else actor
-            self.report_failure(
+            self._actor_failed(
                 actor,
                 f"actor {who} failed: {what} raised, in a message nobody waited for the answer of "
                 f"(a broadcast). This occurred because the actor itself failed.\n{formatted}",

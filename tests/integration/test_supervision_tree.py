@@ -16,6 +16,7 @@ import monarch_kernel
 from monarch_kernel import (
     Actor,
     MeshFailure,
+    SupervisionError,
     endpoint,
     get_or_spawn_controller,
     this_host,
@@ -350,3 +351,60 @@ class AsyncSpawner(Actor):
 def test_an_async_actor_on_this_proc_awaits_an_async_singleton_without_blocking_its_loop(state_home):
     spawner = this_proc().spawn("async_spawner", AsyncSpawner)
     assert "async_single" in spawner.spawn_singleton.call_one("async_single").get(timeout=60)
+
+
+class Fails(BaseException):
+    pass
+
+
+class Failing(Actor):
+    @endpoint
+    async def fail(self) -> None:
+        raise Fails("the actor cannot go on")
+
+    @endpoint
+    async def check(self) -> str:
+        return "ok"
+
+
+class SupervisesWhatItSpawned(Actor):
+    def __init__(self, procs: Any) -> None:
+        self.mesh = procs.spawn("failing", Failing)  # on a mesh it was given
+        self.seen: list[str] = []
+
+    @endpoint
+    async def fail_them(self) -> str:
+        try:
+            await self.mesh.fail.call()
+        except SupervisionError:
+            return "raised"
+        return "did not raise"
+
+    @endpoint
+    async def broadcast_fail(self) -> None:
+        self.mesh.fail.broadcast()
+
+    @endpoint
+    async def failures_seen(self) -> list[str]:
+        return self.seen
+
+    def __supervise__(self, failure: MeshFailure) -> bool:
+        self.seen.append(failure.message)
+        return True
+
+
+def test_failures_of_actors_an_actor_spawned_on_a_mesh_it_was_given_go_to_its_supervise(fresh_procs1, faults):
+    other = this_host().spawn_procs(per_host={"procs": 2})
+    try:
+        sup = fresh_procs1.spawn("sup", SupervisesWhatItSpawned, other)
+        assert sup.fail_them.call_one().get(timeout=60) == "raised"
+        deadline = time.monotonic() + 30
+        seen: list[str] = []
+        while time.monotonic() < deadline and len(seen) < 2:
+            seen = sup.failures_seen.call_one().get(timeout=30)
+            time.sleep(0.1)
+        assert len(seen) == 2 and all("failing" in m and "Fails: the actor cannot go on" in m for m in seen)
+        time.sleep(0.5)
+        assert faults == []  # handled by the actor that spawned them
+    finally:
+        other.stop()
