@@ -403,7 +403,7 @@ class Dispatcher:
             result = getattr(a.instance, method)(*args, **kwargs)
         except BaseException as e:  # DISPATCH-2, KeyboardInterrupt from a cancel included
             runner.running_call = None
-            if _fails_actor(e):
+            if _fails_actor(e) and getattr(a.instance, "_base_exceptions_end_it", True):
                 self._fail_actor(a, e, token, f"{a.name}.{method}")
             else:
                 self._reply_exception(token, e, f"{a.name}.{method}")
@@ -460,7 +460,7 @@ class Dispatcher:
             if inspect.isawaitable(result):  # (a sync method through as_endpoint: not)
                 result = await result
         except BaseException as e:  # DISPATCH-2, CancelledError from a cancel included
-            if _fails_actor(e):
+            if _fails_actor(e) and getattr(a.instance, "_base_exceptions_end_it", True):
                 self._fail_actor(a, e, token, f"{a.name}.{method}")
             else:
                 self._reply_exception(token, e, f"{a.name}.{method}")

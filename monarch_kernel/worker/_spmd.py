@@ -120,6 +120,10 @@ def run_cell(source: str, filename: str) -> str | None:
 class MeshCells(Actor):
     """Spawned by the kernel on a mesh under the name ``__mesh_cells__``."""
 
+    #: A cell that raises SystemExit (``sys.exit()``) is an error in that cell, as in
+    #: IPython, not the end of the actor that runs every cell (DISPATCH-4).
+    _base_exceptions_end_it = False
+
     @endpoint
     def run(self, source: str, filename: str) -> str | None:
         # SPMD code asks where it runs: current_rank() is this proc's rank in the
