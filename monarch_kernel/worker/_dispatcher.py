@@ -285,9 +285,10 @@ class Dispatcher:
     def _stop_actor(self, token: int, name: str) -> None:
         a = self.actors.pop(name, None)
         self.server.route(name, None)
-        if a is not None:
-            self._cleanup(a)
-        self._reply(token, None, f"stop of {name}")
+        if a is None:
+            self._reply(token, None, f"stop of {name}")
+        else:  # the stop is answered once the actor has ended (its __cleanup__ ran), as in Monarch
+            self._cleanup(a, lambda: self._reply(token, None, f"stop of {name}"))
 
     def _close_runner(self, runner: LaneThread) -> None:
         """Ends ``runner``'s thread (on it); calls still queued for it are rejected."""
@@ -296,25 +297,32 @@ class Dispatcher:
         for item in self.server.close_lane(runner.lane):
             self._reject(item.token, f"actor {item.actor!r} was stopped")
 
-    def _cleanup(self, a: _Actor) -> None:
-        """Runs ``a``'s ``__cleanup__`` after what it has queued, then ends it."""
+    def _cleanup(self, a: _Actor, then: Callable[[], Any] | None = None) -> None:
+        """Runs ``a``'s ``__cleanup__`` after what it has queued, then ends it; then
+        ``then()``."""
         hook = getattr(a.instance, "__cleanup__", None)
         if a.is_async:
-            self._async().call_soon_threadsafe(self._cleanup_async, a, hook)
+            self._async().call_soon_threadsafe(self._cleanup_async, a, hook, then)
             return
         runner = a.runner
         assert runner is not None
         if hook is not None:
             runner.submit(lambda: self._guarded_sync(hook, f"{a.name}.__cleanup__"))
         runner.submit(lambda: _control.stop_owned(a.name))  # OWN-1
+        if then is not None:
+            runner.submit(then)
         runner.submit(lambda: self._close_runner(runner))
 
-    def _cleanup_async(self, a: _Actor, hook: Callable[[Any], Any] | None) -> None:
+    def _cleanup_async(
+        self, a: _Actor, hook: Callable[[Any], Any] | None, then: Callable[[], Any] | None = None
+    ) -> None:
         import asyncio
 
         if a.task is not None:
             a.task.cancel()
         task = asyncio.get_running_loop().create_task(self._end_async(a, hook))
+        if then is not None:
+            task.add_done_callback(lambda _t: then())
         self._async_cleanups = [t for t in self._async_cleanups if not t.done()] + [task]
 
     async def _end_async(self, a: _Actor, hook: Callable[[Any], Any] | None) -> None:
