@@ -46,7 +46,8 @@ class MeshFailure:
     log_tail: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
-        return self.message
+        rank = "" if self.rank is None else f", rank={self.rank}"
+        return f"MeshFailure(mesh={self.mesh!r}{rank}, kind={self.kind!r}): {self.message}"
 
     def report(self) -> str:
         """The failure in words (Monarch's ``MeshFailure.report()``)."""
@@ -218,8 +219,10 @@ def stop_owned(actor: str) -> None:
         _owners.pop(mesh, None)
         try:
             stop()
+        except SupervisionError:
+            pass  # gone already (its worker died, its mesh stopped): nothing left to stop
         except Exception as e:
-            print(f"monarch: stopping mesh {mesh!r} of actor {actor!r} failed: {e}", file=sys.stderr)
+            print(f"monarch: stopping {mesh} of actor {actor!r} failed: {e}", file=sys.stderr)
 
 
 def has_dispatcher() -> bool:

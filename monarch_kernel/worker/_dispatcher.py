@@ -575,11 +575,11 @@ class Dispatcher:
         """DISPATCH-4: actor ``a`` failed (``why``), and ends; see ``_fail_actor``."""
         reason = f"actor {a.context.actor_instance} exited because of the following reason: {why}"
         self._failed[a.name] = reason
+        name = a.name
+        self._actor_failed(name, reason)  # (first: its supervisor hears before its caller)
         if token:
             self.server.reply(token, _native.REPLY_REJECTED, (ACTOR_FAILED + reason).encode(), [])
-        name = a.name
         self.router.submit(lambda: self._stop_actor(0, name) if self.actors.get(name) is a else None)
-        self._actor_failed(name, reason)
 
     def _actor_failed(self, actor: str, message: str) -> None:
         """Supervision of a failure of ``actor`` (OWN-1): to the actor that spawned it
@@ -682,13 +682,15 @@ class Dispatcher:
 
     def send_up(self, owner: str, mesh: str, failure: Any) -> None:
         """OWN-1: a failure of mesh ``mesh`` that its owner ``owner`` did not handle
-        goes to this worker's controller, as a failure of the owner."""
+        fails the owner, as in Monarch (DISPATCH-4: later calls to it say why), and goes
+        up to its own supervisor as a failure of the owner."""
         a = self.actors.get(owner)
-        who = str(a.context.actor_instance) if a is not None else owner
         what = mesh if mesh.startswith("actors it spawned") else f"its mesh {mesh!r}"
-        self.report_failure(
-            owner, f"actor {who} failed: {what} had a failure it did not handle:\n{failure.message}"
-        )
+        why = f"{what} had a failure it did not handle:\n{failure.message}"
+        if a is not None:
+            self._end_actor(a, why)
+        else:
+            self._actor_failed(owner, f"actor {owner} failed: {why}")
 
     @staticmethod
     def report_failure(actor: str, message: str) -> None:
