@@ -111,13 +111,12 @@ def session_for(ref: ProcRef) -> MeshControl | None:
 # OWN-1: an unnamed (ephemeral) mesh created while an actor runs (in its __init__ or
 # an endpoint) belongs to that actor, as do the actors it spawns on any proc mesh:
 # they stop when the actor stops (after its __cleanup__; recursively, as their own
-# actors stop) or, for meshes, when its process ends. A failure
-# in it that no on_failure callback handled goes to the owner's __supervise__
-# (True: handled); one that is still unhandled goes up: to the controller of the
-# owner's mesh, as an "actor_failed" failure of the owner (and so on, up to the
-# root controller's on_failure callbacks and unhandled_fault_hook). A failure of
-# actors an actor spawned on any proc mesh goes to that actor the same way (its
-# process's failures port).
+# actors stop) or, for meshes, when its process ends. A failure in them that no
+# on_failure callback handled goes to the owner's __supervise__ (True: handled); one
+# still unhandled fails the owner (DISPATCH-4) and goes up, to the controller of the
+# owner's mesh as an "actor_failed" failure of the owner, and so on up to the root
+# controller's on_failure callbacks and unhandled_fault_hook. The failures of actors
+# an actor spawned come to its process on its failures port.
 
 #: Meshes owned by each actor of this process: (mesh name, stop()).
 _owned: dict[str, list[tuple[str, Callable[[], Any]]]] = {}
