@@ -35,6 +35,7 @@ names the thing (mesh, actor, rank, pid) and what to do next.
 from __future__ import annotations
 
 import os
+import re
 import traceback
 from typing import Any
 
@@ -89,6 +90,10 @@ class MonarchKernelError(Exception):
         return lines
 
 
+#: A ``%%mesh`` cell's file in a remote traceback (``kernel/_cells.py`` names them).
+_CELL_FILE = re.compile(r'File "<%%mesh cell (\d+)>", line (\d+)')
+
+
 class ActorError(MonarchKernelError):
     """An endpoint raised an exception; the actor is still usable.
 
@@ -108,9 +113,12 @@ class ActorError(MonarchKernelError):
     ) -> None:
         self.exception = exception
         self.message = message
-        self.exception_formatted = exception_formatted.replace(
-            "Traceback (most recent call last):",
-            "Traceback of where the remote call failed (most recent call last):",
+        self.exception_formatted = _CELL_FILE.sub(
+            r"Cell In[\1], line \2",  # TB-1: %%mesh cells named as IPython names cells
+            exception_formatted.replace(
+                "Traceback (most recent call last):",
+                "Traceback of where the remote call failed (most recent call last):",
+            ),
         )
         self.rank = rank
         super().__init__(message)

@@ -5,6 +5,7 @@ then each rank's value or the ranks' remote tracebacks."""
 from __future__ import annotations
 
 import hashlib
+import queue
 import time
 from typing import Any
 
@@ -12,11 +13,15 @@ from IPython.core.error import UsageError
 from IPython.display import display
 
 from monarch_kernel import Shape, _origin, controller
-from monarch_kernel.errors import ActorError, MonarchKernelError
-from monarch_kernel.kernel._progress import Bar, answer_prompts, say_what_it_waits_for
+from monarch_kernel.errors import ActorError, MonarchKernelError, SupervisionError
+from monarch_kernel.kernel._progress import EVERY, Bar, answer_prompts, say_what_it_waits_for
 
 #: Remote tracebacks shown in full when many ranks fail.
 SHOW_TRACEBACKS = 3
+#: How long a cell waits for its ranks' end marks (CELL-1) after their replies.
+MARKS_WAIT_S = 2.0
+#: Put on a cell's queue when one of its calls ends.
+_DONE = object()
 
 
 class MeshCellError(MonarchKernelError):
@@ -70,18 +75,38 @@ class MeshCellRun:
 
     def follow(self, q: Any, origin: str, router: Any, group: str, timeout: float | None) -> None:
         """Shows the cell's output live until every rank is done, then its values (or
-        raises ``MeshCellError`` with the ranks' tracebacks)."""
-        run, session = self, self.session
+        raises ``MeshCellError`` with the ranks' tracebacks).
+
+        Event driven: the wait wakes when a line arrives or a rank's call ends (its
+        done callback puts ``_DONE`` on the same queue), never on a timer while the
+        cell is quick; a second into the wait, the progress bar and the debugger
+        prompts are looked at every ``Bar`` step."""
+        run = self
         blocks = _Blocks(run.ranks, group)
+        wake: Any = q if q is not None else queue.SimpleQueue()
+        for f in run.futures:
+            for c in f._calls:
+                c.add_done_callback(lambda: wake.put(_DONE))
         deadline = None if timeout is None else time.monotonic() + timeout
         started, bar, said = time.monotonic(), None, False
         try:
             while not run.done():
+                elapsed = time.monotonic() - started
+                wait = 1.0 - elapsed if elapsed < 1.0 else EVERY
+                if deadline is not None:
+                    wait = min(wait, max(0.0, deadline - time.monotonic()))
+                try:
+                    item = wake.get(timeout=max(wait, 0.0))
+                except queue.Empty:
+                    item = None
+                if item is not None and item is not _DONE:
+                    blocks.add(item)
                 blocks.drain(q)
-                if bar is None and time.monotonic() - started > 1.0:
+                if time.monotonic() - started < 1.0:
+                    continue
+                if bar is None:
                     bar = Bar(len(run.ranks), f"%%mesh on {run.mesh}")
-                if bar is not None:
-                    bar.update(sum(f.done() for f in run.futures))
+                bar.update(sum(f.done() for f in run.futures))
                 if not said and time.monotonic() - started > 2.0:
                     said = True
                     say_what_it_waits_for(controller.calls_of(run.futures))
@@ -91,7 +116,6 @@ class MeshCellRun:
                     raise TimeoutError(
                         f"%%mesh: the cell ran over {timeout} s; it was interrupted on the workers"
                     )
-                time.sleep(0.05)
         except KeyboardInterrupt:
             run.cancel()
             blocks.drain(q)
@@ -100,20 +124,7 @@ class MeshCellRun:
             if bar is not None:
                 bar.close()
         if q is not None:
-            try:
-                ranks = session.flush(origin, timeout=2.0)
-                # Until the flush marks came: as long as output still arrives (a cell
-                # that printed a lot), then at most 2 s more.
-                quiet_since = until = time.monotonic()
-                until += 60.0  # a task that prints on and on does not hold the cell forever
-                while not router.wait_marks(origin, run.mesh, ranks, 0.1):
-                    if blocks.drain(q):
-                        quiet_since = time.monotonic()
-                    if time.monotonic() - quiet_since > 2.0 or time.monotonic() > until:
-                        break
-            except (MonarchKernelError, TimeoutError):
-                pass  # show what came; the results below are what matter
-            blocks.drain(q)
+            self._wait_output(q, origin, router, blocks)
         failures: list[tuple[int, ActorError]] = []
         for r, f in zip(run.ranks, run.futures):
             e = f.exception()
@@ -126,6 +137,32 @@ class MeshCellRun:
         blocks.finish()
         if failures:
             raise MeshCellError(failures, len(run.ranks))
+
+    def _wait_output(self, q: Any, origin: str, router: Any, blocks: _Blocks) -> None:
+        """CELL-1: each rank that ran the cell wrote its end marks before replying;
+        once they are here, so is everything it printed before. A rank whose marks do
+        not come (its worker died) is asked to flush, as output of other threads may
+        still be on its way; at most a few seconds, never a cell held forever."""
+        answered = [
+            r for r, f in zip(self.ranks, self.futures) if not isinstance(f.exception(), SupervisionError)
+        ]
+        if router.wait_marks(origin, self.mesh, answered, MARKS_WAIT_S, drain=lambda: blocks.drain(q)):
+            blocks.drain(q)
+            if set(answered) == set(range(self.session.nprocs)):
+                _origin.touched.discard(self.mesh)  # all its output is in: no flush after the cell
+            return
+        try:
+            ranks = self.session.flush(origin, timeout=2.0)
+            quiet_since = until = time.monotonic()
+            until += 60.0  # a task that prints on and on does not hold the cell forever
+            while not router.wait_marks(origin, self.mesh, ranks, 0.1):
+                if blocks.drain(q):
+                    quiet_since = time.monotonic()
+                if time.monotonic() - quiet_since > 2.0 or time.monotonic() > until:
+                    break
+        except (MonarchKernelError, TimeoutError):
+            pass  # show what came; the results are what matter
+        blocks.drain(q)
 
     def __repr__(self) -> str:
         return f"<%%mesh run on {self.mesh!r} ranks {self.ranks}: {'done' if self.done() else 'running'}>"
@@ -188,11 +225,15 @@ def run_cell(
     origin = _origin.current()
     router = getattr(getattr(shell, "kernel", None), "router", None)
     q = router.capture(origin) if router is not None and origin else None
-    # Named by its content, as ipykernel names cells: one name per source, so a
-    # function from an earlier cell keeps its own lines in tracebacks and pdb.
-    filename = f"<%%mesh cell {hashlib.sha1(cell.encode()).hexdigest()[:8]}>"
+    # TB-1: named by the cell's execution count, as IPython names cells (``Cell In[n]``
+    # in tracebacks), so a function from an earlier cell keeps its own cell and lines;
+    # the source goes with an empty first line where the ``%%mesh`` line stands, so
+    # line numbers are the editor's.
+    count = getattr(getattr(shell, "kernel", None), "cell_number", None)
+    tag = str(count) if isinstance(count, int) else hashlib.sha1(cell.encode()).hexdigest()[:8]
+    filename = f"<%%mesh cell {tag}>"
     try:
-        run = MeshCellRun(session, ranks, controller.run_cell(session, ranks, cell, filename))
+        run = MeshCellRun(session, ranks, controller.run_cell(session, ranks, "\n" + cell, filename))
         if noblock:
             shell.user_ns["_mesh_run"] = run
             print(f"running on ranks {ranks} of {session.name!r}; _mesh_run.wait() for the results")
@@ -221,35 +262,57 @@ class _Blocks:
         self.parts: dict[int, int] = {r: 0 for r in ranks}  # blocks a rank has filled
         self.handles: dict[int, Any] = {}
         self.values: dict[int, str] = {}
+        #: Ranks whose last line came with ``\r``: the next such line rewrites it.
+        self.open_cr: dict[int, bool] = {}
+        self._changed: set[int] = set()
 
     def drain(self, q: Any) -> int:
-        """Shows what came on ``q``; how many lines that was."""
-        if q is None:
-            return 0
-        changed: set[int] = set()
+        """Shows what came on ``q`` (and what ``add`` took); how many lines that was."""
         count = 0
-        while True:
+        while q is not None:
             try:
-                _mesh, rank, stream, text = q.get_nowait()
+                item = q.get_nowait()
             except Exception:
                 break
-            count += 1
-            if self.group == "order":
-                print(f"[rank {rank}] {text}")
-                continue
-            if self.size.get(rank, 0) + len(text) > self.BLOCK_CHARS and self.text.get(rank):
-                if rank in changed:
-                    self._show(rank)  # the full block, as it stays
-                    changed.discard(rank)
-                self.handles.pop(rank, None)
-                self.text[rank], self.size[rank] = [], 0
-                self.parts[rank] = self.parts.get(rank, 0) + 1
-            self.text.setdefault(rank, []).append(text)
-            self.size[rank] = self.size.get(rank, 0) + len(text) + 1
-            changed.add(rank)
-        for r in sorted(changed):
+            if item is not _DONE:
+                self.add(item)
+                count += 1
+        for r in sorted(self._changed):
             self._show(r)
+        self._changed.clear()
         return count
+
+    def add(self, item: tuple[str, int, str, str]) -> None:
+        """Takes one line of a rank (shown by the next ``drain``). A line with ``\r``
+        is what a terminal would show of it: the text after its last ``\r``, and it
+        rewrites the rank's last line if that one was such a line too (a progress bar
+        updating in place)."""
+        _mesh, rank, _stream, text = item
+        rewrite = "\r" in text
+        if rewrite:
+            text = text.rsplit("\r", 1)[1] or text.rstrip("\r").rsplit("\r", 1)[-1]
+        if self.group == "order":
+            print(f"[rank {rank}] {text}")
+            return
+        lines = self.text.setdefault(rank, [])
+        if rewrite and self.open_cr.get(rank) and lines:
+            self.size[rank] -= len(lines[-1]) + 1
+            lines[-1] = text
+            self.size[rank] += len(text) + 1
+            self._changed.add(rank)
+            return
+        self.open_cr[rank] = rewrite
+        if self.size.get(rank, 0) + len(text) > self.BLOCK_CHARS and lines:
+            if rank in self._changed:
+                self._show(rank)  # the full block, as it stays
+                self._changed.discard(rank)
+            self.handles.pop(rank, None)
+            lines = self.text[rank] = []
+            self.size[rank] = 0
+            self.parts[rank] = self.parts.get(rank, 0) + 1
+        lines.append(text)
+        self.size[rank] = self.size.get(rank, 0) + len(text) + 1
+        self._changed.add(rank)
 
     def _render(self, rank: int) -> _Text:
         body = "\n".join(self.text.get(rank, []))

@@ -92,6 +92,8 @@ class MonarchKernel(IPythonKernel):
         origin = str(parent.get("header", {}).get("msg_id", ""))
         pending, failures = self.router.cell_started(origin, parent)
         _origin.set_default(origin)
+        #: TB-1: the number the cell gets (``In[n]``), read before IPython counts it.
+        self.cell_number = getattr(self.shell, "execution_count", None)
         if self._start_line is not None:  # KERNEL-1
             print(self._start_line)
             self._start_line = None

@@ -41,6 +41,8 @@ class Router:
         self.current: str = ""  # the origin (msg id) of the cell running now, if any
         self._captures: dict[str, queue.SimpleQueue[tuple[str, int, str, str]]] = {}
         self._marks: collections.defaultdict[str, set[tuple[str, int, str]]] = collections.defaultdict(set)
+        #: Captured lines so far (a cell waiting for its marks wakes on each).
+        self._lines_seen = 0
         self._pending: list[tuple[str, str]] = []  # (stream, text) while idle
         self._failures: list[Any] = []
         #: (mesh, rank) whose output goes to the running cell (`%mesh debug --rank`).
@@ -78,20 +80,27 @@ class Router:
         with self._lock:
             self._captures.pop(origin, None)
 
-    def wait_marks(self, origin: str, mesh: str, ranks: list[int], timeout: float) -> bool:
-        """Waits until every rank's flush marker of ``origin`` came on both streams."""
+    def wait_marks(self, origin: str, mesh: str, ranks: list[int], timeout: float, drain: Any = None) -> bool:
+        """Waits until every rank's flush marker of ``origin`` came on both streams;
+        ``drain()``, if given, runs (without the lock) whenever a captured line came
+        meanwhile, so that a cell's output shows while it waits."""
         want = {(mesh, r, s) for r in ranks for s in ("stdout", "stderr")}
         deadline = time.monotonic() + timeout
-        with self._lock:
-            while not want <= self._marks[origin]:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._lock.wait(left)
-            self._marks[origin] -= want
-            if not self._marks[origin]:
-                del self._marks[origin]
-        return True
+        while True:
+            with self._lock:
+                seen = self._lines_seen
+                while not want <= self._marks[origin] and self._lines_seen == seen:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    self._lock.wait(left)
+                if want <= self._marks[origin]:
+                    self._marks[origin] -= want
+                    if not self._marks[origin]:
+                        del self._marks[origin]
+                    return True
+            if drain is not None:
+                drain()
 
     # -- watch threads -----------------------------------------------------------------
 
@@ -112,6 +121,8 @@ class Router:
             q = self._captures.get(origin)
             if q is not None:
                 q.put((mesh, line.rank, line.stream, line.text))
+                self._lines_seen += 1
+                self._lock.notify_all()  # (a cell waiting for its marks shows it meanwhile)
                 return
             # (`%mesh debug --rank R`: the attached rank's output comes to the running cell.)
             if (mesh, line.rank) not in self._attached and origin and origin not in self._parents:

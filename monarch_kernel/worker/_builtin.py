@@ -8,7 +8,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from monarch_kernel import _native, _origin
-from monarch_kernel._wire import BUILTIN, FLUSH_MARK
+from monarch_kernel._wire import BUILTIN
 from monarch_kernel.mesh._serial import loads
 from monarch_kernel.worker import _debug, _output
 from monarch_kernel.worker._lanes import thread_stacks
@@ -88,10 +88,7 @@ def serve_builtin(d: Dispatcher, item: _native.Incoming) -> None:
     if method == "flush":
         reset = _origin.set_context(item.origin)
         try:
-            _output.end_lines()  # the marker goes on a line of its own
-            for stream in (sys.stdout, sys.stderr):
-                stream.write(f"{FLUSH_MARK}\n")
-                stream.flush()
+            _output.mark_end()
         finally:
             _origin.reset(reset)
         d._reply(token, None, f"{BUILTIN}.flush")

@@ -139,6 +139,18 @@ def install() -> None:
     atexit.register(end_lines)  # every thread's unfinished line reaches the log
 
 
+def mark_end() -> None:
+    """Ends every unfinished line, then writes a flush marker on stdout and stderr,
+    tagged with the current origin: once a reader has seen both, it has seen all that
+    was printed here for that origin before (the pipes keep their order; ROUTE-3)."""
+    from monarch_kernel._wire import FLUSH_MARK
+
+    end_lines()  # the marker goes on a line of its own
+    for stream in (sys.stdout, sys.stderr):
+        stream.write(f"{FLUSH_MARK}\n")
+        stream.flush()
+
+
 def end_lines() -> None:
     """Ends every thread's unfinished line on stdout and stderr, and flushes them
     (before a marker line, or before the worker exits)."""

@@ -4,6 +4,10 @@ Each worker has one persistent namespace (``NAMESPACE``, module state: it outliv
 the actor, the controller and kernel restarts, as long as the process lives). A cell
 runs on the worker's main thread (MAIN-1), so the stop button reaches it with a real
 SIGINT. The last expression's value comes back as its ``repr``, as IPython shows it.
+
+CELL-1: a cell ends by writing a flush marker on stdout and stderr, tagged with the
+cell's origin, before its value goes back: the kernel shows everything the cell
+printed before it returned, then its value, with no round trip of its own.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import tokenize
 from typing import Any
 
 from monarch_kernel.actor import Actor, _current, _process_default, endpoint
-from monarch_kernel.worker import _main_thread
+from monarch_kernel.worker import _main_thread, _output
 
 #: The persistent namespace of ``%%mesh`` cells in this worker.
 NAMESPACE: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
@@ -133,6 +137,8 @@ class MeshCells(Actor):
             return run_cell(source, filename)
         finally:
             _current.reset(reset)
+            # CELL-1: what the cell printed is on its way before its value is.
+            _output.mark_end()
 
     @endpoint
     def push(self, values: dict[str, Any]) -> list[str]:
