@@ -18,6 +18,8 @@ import threading
 import time
 from collections.abc import Callable
 
+import cells
+
 from monarch_kernel import Actor, SupervisionError, attach, endpoint, this_host
 from monarch_kernel.mesh._buffers import prefer_huge_pages
 
@@ -368,6 +370,7 @@ def main() -> None:
     pickled = pickled_echo()
     tcp_bw, raw_tcp_bw = tcp_path(), loopback_tcp_bandwidth()
     grow_ctl, grow_worker = memory_growth()
+    plain_cell, mesh_cell = cells.cell_round_trips()
     us, ms = 1e6, 1e3
     rows = [
         # metric, value, unit, baseline name, baseline value, target
@@ -435,6 +438,14 @@ def main() -> None:
         ("RSS growth, controller, 100 echoes of 256 MiB", grow_ctl / 2**20, "MiB", "", float("nan"), "flat"),
         ("RSS growth, worker, 100 echoes of 256 MiB", grow_worker / 2**20, "MiB", "", float("nan"), "flat"),
         ("memcpy 64 MiB", mcp * ms, "ms", "memcpy 64 MiB", mcp * ms, ""),
+        (
+            "%%mesh cell on 4 ranks, round trip (jupyter_client)",
+            mesh_cell * ms,
+            "ms",
+            "plain cell round trip",
+            plain_cell * ms,
+            "<= plain + 5 ms",
+        ),
     ]
     more, skipped = multihost_rows()
     print_table(rows + more)
