@@ -13,6 +13,7 @@ that the native core parses what Python writes.
 | ``TRANSFER_STREAMS_ENV`` | Rust (transfer engine) | environment variable: parallel TCP streams per transfer across hosts |
 | ``PROMPT_MARK``, ``INPUT_MARK`` | Python | a worker asks the notebook for a line (pdb, ``input()``) |
 | ``BUILTIN`` | Python | the actor every worker has without spawning it |
+| ``DISPLAY_MARK`` | Python | a worker line that carries a display bundle to the calling cell (JSON after the mark; DISPLAY-1) |
 | ``ACTOR_FAILED`` | Python | a refused call's text starts with it when the actor failed (DISPATCH-4) |
 | ``SUPERVISION_MARK`` | Python | a worker line that carries a failure up to the mesh's controller (JSON after the mark; OWN-1) |
 """
@@ -37,6 +38,8 @@ BUILTIN = "__monarch__"
 #: A failure of one of the worker's actors, for its mesh's controller (OWN-1): JSON
 #: ``{"actor", "message"}`` follows the mark.
 SUPERVISION_MARK = "\x1d monarch supervision "
+#: A worker's rich output (DISPLAY-1): JSON of a display message follows the mark.
+DISPLAY_MARK = "\x1d monarch display "
 #: A refusal (``REPLY_REJECTED``) that says the actor failed (DISPATCH-4): the caller
 #: raises a SupervisionError with the text after it.
 ACTOR_FAILED = "actor failed: "
@@ -45,6 +48,7 @@ __all__ = [
     "ACTOR_FAILED",
     "BUILTIN",
     "DEFAULT_TRANSFER_STREAMS",
+    "DISPLAY_MARK",
     "FLUSH_MARK",
     "INPUT_MARK",
     "SUPERVISION_MARK",

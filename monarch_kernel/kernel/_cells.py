@@ -7,14 +7,17 @@ from __future__ import annotations
 import hashlib
 import queue
 import time
+import uuid
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.display import display
+from IPython.display import display, update_display
 
 from monarch_kernel import Shape, _origin, controller
+from monarch_kernel._wire import DISPLAY_MARK
 from monarch_kernel.errors import ActorError, MonarchKernelError, SupervisionError
 from monarch_kernel.kernel._progress import EVERY, Bar, answer_prompts, say_what_it_waits_for
+from monarch_kernel.kernel._router import decode_display
 
 #: Remote tracebacks shown in full when many ranks fail.
 SHOW_TRACEBACKS = 3
@@ -65,7 +68,10 @@ class MeshCellRun:
         out: dict[int, Any] = {}
         for r, f in zip(self.ranks, self.futures):
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            out[r] = f.exception(left) or f.get()
+            value = f.exception(left) or f.get()
+            if isinstance(value, dict):  # a value's bundle: its text, as before
+                value = value.get("data", {}).get("text/plain")
+            out[r] = value
         return out
 
     results = wait
@@ -82,7 +88,7 @@ class MeshCellRun:
         cell is quick; a second into the wait, the progress bar and the debugger
         prompts are looked at every ``Bar`` step."""
         run = self
-        blocks = _Blocks(run.ranks, group)
+        blocks = _Blocks(run.ranks, group, self.session.token)
         wake: Any = q if q is not None else queue.SimpleQueue()
         for f in run.futures:
             for c in f._calls:
@@ -255,8 +261,17 @@ class _Blocks:
 
     BLOCK_CHARS = 16 * 1024
 
-    def __init__(self, ranks: list[int], group: str) -> None:
+    def __init__(self, ranks: list[int], group: str, token: str | None = None) -> None:
         self.group = group
+        #: The mesh's token: large display bundles are pulled with it (DISPLAY-1).
+        self.token = token
+        #: Kernel display ids of each rank's rich outputs, and its display ids by the
+        #: worker's (``update_display``).
+        self.rich: dict[int, list[str]] = {}
+        self.ids: dict[tuple[int, str], str] = {}
+        self.clear_on_next: set[int] = set()
+        #: Each rank's earlier blocks (left as they were when rich output came between).
+        self.past: dict[int, list[Any]] = {}
         self.text: dict[int, list[str]] = {r: [] for r in ranks}
         self.size: dict[int, int] = {r: 0 for r in ranks}
         self.parts: dict[int, int] = {r: 0 for r in ranks}  # blocks a rank has filled
@@ -288,6 +303,12 @@ class _Blocks:
         rewrites the rank's last line if that one was such a line too (a progress bar
         updating in place)."""
         _mesh, rank, _stream, text = item
+        if rank in self.clear_on_next:
+            self.clear_on_next.discard(rank)
+            self._clear(rank)
+        if text.startswith(DISPLAY_MARK):
+            self._display(rank, text[len(DISPLAY_MARK) :])
+            return
         rewrite = "\r" in text
         if rewrite:
             text = text.rsplit("\r", 1)[1] or text.rstrip("\r").rsplit("\r", 1)[-1]
@@ -306,7 +327,7 @@ class _Blocks:
             if rank in self._changed:
                 self._show(rank)  # the full block, as it stays
                 self._changed.discard(rank)
-            self.handles.pop(rank, None)
+            self._retire(rank)
             lines = self.text[rank] = []
             self.size[rank] = 0
             self.parts[rank] = self.parts.get(rank, 0) + 1
@@ -329,13 +350,80 @@ class _Blocks:
         else:
             h.update(self._render(rank))
 
-    def value(self, rank: int, value: str | None) -> None:
+    def value(self, rank: int, value: Any) -> None:
+        """A rank's cell value: a MIME bundle (DISPLAY-1), shown as IPython shows a
+        value: in the rank's block as ``Out:`` when it is text only, else rich, after
+        the block."""
         if value is None:
             return
-        self.values[rank] = f"Out: {value}"
+        data = value.get("data", {}) if isinstance(value, dict) else {"text/plain": str(value)}
+        if set(data) <= {"text/plain"}:
+            text = str(data.get("text/plain", ""))
+            self.values[rank] = f"Out: {text}"
+            if self.group == "order":
+                print(f"[rank {rank}] Out: {text}")
+            else:
+                self._show(rank)
+            return
+        self._rich_output(rank, {"data": data, "metadata": value.get("metadata", {})})
+
+    # -- rich output (DISPLAY-1) ------------------------------------------------------------
+
+    def _display(self, rank: int, body: str) -> None:
+        """A display message from ``rank``: a bundle, an update of one, or a clear."""
+        try:
+            msg = decode_display(body, self.token or "")
+        except Exception as e:  # shown, never lost silently
+            print(f"[rank {rank}] (a display from this rank could not be read: {e})")
+            return
+        if msg.get("clear"):
+            if msg.get("wait"):
+                self.clear_on_next.add(rank)
+            else:
+                self._clear(rank)
+            return
+        self._rich_output(rank, msg)
+
+    def _rich_output(self, rank: int, msg: dict[str, Any]) -> None:
+        """Shows a bundle as its own output, after what the rank printed before it;
+        the rank's later lines go on in a new block."""
+        wid = (msg.get("transient") or {}).get("display_id")
+        kid = self.ids.get((rank, wid)) if wid else None
+        data, metadata = msg.get("data", {}), msg.get("metadata", {})
+        if msg.get("update"):
+            if kid is not None:
+                update_display(data, display_id=kid, metadata=metadata, raw=True)
+            return
         if self.group == "order":
-            print(f"[rank {rank}] Out: {value}")
+            print(f"[rank {rank}]")
         else:
+            if rank in self._changed or rank not in self.handles:
+                self._show(rank)  # what came before, or the rank's label
+                self._changed.discard(rank)
+            self._retire(rank)  # later lines: a block after this output
+            self.text[rank], self.size[rank] = [], 0
+            self.parts[rank] = self.parts.get(rank, 0) + 1
+        kid = kid or uuid.uuid4().hex
+        if wid:
+            self.ids[(rank, wid)] = kid
+        display(data, raw=True, metadata=metadata, display_id=kid)
+        self.rich.setdefault(rank, []).append(kid)
+
+    def _retire(self, rank: int) -> None:
+        """The rank's current block stays as it is; its next lines start a new one."""
+        h = self.handles.pop(rank, None)
+        if h is not None:
+            self.past.setdefault(rank, []).append(h)
+
+    def _clear(self, rank: int) -> None:
+        """``clear_output()`` on ``rank``: its blocks and its rich outputs, only its."""
+        for kid in self.rich.pop(rank, []):
+            update_display({"text/plain": ""}, display_id=kid, raw=True)
+        for h in self.past.pop(rank, []):
+            h.update(_Text(""))
+        self.text[rank], self.size[rank] = [], 0
+        self.open_cr.pop(rank, None)
+        if rank in self.handles:
             self._show(rank)
 
     def finish(self) -> None:

@@ -12,6 +12,7 @@ On top of IPython it:
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 import threading
@@ -74,9 +75,13 @@ class MonarchKernel(IPythonKernel):
         return f"{super().banner}\n{self._banner_line}\n"
 
     def _send_stream(self, parent: dict[str, Any], stream: str, text: str) -> None:
-        """Writes ``text`` as output of the cell whose request is ``parent`` (any thread)."""
-        name = "stderr" if stream == "stderr" else "stdout"
+        """Writes ``text`` as output of the cell whose request is ``parent`` (any thread);
+        ``stream == "display"``: ``text`` is a worker's display message (DISPLAY-1)."""
         assert self.session is not None
+        if stream == "display":
+            self._send_display(parent, text)
+            return
+        name = "stderr" if stream == "stderr" else "stdout"
         self.session.send(
             self.iopub_socket,
             "stream",
@@ -84,6 +89,22 @@ class MonarchKernel(IPythonKernel):
             parent=parent,
             ident=self._topic("stream"),
         )
+
+    def _send_display(self, parent: dict[str, Any], text: str) -> None:
+        """A worker's bundle as a display message of the cell ``parent`` (DISPLAY-1):
+        its updates update it; a clear is not passed on (it would clear the cell's
+        other output too)."""
+        assert self.session is not None
+        msg = json.loads(text)
+        if msg.get("clear"):
+            return
+        transient = {}
+        wid = (msg.get("transient") or {}).get("display_id")
+        if wid:
+            transient["display_id"] = f"{msg.get('label', '')}{wid}"
+        kind = "update_display_data" if msg.get("update") and wid else "display_data"
+        content = {"data": msg.get("data", {}), "metadata": msg.get("metadata", {}), "transient": transient}
+        self.session.send(self.iopub_socket, kind, content, parent=parent, ident=self._topic(kind))
 
     async def do_execute(self, code: str, silent: bool, *args: Any, **kwargs: Any) -> Any:
         if silent:  # front-end machinery (inspectors, completion helpers): not a cell
@@ -98,7 +119,10 @@ class MonarchKernel(IPythonKernel):
             print(self._start_line)
             self._start_line = None
         for stream, text in pending:
-            (sys.stderr if stream == "stderr" else sys.stdout).write(text)
+            if stream == "display":
+                self._send_display(parent, text)
+            else:
+                (sys.stderr if stream == "stderr" else sys.stdout).write(text)
         for f in failures:
             sys.stderr.write(format_failure(f))
         try:

@@ -14,14 +14,17 @@ that its calls printed.
 
 from __future__ import annotations
 
+import base64
 import collections
+import json
 import queue
 import threading
 import time
 from collections import OrderedDict
 from typing import Any
 
-from monarch_kernel._wire import FLUSH_MARK, INPUT_MARK, PROMPT_MARK
+from monarch_kernel import _native
+from monarch_kernel._wire import DISPLAY_MARK, FLUSH_MARK, INPUT_MARK, PROMPT_MARK
 
 # Cells of this kernel, remembered: output of another origin is not ours (ROUTE-4).
 _MAX_PARENTS = 1000
@@ -29,6 +32,16 @@ _MAX_PARENTS = 1000
 _MAX_PENDING = 1000
 #: pdb commands after which a rank leaves the debugger (or may: `c`, `q`).
 _LEAVES_PDB = frozenset({"c", "cont", "continue", "q", "quit", "exit"})
+
+
+def decode_display(body: str, token: str) -> dict[str, Any]:
+    """A display message from a worker's line (DISPLAY-1): inline JSON, or pulled
+    through the transfer engine with the mesh's ``token`` when it was large."""
+    msg: dict[str, Any] = json.loads(body)
+    if "pull" in msg:
+        desc = _native.Descriptor(base64.b64decode(msg["pull"]))
+        msg = json.loads(bytes(desc.fetch_new(token)))
+    return msg
 
 
 class Router:
@@ -129,10 +142,25 @@ class Router:
                 return  # another controller's call (or a cell long gone): not ours to show
             # To the running cell: its own output, output with no origin or whose cell has
             # ended (ROUTE-4).
-            text = f"[{mesh} {line.rank}] {line.text}\n"
-            parent = self._running_or_keep(line.stream, text)
+            if line.text.startswith(DISPLAY_MARK):  # DISPLAY-1: a bundle, shown as one
+                stream, text = "display", self._display_of(session, line.rank, line.text)
+            else:
+                stream, text = line.stream, f"[{mesh} {line.rank}] {line.text}\n"
+            parent = self._running_or_keep(stream, text)
         if parent is not None:
-            self._send(parent, line.stream, text)
+            self._send(parent, stream, text)
+
+    @staticmethod
+    def _display_of(session: Any, rank: int, text: str) -> str:
+        """A worker's display line (DISPLAY-1) as the JSON of its message, for a cell
+        that shows it as it comes (an endpoint displayed something); a message that
+        cannot be read becomes text saying so."""
+        try:
+            msg = decode_display(text[len(DISPLAY_MARK) :], session.token)
+        except Exception as e:
+            msg = {"data": {"text/plain": f"[{session.name} {rank}] (a display could not be read: {e})"}}
+        msg["label"] = f"[{session.name} {rank}]"
+        return json.dumps(msg)
 
     def _running_or_keep(self, stream: str, text: str) -> dict[str, Any] | None:
         """The request of the cell running now; while none runs, ``text`` waits for

@@ -55,7 +55,7 @@ from monarch_kernel.mesh._buffers import wait_read
 from monarch_kernel.mesh._control import MeshFailure
 from monarch_kernel.mesh._serial import dumps, dumps_exception, loads
 from monarch_kernel.mesh._shape import Extent, Point
-from monarch_kernel.worker import _debug, _output
+from monarch_kernel.worker import _debug, _display, _output
 from monarch_kernel.worker._builtin import serve_builtin
 from monarch_kernel.worker._lanes import LaneThread, lane_threads
 
@@ -408,6 +408,7 @@ class Dispatcher:
             if self._early_cancels.pop(call_id, False):
                 raise KeyboardInterrupt("the call was interrupted before it started")
             args, kwargs = loads(item.payload, item.buffers, self.token)
+            _display.ensure_if_imported()  # DISPLAY-1
             result = getattr(a.instance, method)(*args, **kwargs)
         except BaseException as e:  # DISPATCH-2, KeyboardInterrupt from a cancel included
             runner.running_call = None
@@ -464,6 +465,7 @@ class Dispatcher:
         _origin.set_context(item.origin)  # this task's own context
         try:
             args, kwargs = loads(item.payload, item.buffers, self.token)
+            _display.ensure_if_imported()  # DISPLAY-1
             result = getattr(a.instance, method)(*args, **kwargs)
             if inspect.isawaitable(result):  # (a sync method through as_endpoint: not)
                 result = await result

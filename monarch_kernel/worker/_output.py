@@ -26,8 +26,13 @@ class TaggedStream(io.TextIOBase):
     OUTPUT-1: lines are assembled per thread and written whole, so a line printed in
     pieces (``print`` writes its arguments one by one) is never mixed with another
     thread's, and each line keeps its own thread's origin. ``flush()`` writes the
-    calling thread's unfinished line as it is (a progress bar's ``\\r`` updates);
-    if another thread then writes, that line is ended first."""
+    calling thread's unfinished line as it is; if another thread then writes, that
+    line is ended first.
+
+    OUTPUT-2: a piece with ``\\r`` (a progress bar's update) goes out at once as a
+    whole line, so the notebook shows it live; what the thread writes next starts
+    with ``\\r`` (it overwrites, as on a terminal) unless it is the newline that ends
+    that line, which is dropped (the line went out ended)."""
 
     def __init__(self, raw: Any) -> None:
         self._raw = raw
@@ -36,6 +41,8 @@ class TaggedStream(io.TextIOBase):
             threading.Thread, tuple[str, list[str]]
         ] = {}  # thread -> (origin, unfinished line)
         self._open: tuple[threading.Thread, str] | None = None  # (thread, origin) of a line left open in raw
+        #: Threads whose last piece was a \r line, sent whole (OUTPUT-2).
+        self._cr: dict[threading.Thread, bool] = {}
 
     def write(self, s: str) -> int:
         if not isinstance(s, str):
@@ -45,6 +52,10 @@ class TaggedStream(io.TextIOBase):
         origin = _origin.current()
         me = threading.current_thread()  # (not its id: a new thread may reuse that)
         with self._lock:
+            if self._cr.pop(me, False):  # OUTPUT-2: after a \r line this thread left open
+                s = s[1:] if s.startswith("\n") else "\r" + s
+                if not s:
+                    return 1
             held_origin, held = self._partial.pop(me, (origin, []))
             if held and held_origin != origin:  # the call changed mid-line: end it
                 self._put(me, held_origin, "".join(held) + "\n")
@@ -55,8 +66,11 @@ class TaggedStream(io.TextIOBase):
                 held = []
             if cut < len(s):
                 held.append(s[cut:])
-                # A progress line (\r) or a long one goes through as it is, unfinished.
-                if "\r" in s or len(held) > _HOLD_PIECES or len(s) > _HOLD_MAX:
+                if "\r" in s:  # OUTPUT-2: a progress line goes as a line, now
+                    self._put(me, origin, "".join(held) + "\n")
+                    self._cr[me] = True
+                    held = []
+                elif len(held) > _HOLD_PIECES or len(s) > _HOLD_MAX:  # a long one goes as it is
                     self._put(me, origin, "".join(held))
                     held = []
             if held:
@@ -82,6 +96,7 @@ class TaggedStream(io.TextIOBase):
     def end_lines(self) -> None:
         """Ends every unfinished line, every thread's (before a marker line)."""
         with self._lock:
+            self._cr.clear()
             for t, (origin, held) in list(self._partial.items()):
                 self._put(t, origin, "".join(held) + "\n")
             self._partial.clear()

@@ -3,7 +3,7 @@
 Each worker has one persistent namespace (``NAMESPACE``, module state: it outlives
 the actor, the controller and kernel restarts, as long as the process lives). A cell
 runs on the worker's main thread (MAIN-1), so the stop button reaches it with a real
-SIGINT. The last expression's value comes back as its ``repr``, as IPython shows it.
+SIGINT. The last expression's value comes back as a MIME bundle, as IPython shows it.
 
 CELL-1: a cell ends by writing a flush marker on stdout and stderr, tagged with the
 cell's origin, before its value goes back: the kernel shows everything the cell
@@ -23,7 +23,7 @@ import tokenize
 from typing import Any
 
 from monarch_kernel.actor import Actor, _current, _process_default, endpoint
-from monarch_kernel.worker import _main_thread, _output
+from monarch_kernel.worker import _display, _main_thread, _output
 
 #: The persistent namespace of ``%%mesh`` cells in this worker.
 NAMESPACE: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
@@ -75,13 +75,15 @@ def _run_coroutine(coro: Any) -> Any:
         raise
 
 
-def run_cell(source: str, filename: str) -> str | None:
-    """Runs ``source`` in ``NAMESPACE``; the repr of its last expression, if any.
+def run_cell(source: str, filename: str) -> dict[str, Any] | None:
+    """Runs ``source`` in ``NAMESPACE``; the MIME bundle of its last expression, if
+    any, as IPython formats a cell's value (DISPLAY-1: ``_repr_html_``, images...).
 
     The cell compiles to one code object: a last expression becomes an assignment to
     a hidden name, so pdb's ``n`` on the line before steps onto it (a separate
     ``eval`` ran in another frame, and ``n`` ended at ``--Return--``)."""
     _register_source(filename, source)
+    _display.ensure()  # display(), plt.show() and rich values reach the cell (DISPLAY-1)
     try:
         tree = ast.parse(source, filename, "exec")
         last = tree.body[-1] if tree.body else None
@@ -106,6 +108,7 @@ def run_cell(source: str, filename: str) -> str | None:
 
     try:
         value = _main_thread.run(go)
+        _display.flush_figures()  # figures the cell drew and left open, as IPython shows them
     except BaseException as e:
         # The remote traceback starts at the cell's own first line (REMOTE_TB).
         tb = e.__traceback__
@@ -117,8 +120,11 @@ def run_cell(source: str, filename: str) -> str | None:
     if value is None:
         return None
     NAMESPACE["_"] = value
-    text = repr(value)
-    return text if len(text) <= MAX_REPR else text[:MAX_REPR] + f"... ({len(text):,} characters)"
+    out = _display.bundle(value)
+    text = str(out["data"].get("text/plain", ""))
+    if len(text) > MAX_REPR:
+        out["data"]["text/plain"] = text[:MAX_REPR] + f"... ({len(text):,} characters)"
+    return out
 
 
 class MeshCells(Actor):
@@ -129,7 +135,7 @@ class MeshCells(Actor):
     _base_exceptions_end_it = False
 
     @endpoint
-    def run(self, source: str, filename: str) -> str | None:
+    def run(self, source: str, filename: str) -> dict[str, Any] | None:
         # SPMD code asks where it runs: current_rank() is this proc's rank in the
         # whole mesh, as outside any actor (the message itself went to one proc).
         reset = _current.set(_process_default[0])

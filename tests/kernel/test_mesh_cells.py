@@ -70,3 +70,110 @@ def test_sys_exit_in_a_mesh_cell_is_an_error_of_that_cell_and_the_next_cell_runs
     again = kernel.run("%%mesh\n'still here'")
     assert again.error is None, again.traceback
     assert all("Out: 'still here'" in t for t in _blocks(again).values())
+
+
+def _outputs(out) -> list[tuple[str, dict]]:
+    """(message type, content) of the cell's display messages, in arrival order."""
+    return [
+        (m["msg_type"], m["content"])
+        for m in out.raw
+        if m["msg_type"] in ("display_data", "update_display_data", "execute_result")
+    ]
+
+
+def _plain(content: dict) -> str:
+    return str(content.get("data", {}).get("text/plain", ""))
+
+
+def test_display_in_a_mesh_cell_sends_its_mime_bundle_in_the_ranks_place(kernel, mesh):
+    out = kernel.run(
+        "%%mesh\nfrom IPython.display import display, HTML\n"
+        "print('before')\ndisplay(HTML('<b>rich</b>'))\nprint('after')"
+    )
+    assert out.error is None, out.traceback
+    outputs = _outputs(out)
+    for rank in (0, 1):
+        order = [
+            i
+            for i, (_t, c) in enumerate(outputs)
+            if _plain(c).startswith(f"[rank {rank}]") or c.get("data", {}).get("text/html") == "<b>rich</b>"
+        ]
+        texts = [_plain(outputs[i][1]) for i in order]
+        before = next(
+            i
+            for i in order
+            if "before" in _plain(outputs[i][1]) and f"[rank {rank}]" in _plain(outputs[i][1])
+        )
+        after = next(
+            i for i in order if "after" in _plain(outputs[i][1]) and f"[rank {rank}]" in _plain(outputs[i][1])
+        )
+        assert any(before < i < after and "text/html" in outputs[i][1]["data"] for i in order), texts
+    assert sum(c.get("data", {}).get("text/html") == "<b>rich</b>" for _t, c in outputs) == 2
+
+
+def test_a_matplotlib_figure_shown_on_a_worker_arrives_as_a_png(kernel, mesh):
+    out = kernel.run("%%mesh --ranks 0\nimport matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()")
+    assert out.error is None, out.traceback
+    pngs = [c for _t, c in _outputs(out) if "image/png" in c.get("data", {})]
+    assert len(pngs) == 1
+    import base64
+
+    assert base64.b64decode(pngs[0]["data"]["image/png"]).startswith(b"\x89PNG")
+
+
+def test_a_rich_value_shows_as_its_html_and_a_plain_one_as_out_text(kernel, mesh):
+    out = kernel.run(
+        "%%mesh --ranks 1\nclass Table:\n    def _repr_html_(self):\n        return '<table><tr><td>1</td></tr></table>'\n"
+        "    def __repr__(self):\n        return 'Table()'\nTable()"
+    )
+    assert out.error is None, out.traceback
+    assert any(c.get("data", {}).get("text/html", "").startswith("<table>") for _t, c in _outputs(out))
+    plain = kernel.run("%%mesh --ranks 1\n40 + 2")
+    assert any("Out: 42" in _plain(c) for _t, c in _outputs(plain))
+
+
+def test_a_large_bundle_comes_whole_through_the_transfer_engine(kernel, mesh):
+    out = kernel.run(
+        "%%mesh --ranks 0\nfrom IPython.display import display, HTML\ndisplay(HTML('<p>' + 'x' * 300_000 + '</p>'))"
+    )
+    assert out.error is None, out.traceback
+    html = [c["data"]["text/html"] for _t, c in _outputs(out) if "text/html" in c.get("data", {})]
+    assert html == ["<p>" + "x" * 300_000 + "</p>"]
+
+
+def test_update_display_and_clear_output_stay_within_the_rank(kernel, mesh):
+    out = kernel.run(
+        "%%mesh\nfrom IPython.display import display, update_display, clear_output, HTML\n"
+        "import os\nprint('kept unless cleared')\n"
+        "h = display(HTML('v1'), display_id=True)\nupdate_display(HTML('v2'), display_id=h.display_id)\n"
+        "if os.environ['MONARCH_RANK'] == '1':\n    clear_output()\n    print('after clear')"
+    )
+    assert out.error is None, out.traceback
+    outputs = _outputs(out)
+    updates = [
+        c for t, c in outputs if t == "update_display_data" and c.get("data", {}).get("text/html") == "v2"
+    ]
+    assert len(updates) == 2  # each rank updated its own display
+    finals = {}
+    for _t, c in outputs:
+        if c.get("transient", {}).get("display_id"):
+            finals[c["transient"]["display_id"]] = _plain(c)
+    rank0 = [v for v in finals.values() if v.startswith("[rank 0]")]
+    assert any("kept unless cleared" in v for v in rank0)  # rank 1's clear left rank 0 alone
+    rank1 = [v for v in finals.values() if v.startswith("[rank 1]")]
+    assert any("after clear" in v for v in rank1)
+    assert not any("kept unless cleared" in v for v in rank1)
+
+
+def test_what_an_endpoint_displays_shows_in_the_cell_that_called_it(kernel, mesh):
+    define = kernel.run(
+        "from monarch_kernel import Actor, endpoint\n"
+        "class Shows(Actor):\n    @endpoint\n    def show(self):\n"
+        "        from IPython.display import display, Markdown\n        display(Markdown('**from an endpoint**'))\n"
+        "shows = procs.spawn('shows', Shows)"
+    )
+    assert define.error is None, define.traceback
+    out = kernel.run("shows.show.call().get()")
+    assert out.error is None, out.traceback
+    md = [c for _t, c in _outputs(out) if c.get("data", {}).get("text/markdown") == "**from an endpoint**"]
+    assert len(md) == 2

@@ -34,10 +34,12 @@ def test_every_third_party_module_the_package_imports_is_declared():
         "psutil": "psutil",
         "pynvml": "nvidia-ml-py",
         "traitlets": "ipykernel",  # traitlets comes with ipykernel
+        "matplotlib_inline": "ipykernel",  # (ipykernel's inline backend)
     }
     #: Imported only where the user's own code needs it (torch for tensors and
-    #: torch.distributed, numpy for arrays): optional by design.
-    optional = {"torch", "numpy", "typing_extensions"}
+    #: torch.distributed, numpy for arrays, matplotlib for a worker's figures, once
+    #: the user's code has imported it): optional by design.
+    optional = {"torch", "numpy", "typing_extensions", "matplotlib"}
     declared = _declared()
     root = PYPROJECT.parent / "monarch_kernel"
     missing = set()
