@@ -99,11 +99,19 @@ def test_the_ddp_notebook_trains_changes_code_and_trains_on_the_same_processes(j
     assert "torch.distributed set up: gloo, world size 4" in text[0] or "nccl, world size 4" in text[0]
     assert all(f"rank {r} of 4" in text[1] for r in range(4))
     first = [float(line.split("Out: ")[1]) for line in text[2].splitlines() if line.startswith("Out: ")]
-    again = [float(line.split("Out: ")[1]) for line in text[4].splitlines() if line.startswith("Out: ")]
+    # Watching it train (issue 17): a progress bar per rank, updated in place (one
+    # line each, at 100/100), and rank 0's loss curve drawn on the worker.
+    for r in range(4):
+        assert sum(f"rank {r}: 100%" in line for line in text[3].splitlines()) == 1, text[3]
+    assert sum("image/png" in o.get("data", {}) for o in code[3].outputs) == 1
+    # A DataFrame returned by each rank shows as a table.
+    tables = [o for o in code[4].outputs if "<table" in o.get("data", {}).get("text/html", "")]
+    assert len(tables) == 4 and all("last loss" in t["data"]["text/html"] for t in tables)
+    again = [float(line.split("Out: ")[1]) for line in text[6].splitlines() if line.startswith("Out: ")]
     assert len(first) == len(again) == 4 and max(again) < 0.2  # it learned (MSE starts near 0.5)
-    for i in (3, 5):  # the loss curves, plotted in the notebook
+    for i in (5, 7):  # the loss curves, plotted in the notebook
         assert any("image/png" in o.get("data", {}) for o in code[i].outputs)
-    pids = [line for line in text[6].splitlines() if line.startswith("Out: ")]
+    pids = [line for line in text[8].splitlines() if line.startswith("Out: ")]
     assert len(pids) == 4 and all(line.endswith(", True)") for line in pids)  # the same processes
-    assert "shape (4, 1024, 32)" in text[8] and "weights equal on all ranks: True" in text[8]
+    assert "shape (4, 1024, 32)" in text[10] and "weights equal on all ranks: True" in text[10]
     assert "stopped train" in text[-1]
