@@ -185,3 +185,52 @@ def test_the_inspector_shows_the_procs_and_a_killed_proc_turns_dead(lab, front_e
         subprocess.run(
             [sys.executable, "-m", "monarch_kernel", "down", name], check=False, capture_output=True
         )
+
+
+def test_a_mesh_cell_shows_a_worker_plot_and_one_live_progress_bar_per_rank_in_jupyterlab(lab):
+    # Issue 17 in a real front end: rank 0's matplotlib figure renders as an <img>
+    # after rank 0's block, and each rank's tqdm bar is one line, updated in place.
+    from playwright.sync_api import expect, sync_playwright
+
+    url, root = lab
+    name = f"browser-{uuid.uuid4().hex[:6]}"
+    notebook = f"cells-{name}.ipynb"
+    cell = (
+        "%%mesh\nimport time\nfrom tqdm import tqdm\nimport matplotlib.pyplot as plt\n"
+        "from monarch_kernel import current_rank\n"
+        "for _ in tqdm(range(30), desc=f'bar {current_rank().rank}', mininterval=0.02):\n"
+        "    time.sleep(0.01)\n"
+        "if current_rank().rank == 0:\n    plt.plot([3, 1, 2])\n    plt.show()"
+    )
+    _notebook(root / notebook, [f"procs = %mesh up {name} --procs 2", cell])
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 900})
+                page.goto(url.replace("?", f"/lab/tree/{notebook}?"))
+                page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
+                _wait_for_idle_kernel(url, notebook)
+                page.locator(".jp-Notebook .jp-Cell").first.locator(".cm-content").click(timeout=60_000)
+                for _ in range(2):
+                    page.keyboard.press("Shift+Enter")
+                outputs = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-OutputArea-output")
+                image = outputs.locator("img")
+                expect(image).to_have_count(1, timeout=60_000)
+                texts = [outputs.nth(i).inner_text() for i in range(outputs.count())]
+                img_at = next(i for i in range(outputs.count()) if outputs.nth(i).locator("img").count())
+                assert any(t.startswith("[rank 0]") for t in texts[:img_at]), texts
+                for r in range(2):
+                    block = "\n".join(t for t in texts if t.startswith(f"[rank {r}]"))
+                    bars = [line for line in block.splitlines() if f"bar {r}:" in line]
+                    assert len(bars) == 1 and "30/30" in bars[0], block
+                page.screenshot(path=str(SHOTS / "mesh-cell-rich-output.png"))
+            except BaseException:
+                page.screenshot(path=str(SHOTS / "mesh-cell-rich-output-failure.png"))
+                raise
+            finally:
+                browser.close()
+    finally:
+        subprocess.run(
+            [sys.executable, "-m", "monarch_kernel", "down", name], check=False, capture_output=True
+        )
