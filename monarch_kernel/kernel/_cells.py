@@ -17,7 +17,7 @@ from monarch_kernel import Shape, _origin, controller
 from monarch_kernel._wire import DISPLAY_MARK
 from monarch_kernel.errors import ActorError, MonarchKernelError, SupervisionError
 from monarch_kernel.kernel._progress import EVERY, Bar, answer_prompts, say_what_it_waits_for
-from monarch_kernel.kernel._router import decode_display
+from monarch_kernel.kernel._router import decode_display, without_widgets
 
 #: Remote tracebacks shown in full when many ranks fail.
 SHOW_TRACEBACKS = 3
@@ -389,7 +389,7 @@ class _Blocks:
         the rank's later lines go on in a new block."""
         wid = (msg.get("transient") or {}).get("display_id")
         kid = self.ids.get((rank, wid)) if wid else None
-        data, metadata = msg.get("data", {}), msg.get("metadata", {})
+        data, metadata = without_widgets(msg.get("data", {}), f"rank {rank}"), msg.get("metadata", {})
         if msg.get("update"):
             if kid is not None:
                 update_display(data, display_id=kid, metadata=metadata, raw=True)

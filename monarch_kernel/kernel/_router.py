@@ -44,6 +44,21 @@ def decode_display(body: str, token: str) -> dict[str, Any]:
     return msg
 
 
+#: A widget's MIME type: its model lives in the worker, where no front end can reach it.
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+
+
+def without_widgets(data: dict[str, Any], where: str) -> dict[str, Any]:
+    """A worker's bundle as the notebook can show it: a widget becomes its text form,
+    with a note saying why (its comm is in the worker, out of the front end's reach)."""
+    if WIDGET_MIME not in data:
+        return data
+    out = {k: v for k, v in data.items() if k != WIDGET_MIME}
+    note = f"(a widget from {where}: widgets made on a worker show as text; make it in the notebook)"
+    out["text/plain"] = f"{out.get('text/plain', '')}\n{note}".lstrip("\n")
+    return out
+
+
 class Router:
     """One per kernel; ``send(parent, stream, text)`` writes a stream message."""
 
@@ -160,6 +175,8 @@ class Router:
         except Exception as e:
             msg = {"data": {"text/plain": f"[{session.name} {rank}] (a display could not be read: {e})"}}
         msg["label"] = f"[{session.name} {rank}]"
+        if "data" in msg:
+            msg["data"] = without_widgets(msg["data"], f"rank {rank} of {session.name!r}")
         return json.dumps(msg)
 
     def _running_or_keep(self, stream: str, text: str) -> dict[str, Any] | None:

@@ -177,3 +177,14 @@ def test_what_an_endpoint_displays_shows_in_the_cell_that_called_it(kernel, mesh
     assert out.error is None, out.traceback
     md = [c for _t, c in _outputs(out) if c.get("data", {}).get("text/markdown") == "**from an endpoint**"]
     assert len(md) == 2
+
+
+def test_a_widget_made_on_a_worker_shows_as_text_with_a_note(kernel, mesh):
+    out = kernel.run("%%mesh --ranks 0\nimport ipywidgets\nipywidgets.IntSlider(value=7)")
+    assert out.error is None, out.traceback
+    datas = [c.get("data", {}) for _t, c in _outputs(out)]
+    assert not any("application/vnd.jupyter.widget-view+json" in d for d in datas)
+    assert any(
+        "IntSlider" in d.get("text/plain", "") and "widgets made on a worker" in d.get("text/plain", "")
+        for d in datas
+    )
