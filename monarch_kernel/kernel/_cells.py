@@ -99,6 +99,8 @@ class MeshCellRun:
             while not run.done():
                 elapsed = time.monotonic() - started
                 wait = 1.0 - elapsed if elapsed < 1.0 else EVERY
+                if blocks.behind:  # lines to show: soon, batched
+                    wait = min(wait, _Blocks.SHOW_EVERY_S)
                 if deadline is not None:
                     wait = min(wait, max(0.0, deadline - time.monotonic()))
                 try:
@@ -124,7 +126,7 @@ class MeshCellRun:
                     )
         except KeyboardInterrupt:
             run.cancel()
-            blocks.drain(q)
+            blocks.drain(q, force=True)
             raise
         finally:
             if bar is not None:
@@ -153,22 +155,16 @@ class MeshCellRun:
             r for r, f in zip(self.ranks, self.futures) if not isinstance(f.exception(), SupervisionError)
         ]
         if router.wait_marks(origin, self.mesh, answered, MARKS_WAIT_S, drain=lambda: blocks.drain(q)):
-            blocks.drain(q)
+            blocks.drain(q, force=True)
             if set(answered) == set(range(self.session.nprocs)):
                 _origin.touched.discard(self.mesh)  # all its output is in: no flush after the cell
             return
         try:
             ranks = self.session.flush(origin, timeout=2.0)
-            quiet_since = until = time.monotonic()
-            until += 60.0  # a task that prints on and on does not hold the cell forever
-            while not router.wait_marks(origin, self.mesh, ranks, 0.1):
-                if blocks.drain(q):
-                    quiet_since = time.monotonic()
-                if time.monotonic() - quiet_since > 2.0 or time.monotonic() > until:
-                    break
+            router.wait_output(origin, self.mesh, ranks, quiet=2.0, limit=60.0, drain=lambda: blocks.drain(q))
         except (MonarchKernelError, TimeoutError):
             pass  # show what came; the results are what matter
-        blocks.drain(q)
+        blocks.drain(q, force=True)
 
     def __repr__(self) -> str:
         return f"<%%mesh run on {self.mesh!r} ranks {self.ranks}: {'done' if self.done() else 'running'}>"
@@ -260,6 +256,8 @@ class _Blocks:
     and every line is kept."""
 
     BLOCK_CHARS = 16 * 1024
+    #: Blocks that change are shown again at most this often (and at the end).
+    SHOW_EVERY_S = 0.05
 
     def __init__(self, ranks: list[int], group: str, token: str | None = None) -> None:
         self.group = group
@@ -280,9 +278,12 @@ class _Blocks:
         #: Ranks whose last line came with ``\r``: the next such line rewrites it.
         self.open_cr: dict[int, bool] = {}
         self._changed: set[int] = set()
+        self._shown_at = 0.0
 
-    def drain(self, q: Any) -> int:
-        """Shows what came on ``q`` (and what ``add`` took); how many lines that was."""
+    def drain(self, q: Any, force: bool = False) -> int:
+        """Takes what came on ``q`` and shows the blocks that changed, at most every
+        ``SHOW_EVERY_S`` (a rank that prints fast is re-sent in steps, not per line)
+        unless ``force``; how many lines that was."""
         count = 0
         while q is not None:
             try:
@@ -292,10 +293,18 @@ class _Blocks:
             if item is not _DONE:
                 self.add(item)
                 count += 1
-        for r in sorted(self._changed):
-            self._show(r)
-        self._changed.clear()
+        now = time.monotonic()
+        if self._changed and (force or now - self._shown_at >= self.SHOW_EVERY_S):
+            for r in sorted(self._changed):
+                self._show(r)
+            self._changed.clear()
+            self._shown_at = now
         return count
+
+    @property
+    def behind(self) -> bool:
+        """Whether some block changed and is not shown yet."""
+        return bool(self._changed)
 
     def add(self, item: tuple[str, int, str, str]) -> None:
         """Takes one line of a rank (shown by the next ``drain``). A line with ``\r``

@@ -5,8 +5,9 @@ On top of IPython it:
 - names the running meshes it can attach to, once, in its banner and in the first
   cell it runs (KERNEL-1);
 - marks each cell as the origin of the calls it makes, so that what workers print
-  shows in that cell (see ``_router``), and before a cell ends, waits (at most a
-  second) for the output of the meshes it called (ROUTE-3);
+  shows in that cell (see ``_router``), and before a cell shows its value (ORDER-2)
+  or ends, waits for the output of the meshes it called, as long as it still comes
+  (ROUTE-3);
 - shows mesh failures that happened while no cell ran when the next cell starts.
 """
 
@@ -27,6 +28,8 @@ from monarch_kernel.kernel._router import Router, format_failure
 
 #: How long a cell waits, at its end, for output of the calls it made.
 FLUSH_S = 1.0
+#: Longest a cell waits for the output of its calls while it still comes.
+FLUSH_LIMIT_S = 60.0
 
 
 def _meshes_line() -> str:
@@ -42,6 +45,22 @@ def _meshes_line() -> str:
 
 def _idle_interrupt(signum: int, frame: Any) -> None:
     threading.Thread(target=controller.escalate_interrupted, name="monarch-escalate", daemon=True).start()
+
+
+def _flushing_first(hook: Any, flush: Any) -> Any:
+    """``hook`` (IPython's display hook, which shows a cell's value), after ``flush()``
+    when there is a value to show: worker output the cell's calls made is shown before
+    it (ORDER-2)."""
+
+    def show(value: Any) -> Any:
+        if value is not None:
+            try:
+                flush()
+            except Exception:  # a mesh that cannot flush still lets the value show
+                pass
+        return hook(value)
+
+    return show
 
 
 class MonarchKernel(IPythonKernel):
@@ -61,6 +80,9 @@ class MonarchKernel(IPythonKernel):
             )
         )
         self.shell.register_magics(MeshMagics)  # type: ignore[union-attr]
+        # ORDER-2: a cell's value (Out[]) comes after what the calls it made printed.
+        trap = self.shell.display_trap  # type: ignore[union-attr]
+        trap.hook = _flushing_first(trap.hook, lambda: self._flush(_origin.current()))
         self._start_line: str | None = _meshes_line()
         self._banner_line = self._start_line
 
@@ -144,7 +166,7 @@ class MonarchKernel(IPythonKernel):
                 continue
             try:
                 ranks = session.flush(origin, timeout=FLUSH_S)
-                self.router.wait_marks(origin, name, ranks, FLUSH_S)
+                self.router.wait_output(origin, name, ranks, quiet=FLUSH_S, limit=FLUSH_LIMIT_S)
             except Exception:  # a dead or lost mesh has nothing more to say
                 pass
         _origin.touched.clear()

@@ -130,6 +130,23 @@ class Router:
             if drain is not None:
                 drain()
 
+    def wait_output(
+        self, origin: str, mesh: str, ranks: list[int], quiet: float, limit: float, drain: Any = None
+    ) -> bool:
+        """Waits for the flush marks of ``origin`` from ``ranks`` as long as output still
+        comes (a worker that printed much), until ``quiet`` s pass with none, or
+        ``limit`` s in all (a task that prints on and on does not hold a cell forever);
+        whether the marks came. ``drain``: as for ``wait_marks``."""
+        deadline = time.monotonic() + limit
+        seen, quiet_since = self._lines_seen, time.monotonic()
+        while not self.wait_marks(origin, mesh, ranks, min(quiet, 0.2), drain):
+            now = time.monotonic()
+            if self._lines_seen != seen:
+                seen, quiet_since = self._lines_seen, now
+            if now - quiet_since > quiet or now > deadline:
+                return False
+        return True
+
     # -- watch threads -----------------------------------------------------------------
 
     def on_line(self, session: Any, line: Any) -> None:
@@ -157,6 +174,7 @@ class Router:
                 return  # another controller's call (or a cell long gone): not ours to show
             # To the running cell: its own output, output with no origin or whose cell has
             # ended (ROUTE-4).
+            self._lines_seen += 1  # (a flush waiting for its marks sees output still comes)
             if line.text.startswith(DISPLAY_MARK):  # DISPLAY-1: a bundle, shown as one
                 stream, text = "display", self._display_of(session, line.rank, line.text)
             else:

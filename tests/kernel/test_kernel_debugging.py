@@ -283,7 +283,8 @@ def test_pdb_in_a_mesh_cell_stops_on_its_last_expression(kernel, mesh):
     # pdb stops on the last line, in the cell's own frame, as in a script; `n` runs it
     # and the cell returns (a separate eval used to stop at --Return-- of breakpoint()
     # and then inside the worker's code, where the cell's names were not defined).
-    assert text.index("(3)<module>()\n-> x * 2") < text.index("--Return--"), text
+    # (line 4: the editor's numbering, where the %%mesh line is line 1; TB-1)
+    assert text.index("(4)<module>()\n-> x * 2") < text.index("--Return--"), text
     assert "_spmd.py" not in text and "NameError" not in text, text
     assert "105" in text and "Out: 10" in text
 

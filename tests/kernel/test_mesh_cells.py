@@ -188,3 +188,25 @@ def test_a_widget_made_on_a_worker_shows_as_text_with_a_note(kernel, mesh):
         "IntSlider" in d.get("text/plain", "") and "widgets made on a worker" in d.get("text/plain", "")
         for d in datas
     )
+
+
+def test_what_calls_printed_shows_before_the_cells_value(kernel, mesh):
+    # The worker prints much right before returning: its lines (through its agent)
+    # are still on their way when the reply (direct) is in.
+    define = kernel.run(
+        "from monarch_kernel import Actor, endpoint\n"
+        "class Chatty(Actor):\n    @endpoint\n    def talk(self, n):\n"
+        "        for i in range(n):\n            print('chat', i)\n        return n\n"
+        "chatty = procs.spawn('chatty', Chatty)"
+    )
+    assert define.error is None, define.traceback
+    for _ in range(3):
+        out = kernel.run("values = chatty.talk.call(3000).get()\nlist(values.values())")
+        kinds = [
+            (m["msg_type"], m["content"].get("text", ""))
+            for m in out.raw
+            if m["msg_type"] in ("stream", "execute_result")
+        ]
+        result_at = next(i for i, (t, _x) in enumerate(kinds) if t == "execute_result")
+        before = "".join(x for t, x in kinds[:result_at] if t == "stream")
+        assert before.count("chat 2999") == 2, f"{before.count('chat ')} lines before Out[]"
