@@ -210,3 +210,9 @@ def test_what_calls_printed_shows_before_the_cells_value(kernel, mesh):
         result_at = next(i for i, (t, _x) in enumerate(kinds) if t == "execute_result")
         before = "".join(x for t, x in kinds[:result_at] if t == "stream")
         assert before.count("chat 2999") == 2, f"{before.count('chat ')} lines before Out[]"
+
+
+def test_ansi_colours_of_a_rank_reach_the_notebook_as_they_are(kernel, mesh):
+    out = kernel.run("%%mesh --ranks 0\nprint('\\x1b[31mred\\x1b[0m and plain')")
+    assert out.error is None, out.traceback
+    assert any("\x1b[31mred\x1b[0m and plain" in t for t in _blocks(out).values())
