@@ -204,12 +204,12 @@ class Dispatcher:
         """The actor a call is for, or None after rejecting the call. With ``runner``,
         the actor must still be the one that runner serves (not stopped or replaced)."""
         a = self.actors.get(actor)
+        failed = self._failed.get(actor)
+        if failed is not None:  # DISPATCH-4 (also while its stop is on its way)
+            self._reject(token, ACTOR_FAILED + failed)
+            return None
         if a is None or (runner is not None and a.runner is not runner):
-            failed = self._failed.get(actor)
-            if failed is not None and a is None:  # DISPATCH-4
-                self._reject(token, ACTOR_FAILED + failed)
-            else:
-                self._reject(token, f"no actor named {actor!r} on {self.point} (stopped, or never spawned)")
+            self._reject(token, f"no actor named {actor!r} on {self.point} (stopped, or never spawned)")
             return None
         if (
             method not in a.endpoints
@@ -327,8 +327,14 @@ class Dispatcher:
 
     async def _end_async(self, a: _Actor, hook: Callable[[Any], Any] | None) -> None:
         """ENDPOINT-2: the actor's concurrent tasks are cancelled and awaited, then its
-        ``__cleanup__`` runs."""
+        ``__cleanup__`` runs. Calls still queued for it are refused (never left
+        without a reply), as a sync actor's are."""
         import asyncio
+
+        while a.inbox is not None and not a.inbox.empty():
+            item = a.inbox.get_nowait()
+            failed = self._failed.get(a.name)
+            self._reject(item.token, ACTOR_FAILED + failed if failed else f"actor {a.name!r} was stopped")
 
         while a.tasks:
             tasks = list(a.tasks)
@@ -461,6 +467,10 @@ class Dispatcher:
         import asyncio
 
         token, call_id, method = item.token, item.call_id, item.method
+        failed = self._failed.get(a.name)
+        if failed is not None and self.actors.get(a.name) in (a, None):  # DISPATCH-4
+            self._reject(token, ACTOR_FAILED + failed)
+            return
         _current.set(self._message_context(a, item))
         _origin.set_context(item.origin)  # this task's own context
         try:
