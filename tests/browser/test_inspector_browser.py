@@ -8,6 +8,7 @@ dead within seconds of a kill -9, while the kernel is idle.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -133,54 +135,64 @@ def _wait_for_idle_kernel(url: str, notebook: str, timeout: float = 60.0) -> Non
     raise AssertionError(f"the kernel of {notebook} was not idle after {timeout} s: {sessions}")
 
 
+@contextlib.contextmanager
+def _opened(url: str, path: str, notebook: str, shot: str) -> Iterator[Any]:
+    """A Chromium page with ``notebook`` open in the front end at ``path`` and its
+    kernel idle; a screenshot ``shot``.png at the end (``shot``-failure.png on a failure)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        try:
+            page.goto(url.replace("?", f"/{path}/{notebook}?"))
+            page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
+            _wait_for_idle_kernel(url, notebook)
+            yield page
+            page.screenshot(path=str(SHOTS / f"{shot}.png"))
+        except BaseException:
+            page.screenshot(path=str(SHOTS / f"{shot}-failure.png"))
+            raise
+        finally:
+            browser.close()
+
+
 @pytest.mark.parametrize("front_end", ["lab/tree", "notebooks"], ids=["jupyterlab4", "notebook7"])
 def test_the_inspector_shows_the_procs_and_a_killed_proc_turns_dead(lab, front_end):
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     url, root = lab
     name = f"browser-{uuid.uuid4().hex[:6]}"
     notebook = f"inspect-{name}.ipynb"
     _notebook(root / notebook, [f"procs = %mesh up {name} --procs 2"])
     try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            try:
-                page = browser.new_page(viewport={"width": 1400, "height": 900})
-                page.goto(url.replace("?", f"/{front_end}/{notebook}?"))
-                page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
-                _wait_for_idle_kernel(url, notebook)
-                cell = page.locator(".jp-Notebook .jp-Cell").first
-                cell.locator(".cm-content").click(timeout=60_000)
-                page.keyboard.press("Shift+Enter")
-                rows = page.locator(".monarch-inspector .monarch-proc")
-                expect(rows).to_have_count(2, timeout=40_000)
-                states = page.locator(".monarch-inspector .monarch-proc-state")
-                expect(states.nth(0)).to_have_text("alive", timeout=30_000)
-                expect(states.nth(1)).to_have_text("alive", timeout=30_000)
-                hosts = page.locator(".monarch-inspector .monarch-host")  # the grid: procs under their host
-                expect(hosts).to_have_count(1)
-                expect(hosts).to_contain_text(f"host {os.uname().nodename}")
-                pids = [int(rows.nth(i).locator("td").nth(2).inner_text()) for i in range(2)]
-                assert all(pid > 0 for pid in pids)
+        with _opened(url, front_end, notebook, f"inspector-{front_end.split('/')[0]}") as page:
+            cell = page.locator(".jp-Notebook .jp-Cell").first
+            cell.locator(".cm-content").click(timeout=60_000)
+            page.keyboard.press("Shift+Enter")
+            rows = page.locator(".monarch-inspector .monarch-proc")
+            expect(rows).to_have_count(2, timeout=40_000)
+            states = page.locator(".monarch-inspector .monarch-proc-state")
+            expect(states.nth(0)).to_have_text("alive", timeout=30_000)
+            expect(states.nth(1)).to_have_text("alive", timeout=30_000)
+            hosts = page.locator(".monarch-inspector .monarch-host")  # the grid: procs under their host
+            expect(hosts).to_have_count(1)
+            expect(hosts).to_contain_text(f"host {os.uname().nodename}")
+            pids = [int(rows.nth(i).locator("td").nth(2).inner_text()) for i in range(2)]
+            assert all(pid > 0 for pid in pids)
 
-                rows.nth(0).click()  # a proc's recent logs and stacks
-                detail = page.locator(".monarch-inspector .monarch-detail")
-                expect(detail).to_contain_text("Thread", timeout=30_000)
+            rows.nth(0).click()  # a proc's recent logs and stacks
+            detail = page.locator(".monarch-inspector .monarch-detail")
+            expect(detail).to_contain_text("Thread", timeout=30_000)
 
-                os.kill(pids[1], signal.SIGKILL)
-                killed = time.monotonic()
-                expect(page.locator('.monarch-proc[data-rank="1"] .monarch-proc-state')).to_have_text(
-                    "dead", timeout=10_000
-                )
-                seen = time.monotonic() - killed
-                expect(page.locator('.monarch-proc[data-rank="0"] .monarch-proc-state')).to_have_text("alive")
-                page.screenshot(path=str(SHOTS / f"inspector-{front_end.split('/')[0]}.png"))
-                print(f"rank 1 shown dead {seen:.2f} s after kill -9")
-            except BaseException:
-                page.screenshot(path=str(SHOTS / f"inspector-{front_end.split('/')[0]}-failure.png"))
-                raise
-            finally:
-                browser.close()
+            os.kill(pids[1], signal.SIGKILL)
+            killed = time.monotonic()
+            expect(page.locator('.monarch-proc[data-rank="1"] .monarch-proc-state')).to_have_text(
+                "dead", timeout=10_000
+            )
+            seen = time.monotonic() - killed
+            expect(page.locator('.monarch-proc[data-rank="0"] .monarch-proc-state')).to_have_text("alive")
+            print(f"rank 1 shown dead {seen:.2f} s after kill -9")
     finally:
         subprocess.run(
             [sys.executable, "-m", "monarch_kernel", "down", name], check=False, capture_output=True
@@ -190,7 +202,7 @@ def test_the_inspector_shows_the_procs_and_a_killed_proc_turns_dead(lab, front_e
 def test_a_mesh_cell_shows_a_worker_plot_and_one_live_progress_bar_per_rank_in_jupyterlab(lab):
     # Issue 17 in a real front end: rank 0's matplotlib figure renders as an <img>
     # after rank 0's block, and each rank's tqdm bar is one line, updated in place.
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     url, root = lab
     name = f"browser-{uuid.uuid4().hex[:6]}"
@@ -204,32 +216,20 @@ def test_a_mesh_cell_shows_a_worker_plot_and_one_live_progress_bar_per_rank_in_j
     )
     _notebook(root / notebook, [f"procs = %mesh up {name} --procs 2", cell])
     try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            try:
-                page = browser.new_page(viewport={"width": 1400, "height": 900})
-                page.goto(url.replace("?", f"/lab/tree/{notebook}?"))
-                page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
-                _wait_for_idle_kernel(url, notebook)
-                page.locator(".jp-Notebook .jp-Cell").first.locator(".cm-content").click(timeout=60_000)
-                for _ in range(2):
-                    page.keyboard.press("Shift+Enter")
-                outputs = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-OutputArea-output")
-                image = outputs.locator("img")
-                expect(image).to_have_count(1, timeout=60_000)
-                texts = [outputs.nth(i).inner_text() for i in range(outputs.count())]
-                img_at = next(i for i in range(outputs.count()) if outputs.nth(i).locator("img").count())
-                assert any(t.startswith("[rank 0]") for t in texts[:img_at]), texts
-                for r in range(2):
-                    block = "\n".join(t for t in texts if t.startswith(f"[rank {r}]"))
-                    bars = [line for line in block.splitlines() if f"bar {r}:" in line]
-                    assert len(bars) == 1 and "30/30" in bars[0], block
-                page.screenshot(path=str(SHOTS / "mesh-cell-rich-output.png"))
-            except BaseException:
-                page.screenshot(path=str(SHOTS / "mesh-cell-rich-output-failure.png"))
-                raise
-            finally:
-                browser.close()
+        with _opened(url, "lab/tree", notebook, "mesh-cell-rich-output") as page:
+            page.locator(".jp-Notebook .jp-Cell").first.locator(".cm-content").click(timeout=60_000)
+            for _ in range(2):
+                page.keyboard.press("Shift+Enter")
+            outputs = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-OutputArea-output")
+            image = outputs.locator("img")
+            expect(image).to_have_count(1, timeout=60_000)
+            texts = [outputs.nth(i).inner_text() for i in range(outputs.count())]
+            img_at = next(i for i in range(outputs.count()) if outputs.nth(i).locator("img").count())
+            assert any(t.startswith("[rank 0]") for t in texts[:img_at]), texts
+            for r in range(2):
+                block = "\n".join(t for t in texts if t.startswith(f"[rank {r}]"))
+                bars = [line for line in block.splitlines() if f"bar {r}:" in line]
+                assert len(bars) == 1 and "30/30" in bars[0], block
     finally:
         subprocess.run(
             [sys.executable, "-m", "monarch_kernel", "down", name], check=False, capture_output=True
