@@ -216,3 +216,20 @@ def test_ansi_colours_of_a_rank_reach_the_notebook_as_they_are(kernel, mesh):
     out = kernel.run("%%mesh --ranks 0\nprint('\\x1b[31mred\\x1b[0m and plain')")
     assert out.error is None, out.traceback
     assert any("\x1b[31mred\x1b[0m and plain" in t for t in _blocks(out).values())
+
+
+def test_group_outputs_order_labels_a_ranks_rich_output_with_its_rank(kernel, mesh):
+    out = kernel.run(
+        "%%mesh --group-outputs order --ranks 1\nfrom IPython.display import display, HTML\n"
+        "print('text first')\ndisplay(HTML('<i>then rich</i>'))"
+    )
+    assert out.error is None, out.traceback
+    seq = [
+        (m["msg_type"], m["content"].get("text") or m["content"].get("data", {}).get("text/html"))
+        for m in out.raw
+        if m["msg_type"] in ("stream", "display_data")
+    ]
+    joined = [x for _t, x in seq]
+    assert joined.index("<i>then rich</i>") > 0
+    assert "[rank 1] text first" in "".join(x for t, x in seq if t == "stream")
+    assert "[rank 1]" in seq[joined.index("<i>then rich</i>") - 1][1]  # the label right before it
