@@ -385,6 +385,11 @@ class _Blocks:
         except Exception as e:  # shown, never lost silently
             print(f"[rank {rank}] (a display from this rank could not be read: {e})")
             return
+        if "comm" in msg:  # DISPLAY-2: a widget's model, bridged to the front end
+            kernel = _kernel()
+            if kernel is not None:
+                kernel.send_bridged(kernel.get_parent("shell"), msg)
+            return
         if msg.get("clear"):
             if msg.get("wait"):
                 self.clear_on_next.add(rank)
@@ -437,6 +442,13 @@ class _Blocks:
 
     def finish(self) -> None:
         pass
+
+
+def _kernel() -> Any:
+    """The running monarch kernel (None outside one)."""
+    from IPython import get_ipython
+
+    return getattr(get_ipython(), "kernel", None)
 
 
 class _Text:

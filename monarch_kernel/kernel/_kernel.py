@@ -13,6 +13,7 @@ On top of IPython it:
 
 from __future__ import annotations
 
+import base64
 import json
 import signal
 import sys
@@ -24,7 +25,7 @@ from ipykernel.ipkernel import IPythonKernel
 from monarch_kernel import _origin, controller
 from monarch_kernel.kernel._magics import MeshMagics
 from monarch_kernel.kernel._progress import bar_here, slow_wait
-from monarch_kernel.kernel._router import Router, format_failure
+from monarch_kernel.kernel._router import Router, bridged, format_failure
 
 #: How long a cell waits, at its end, for output of the calls it made.
 FLUSH_S = 1.0
@@ -118,6 +119,9 @@ class MonarchKernel(IPythonKernel):
         other output too)."""
         assert self.session is not None
         msg = json.loads(text)
+        if "comm" in msg:
+            self.send_bridged(parent, msg)
+            return
         if msg.get("clear"):
             return
         transient = {}
@@ -127,6 +131,30 @@ class MonarchKernel(IPythonKernel):
         kind = "update_display_data" if msg.get("update") and wid else "display_data"
         content = {"data": msg.get("data", {}), "metadata": msg.get("metadata", {}), "transient": transient}
         self.session.send(self.iopub_socket, kind, content, parent=parent, ident=self._topic(kind))
+
+    def send_bridged(self, parent: dict[str, Any], msg: dict[str, Any]) -> None:
+        """DISPLAY-2: a comm message of a worker (its widget's model opening, updating,
+        closing) as the kernel's own, to the front end, under the cell ``parent``."""
+        assert self.session is not None
+        kind = str(msg["comm"])
+        if kind not in ("comm_open", "comm_msg", "comm_close"):
+            return
+        content: dict[str, Any] = {"comm_id": msg["comm_id"], "data": msg.get("data") or {}}
+        if kind == "comm_open":
+            content["target_name"] = msg.get("target_name", "")
+            if msg.get("target_module"):
+                content["target_module"] = msg["target_module"]
+            bridged.add(str(msg["comm_id"]))
+        buffers: list[Any] = [base64.b64decode(b) for b in msg.get("buffers") or []]
+        self.session.send(
+            self.iopub_socket,
+            kind,
+            content,
+            parent=parent,
+            metadata=msg.get("metadata") or {},
+            buffers=buffers,
+            ident=self._topic(kind),
+        )
 
     async def do_execute(self, code: str, silent: bool, *args: Any, **kwargs: Any) -> Any:
         if silent:  # front-end machinery (inspectors, completion helpers): not a cell

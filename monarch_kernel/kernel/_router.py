@@ -48,13 +48,17 @@ def decode_display(body: str, token: str) -> dict[str, Any]:
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 
+#: Comms a worker opened through the bridge (DISPLAY-2), by id: their widgets render.
+bridged: set[str] = set()
+
+
 def without_widgets(data: dict[str, Any], where: str) -> dict[str, Any]:
-    """A worker's bundle as the notebook can show it: a widget becomes its text form,
-    with a note saying why (its comm is in the worker, out of the front end's reach)."""
-    if WIDGET_MIME not in data:
+    """A worker's bundle as the notebook can show it: a widget whose model was not
+    bridged (DISPLAY-2) becomes its text form, with a note saying why."""
+    if WIDGET_MIME not in data or (data[WIDGET_MIME] or {}).get("model_id") in bridged:
         return data
     out = {k: v for k, v in data.items() if k != WIDGET_MIME}
-    note = f"(a widget from {where}: widgets made on a worker show as text; make it in the notebook)"
+    note = f"(a widget from {where} whose model did not reach the notebook: it shows as text)"
     out["text/plain"] = f"{out.get('text/plain', '')}\n{note}".lstrip("\n")
     return out
 

@@ -9,6 +9,9 @@ order with it. A bundle larger than ``INLINE_MAX`` goes through the transfer eng
 the line carries its descriptor, and the kernel pulls it. The shell starts with the
 first ``%%mesh`` cell, or before an endpoint once IPython is imported here; workers
 that never display pay nothing.
+
+DISPLAY-2: comms made in a worker (widgets) are bridged one way, through the same
+lines: the kernel opens them with the front end and passes on their messages.
 """
 
 from __future__ import annotations
@@ -92,8 +95,52 @@ def ensure() -> Any:
             hooks = (sys.excepthook, sys.displayhook)
             shell = InteractiveShell.instance(config=config, display_pub_class=_publisher_class())
             sys.excepthook, sys.displayhook = hooks  # the worker's own, as they were
+            _bridge_comms()
             _shell.append(shell)
     return _shell[0]
+
+
+def _bridge_comms() -> None:
+    """DISPLAY-2: comms made here (ipywidgets' models) send what they publish to the
+    calling cell as display messages; the kernel opens them with the front end, so
+    a worker's widget renders (``tqdm.auto`` picks its notebook form, as in a
+    kernel). One way: what the front end sends back does not reach the worker."""
+    try:
+        import comm
+        from comm.base_comm import BaseComm
+    except ImportError:  # no comm package: widgets show as text
+        return
+
+    class BridgedComm(BaseComm):  # type: ignore[misc]
+        def publish_msg(
+            self,
+            msg_type: str,
+            data: Any = None,
+            metadata: Any = None,
+            buffers: Any = None,
+            **keys: Any,
+        ) -> None:
+            send(
+                {
+                    "comm": msg_type,
+                    "comm_id": self.comm_id,
+                    "target_name": self.target_name,
+                    "target_module": self.target_module,
+                    "data": data or {},
+                    "metadata": metadata or {},
+                    "buffers": [base64.b64encode(bytes(b)).decode("ascii") for b in buffers or []],
+                }
+            )
+
+    comm.create_comm = BridgedComm
+    # tqdm.auto (and other code) takes the notebook form where ipykernel's shell module
+    # is loaded: with the bridge, it renders in the notebook.
+    import importlib
+
+    try:
+        importlib.import_module("ipykernel.zmqshell")
+    except ImportError:
+        pass
 
 
 def ensure_if_imported() -> None:

@@ -179,15 +179,38 @@ def test_what_an_endpoint_displays_shows_in_the_cell_that_called_it(kernel, mesh
     assert len(md) == 2
 
 
-def test_a_widget_made_on_a_worker_shows_as_text_with_a_note(kernel, mesh):
+def test_a_widget_made_on_a_worker_renders_through_the_comm_bridge(kernel, mesh):
+    # DISPLAY-2: the worker's widget model is opened with the front end by the kernel
+    # (comm_open on iopub), and the widget's view refers to that model.
     out = kernel.run("%%mesh --ranks 0\nimport ipywidgets\nipywidgets.IntSlider(value=7)")
     assert out.error is None, out.traceback
-    datas = [c.get("data", {}) for _t, c in _outputs(out)]
-    assert not any("application/vnd.jupyter.widget-view+json" in d for d in datas)
-    assert any(
-        "IntSlider" in d.get("text/plain", "") and "widgets made on a worker" in d.get("text/plain", "")
-        for d in datas
+    opened = {m["content"]["comm_id"]: m["content"] for m in out.raw if m["msg_type"] == "comm_open"}
+    assert opened and all(c["target_name"] == "jupyter.widget" for c in opened.values())
+    views = [
+        c["data"]["application/vnd.jupyter.widget-view+json"]
+        for _t, c in _outputs(out)
+        if "application/vnd.jupyter.widget-view+json" in c.get("data", {})
+    ]
+    assert len(views) == 1 and views[0]["model_id"] in opened
+    slider = next(c for c in opened.values() if c["data"]["state"].get("_model_name") == "IntSliderModel")
+    assert slider["data"]["state"]["value"] == 7
+
+
+def test_tqdm_auto_on_a_worker_takes_its_notebook_form_through_the_bridge(kernel, mesh):
+    out = kernel.run(
+        "%%mesh\nfrom tqdm.auto import tqdm\nimport time\n"
+        "for _ in tqdm(range(20), mininterval=0):\n    time.sleep(0.005)\n"
+        "'tqdm.notebook' in [c.__module__ for c in tqdm.__mro__]"
     )
+    assert out.error is None, out.traceback
+    models = [
+        m["content"]["data"]["state"].get("_model_name") for m in out.raw if m["msg_type"] == "comm_open"
+    ]
+    assert models.count("FloatProgressModel") + models.count("IntProgressModel") == 2  # one bar per rank
+    updates = [m for m in out.raw if m["msg_type"] == "comm_msg"]
+    assert updates  # the bars moved
+    values = [_plain(c) for _t, c in _outputs(out) if "Out:" in _plain(c)]
+    assert len(values) == 2 and all("Out: True" in v for v in values), values
 
 
 def test_what_calls_printed_shows_before_the_cells_value(kernel, mesh):
