@@ -35,6 +35,7 @@ def test_every_third_party_module_the_package_imports_is_declared():
         "pynvml": "nvidia-ml-py",
         "traitlets": "ipykernel",  # traitlets comes with ipykernel
         "matplotlib_inline": "ipykernel",  # (ipykernel's inline backend)
+        "comm": "ipykernel",  # (ipykernel's comms)
     }
     #: Imported only where the user's own code needs it (torch for tensors and
     #: torch.distributed, numpy for arrays, matplotlib for a worker's figures, once
