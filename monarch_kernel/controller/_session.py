@@ -387,6 +387,13 @@ class Session:
         conns = self.state.connect(ranks)
         return _native.call(_native.Endpoint(BUILTIN, method), conns, ranks, payload, [], origin=origin)
 
+    def send_builtin(self, rank: int, method: str, payload: bytes) -> None:
+        """Calls ``method`` of rank ``rank``'s built-in actor, without waiting (the
+        reply, or the failure, is not looked at)."""
+        if rank in self.state.dead or self.closed or self.state.lost is not None:
+            return
+        self._builtin([rank], method, payload)
+
     def tell_root(self, root: str, timeout: float = 5.0) -> None:
         """SINGLE-1: the live workers' ``MONARCH_ROOT`` becomes ``root`` (an attach)."""
         live = [r for r in range(self.nprocs) if r not in self.state.dead]

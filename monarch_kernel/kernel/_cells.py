@@ -88,7 +88,7 @@ class MeshCellRun:
         cell is quick; a second into the wait, the progress bar and the debugger
         prompts are looked at every ``Bar`` step."""
         run = self
-        blocks = _Blocks(run.ranks, group, self.session.token)
+        blocks = _Blocks(run.ranks, group, self.session.token, self.mesh)
         wake: Any = q if q is not None else queue.SimpleQueue()
         for f in run.futures:
             for c in f._calls:
@@ -259,8 +259,9 @@ class _Blocks:
     #: Blocks that change are shown again at most this often (and at the end).
     SHOW_EVERY_S = 0.05
 
-    def __init__(self, ranks: list[int], group: str, token: str | None = None) -> None:
+    def __init__(self, ranks: list[int], group: str, token: str | None = None, mesh: str = "") -> None:
         self.group = group
+        self.mesh = mesh
         #: The mesh's token: large display bundles are pulled with it (DISPLAY-1).
         self.token = token
         #: Kernel display ids of each rank's rich outputs, and its display ids by the
@@ -387,6 +388,7 @@ class _Blocks:
             return
         if "comm" in msg:  # DISPLAY-2: a widget's model, bridged to the front end
             kernel = _kernel()
+            msg["mesh"], msg["rank"] = self.mesh, rank
             if kernel is not None:
                 kernel.send_bridged(kernel.get_parent("shell"), msg)
             return

@@ -145,6 +145,7 @@ class MonarchKernel(IPythonKernel):
             if msg.get("target_module"):
                 content["target_module"] = msg["target_module"]
             bridged.add(str(msg["comm_id"]))
+            self._proxy_comm(msg)
         buffers: list[Any] = [base64.b64decode(b) for b in msg.get("buffers") or []]
         self.session.send(
             self.iopub_socket,
@@ -155,6 +156,32 @@ class MonarchKernel(IPythonKernel):
             buffers=buffers,
             ident=self._topic(kind),
         )
+
+    def _proxy_comm(self, msg: dict[str, Any]) -> None:
+        """DISPLAY-2, the way back: a comm of this kernel stands for the worker's, and
+        what the front end sends to it (a slider dragged) goes to that worker's comm
+        (the built-in ``comm_msg``), without waiting."""
+        name, rank = msg.get("mesh"), msg.get("rank")
+        if name is None or rank is None:
+            return
+        import comm
+        from ipykernel.comm import Comm
+
+        proxy = Comm(comm_id=str(msg["comm_id"]), primary=False, target_name=str(msg.get("target_name", "")))
+
+        def forward(m: dict[str, Any]) -> None:
+            session = controller.session(str(name))
+            if session is None:
+                return
+            body = {
+                "comm_id": m["content"]["comm_id"],
+                "data": m["content"].get("data", {}),
+                "buffers": [base64.b64encode(bytes(b)).decode("ascii") for b in m.get("buffers") or []],
+            }
+            session.send_builtin(int(rank), "comm_msg", json.dumps(body).encode())
+
+        proxy.on_msg(forward)
+        comm.get_comm_manager().register_comm(proxy)
 
     async def do_execute(self, code: str, silent: bool, *args: Any, **kwargs: Any) -> Any:
         if silent:  # front-end machinery (inspectors, completion helpers): not a cell

@@ -197,6 +197,7 @@ class Router:
         except Exception as e:
             msg = {"data": {"text/plain": f"[{session.name} {rank}] (a display could not be read: {e})"}}
         msg["label"] = f"[{session.name} {rank}]"
+        msg["mesh"], msg["rank"] = session.name, rank  # (a bridged comm's way back)
         if "data" in msg:
             msg["data"] = without_widgets(msg["data"], f"rank {rank} of {session.name!r}")
         return json.dumps(msg)

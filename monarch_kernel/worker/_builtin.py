@@ -33,6 +33,9 @@ def serve_builtin(d: Dispatcher, item: _native.Incoming) -> None:
     (not by an actor's thread), so it works while the main thread or an actor is
     busy in Python code.
 
+    ``comm_msg``: the payload (JSON) is what the front end sent to one of this
+    worker's comms (DISPLAY-2, the way back); it is handed to that comm.
+
     ``supervise``: the payload is (actor, owner, port): failures of ``actor`` here go
     on ``port`` to the actor ``owner`` that spawned it (OWN-1).
 
@@ -68,6 +71,10 @@ def serve_builtin(d: Dispatcher, item: _native.Incoming) -> None:
     if method == "pdb_input":
         d._reply(token, _debug.feed(bytes(item.payload).decode("utf-8", "replace")), f"{BUILTIN}.pdb_input")
         return
+    if method == "comm_msg":  # DISPLAY-2: the front end wrote to a comm of this worker
+        _comm_msg(bytes(item.payload))
+        d._reply(token, None, f"{BUILTIN}.comm_msg")
+        return
     if method == "supervise":  # OWN-1: an actor spawned these actors: their failures go to it
         actor, owner, port = loads(item.payload, item.buffers, d.token)
         d._supervisors[actor] = (owner, port)
@@ -94,6 +101,28 @@ def serve_builtin(d: Dispatcher, item: _native.Incoming) -> None:
         d._reply(token, None, f"{BUILTIN}.flush")
     else:
         d._reject(token, f"the built-in actor has no method {method!r}")
+
+
+def _comm_msg(payload: bytes) -> None:
+    """Hands a front end's message to this worker's comm (on a thread of its own: a
+    widget's observers are the user's code)."""
+    import base64
+    import json
+
+    msg = json.loads(payload)
+    import comm
+
+    target = comm.get_comm_manager().get_comm(msg["comm_id"])
+    if target is None:
+        return
+    full = {
+        "header": {"msg_type": "comm_msg"},
+        "parent_header": {},
+        "metadata": {},
+        "content": {"comm_id": msg["comm_id"], "data": msg.get("data", {})},
+        "buffers": [base64.b64decode(b) for b in msg.get("buffers", [])],
+    }
+    threading.Thread(target=target.handle_msg, args=(full,), name="monarch-comm", daemon=True).start()
 
 
 #: The last ``usage`` sample: (CPU seconds, monotonic time).

@@ -10,8 +10,9 @@ the line carries its descriptor, and the kernel pulls it. The shell starts with 
 first ``%%mesh`` cell, or before an endpoint once IPython is imported here; workers
 that never display pay nothing.
 
-DISPLAY-2: comms made in a worker (widgets) are bridged one way, through the same
-lines: the kernel opens them with the front end and passes on their messages.
+DISPLAY-2: comms made in a worker (widgets) are bridged through the same lines: the
+kernel opens them with the front end and passes on their messages; what the front
+end sends back comes to the worker's comm as a call to its built-in actor.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def _bridge_comms() -> None:
     """DISPLAY-2: comms made here (ipywidgets' models) send what they publish to the
     calling cell as display messages; the kernel opens them with the front end, so
     a worker's widget renders (``tqdm.auto`` picks its notebook form, as in a
-    kernel). One way: what the front end sends back does not reach the worker."""
+    kernel). What the front end sends back comes through the built-in ``comm_msg``."""
     try:
         import comm
         from comm.base_comm import BaseComm

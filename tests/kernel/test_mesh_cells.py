@@ -256,3 +256,29 @@ def test_group_outputs_order_labels_a_ranks_rich_output_with_its_rank(kernel, me
     assert joined.index("<i>then rich</i>") > 0
     assert "[rank 1] text first" in "".join(x for t, x in seq if t == "stream")
     assert "[rank 1]" in seq[joined.index("<i>then rich</i>") - 1][1]  # the label right before it
+
+
+def test_what_the_front_end_sends_to_a_workers_widget_reaches_it(kernel, mesh):
+    # DISPLAY-2, the way back: a slider dragged in the front end (a comm_msg on the
+    # shell channel, as JupyterLab sends it) changes the widget on the worker.
+    import time
+
+    out = kernel.run("%%mesh --ranks 1\nimport ipywidgets\nslider = ipywidgets.IntSlider(value=7)\nslider")
+    assert out.error is None, out.traceback
+    opened = [m["content"] for m in out.raw if m["msg_type"] == "comm_open"]
+    slider_id = next(
+        c["comm_id"] for c in opened if c["data"]["state"].get("_model_name") == "IntSliderModel"
+    )
+    dragged = kernel.kc.session.msg(
+        "comm_msg",
+        {"comm_id": slider_id, "data": {"method": "update", "state": {"value": 42}, "buffer_paths": []}},
+    )
+    kernel.kc.shell_channel.send(dragged)
+    deadline = time.monotonic() + 30
+    seen = ""
+    while time.monotonic() < deadline:
+        seen = "".join(_blocks(kernel.run("%%mesh --ranks 1\nslider.value")).values())
+        if "Out: 42" in seen:
+            break
+        time.sleep(0.2)
+    assert "Out: 42" in seen, seen
