@@ -282,3 +282,12 @@ def test_what_the_front_end_sends_to_a_workers_widget_reaches_it(kernel, mesh):
             break
         time.sleep(0.2)
     assert "Out: 42" in seen, seen
+
+
+def test_what_a_background_thread_of_a_worker_displays_reaches_the_running_cell(kernel, mesh):
+    out = kernel.run(
+        "%%mesh --ranks 0\nimport threading, time\nfrom IPython.display import display, HTML\n"
+        "threading.Thread(target=lambda: display(HTML('<u>from a thread</u>'))).start()\ntime.sleep(1.0)"
+    )
+    assert out.error is None, out.traceback
+    assert any(c.get("data", {}).get("text/html") == "<u>from a thread</u>" for _t, c in _outputs(out))
