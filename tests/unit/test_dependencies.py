@@ -36,11 +36,15 @@ def test_every_third_party_module_the_package_imports_is_declared():
         "traitlets": "ipykernel",  # traitlets comes with ipykernel
         "matplotlib_inline": "ipykernel",  # (ipykernel's inline backend)
         "comm": "ipykernel",  # (ipykernel's comms)
+        "jupyter_core": "jupyter-client",  # (jupyter_client's paths)
     }
     #: Imported only where the user's own code needs it (torch for tensors and
     #: torch.distributed, numpy for arrays, matplotlib for a worker's figures, once
     #: the user's code has imported it): optional by design.
     optional = {"torch", "numpy", "typing_extensions", "matplotlib"}
+    #: The server extension (monarch_kernel.server) is loaded only by a Jupyter
+    #: server, which brings these.
+    optional |= {"tornado", "jupyter_server"}
     declared = _declared()
     root = PYPROJECT.parent / "monarch_kernel"
     missing = set()

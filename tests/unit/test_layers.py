@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("worker", ["monarch_kernel.worker"]),
     ("controller", ["monarch_kernel.controller"]),
     ("public", ["monarch_kernel._compat", "monarch_kernel.job", "monarch_kernel"]),
-    ("kernel", ["monarch_kernel.kernel"]),
+    ("kernel", ["monarch_kernel.kernel", "monarch_kernel.server"]),
     ("commands", ["monarch_kernel.cli", "monarch_kernel.__main__"]),
 ]
 

@@ -1,0 +1,153 @@
+"""HTTP handlers of the server extension (see the package docstring)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import tornado.iostream
+import tornado.web
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
+
+from monarch_kernel.errors import MeshSpecError, MonarchKernelError
+from monarch_kernel.hosts import _admin, _registry
+
+#: How often the events stream looks at the agents while someone listens.
+EVERY_S = 0.5
+
+
+def snapshot() -> list[dict[str, Any]]:
+    """Every running mesh of this user, with its procs: the panel's one source."""
+    out = []
+    now = time.time()
+    for m in _admin.list_meshes():
+        procs: list[dict[str, Any]] = []
+        rec = _registry.read(m.name)
+        client = _admin.connect(rec) if rec is not None else None
+        if client is not None:
+            try:
+                procs = [
+                    {
+                        k: w[k]
+                        for k in ("rank", "pid", "host", "state", "exit_code", "signal_name", "restarts")
+                    }
+                    for w in client.list_workers()
+                ]
+            except MonarchKernelError:
+                procs = []
+            finally:
+                client.close()
+        gone = [h["host"] for h in m.hosts if h["state"] != "alive"]
+        state = (
+            "lost"
+            if m.hosts and len(gone) == len(m.hosts)
+            else "alive"
+            if m.alive == m.procs and not gone
+            else "degraded"
+        )
+        out.append(
+            {
+                "name": m.name,
+                "state": state,
+                "procs": m.procs,
+                "alive": m.alive,
+                "hosts": m.hosts,
+                "epoch": m.owner_epoch,
+                "attached": m.attached,
+                "ephemeral": m.ephemeral,
+                "idle_timeout": m.idle_timeout,
+                "age": now - m.created,
+                "ranks": sorted(procs, key=lambda p: p["rank"]),
+            }
+        )
+    return out
+
+
+def _name(name: str) -> str:
+    """SERVER-1: ``name`` as a mesh name, or a 400 that says why."""
+    try:
+        _registry.check_name(name)
+    except MeshSpecError as e:
+        raise tornado.web.HTTPError(400, str(e)) from None
+    return name
+
+
+class MeshesHandler(APIHandler):  # type: ignore[misc]
+    @tornado.web.authenticated
+    async def get(self) -> None:
+        meshes = await asyncio.get_running_loop().run_in_executor(None, snapshot)
+        self.finish(json.dumps({"meshes": meshes}))
+
+
+class EventsHandler(APIHandler):  # type: ignore[misc]
+    """Server-sent events: the snapshot each time it changes."""
+
+    @tornado.web.authenticated
+    async def get(self) -> None:
+        self.set_header("Content-Type", "text/event-stream")
+        self.set_header("Cache-Control", "no-cache")
+        last = None
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                meshes = await loop.run_in_executor(None, snapshot)
+                text = json.dumps({"meshes": meshes}, sort_keys=True)
+                if text != last:
+                    last = text
+                    self.write(f"data: {text}\n\n")
+                    await self.flush()
+                await asyncio.sleep(EVERY_S)
+        except tornado.iostream.StreamClosedError:
+            return  # the browser went away
+
+
+class LogsHandler(APIHandler):  # type: ignore[misc]
+    @tornado.web.authenticated
+    async def get(self, name: str) -> None:
+        name = _name(name)
+        rank = self.get_query_argument("rank", None)
+        tail = int(self.get_query_argument("tail", "100"))
+
+        def read() -> list[str] | None:
+            rec = _registry.read(name)
+            client = _admin.connect(rec) if rec is not None else None
+            if client is None:
+                return None
+            try:
+                return list(client.logs(rank=None if rank in (None, "") else int(rank), tail=tail))
+            finally:
+                client.close()
+
+        lines = await asyncio.get_running_loop().run_in_executor(None, read)
+        if lines is None:
+            raise tornado.web.HTTPError(404, f"no mesh named {name!r} is running")
+        self.finish(json.dumps({"mesh": name, "lines": lines}))
+
+
+class DownHandler(APIHandler):  # type: ignore[misc]
+    @tornado.web.authenticated
+    async def post(self, name: str) -> None:
+        name = _name(name)
+        from monarch_kernel.controller import down
+
+        ((ok, what),) = await asyncio.get_running_loop().run_in_executor(None, down, [name])
+        if not ok:
+            raise tornado.web.HTTPError(404, what)
+        self.finish(json.dumps({"mesh": name, "result": what}))
+
+
+def handlers(base: str) -> list[tuple[str, Any]]:
+    """The routes, under the server's base URL."""
+    name = r"(?P<name>[^/]+)"
+    return [
+        (url_path_join(base, "monarch", "meshes"), MeshesHandler),
+        (url_path_join(base, "monarch", "events"), EventsHandler),
+        (url_path_join(base, "monarch", "meshes", name, "logs"), LogsHandler),
+        (url_path_join(base, "monarch", "meshes", name, "down"), DownHandler),
+    ]
+
+
+__all__ = ["EVERY_S", "handlers", "snapshot"]

@@ -1,0 +1,178 @@
+"""The meshes panel's server extension (issue 18, its server side) in a real Jupyter
+server started from this venv, over HTTP with the server's token: a mesh started
+from a script is listed with its procs, a killed worker shows as dead in the events
+stream within a second, logs come, a bad name is refused, down stops the mesh."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from monarch_kernel.kernel._install import enable_server_extension
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server(state_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """A Jupyter server with the extension enabled through its config: (URL, token)."""
+    config = tmp_path_factory.mktemp("server-config")
+    enable_server_extension(prefix=str(config))  # (writes etc/jupyter/... under it)
+    port, token = _free_port(), uuid.uuid4().hex
+    env = dict(
+        os.environ,
+        JUPYTER_CONFIG_PATH=str(config / "etc" / "jupyter"),
+        JUPYTER_RUNTIME_DIR=str(config / "runtime"),
+    )
+    log = config / "server.log"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jupyter_server",
+            "--no-browser",
+            "--allow-root",
+            f"--port={port}",
+            "--ip=127.0.0.1",
+            f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={config}",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(log, "wb"),  # noqa: SIM115
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the Jupyter server did not start:\n" + log.read_text()) from None
+                time.sleep(0.3)
+        yield url, token
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _get(server: tuple[str, str], path: str) -> dict:
+    url, token = server
+    req = urllib.request.Request(f"{url}{path}", headers={"Authorization": f"token {token}"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.load(r)
+
+
+def _post(server: tuple[str, str], path: str) -> dict:
+    url, token = server
+    req = urllib.request.Request(
+        f"{url}{path}", data=b"", method="POST", headers={"Authorization": f"token {token}"}
+    )
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.load(r)
+
+
+SCRIPT = """
+import sys, time
+from monarch_kernel import Actor, endpoint, this_host
+class Talker(Actor):
+    @endpoint
+    def say(self, text):
+        print(text, flush=True)
+        return text
+procs = this_host().spawn_procs(per_host={"procs": 2}, name=sys.argv[1])
+procs.spawn("talker", Talker).say.call("said from the script").get()
+"""
+
+
+@pytest.fixture
+def script_mesh(state_home: Path, tmp_path: Path) -> Iterator[str]:
+    """A named mesh of 2 procs started by another process (a script), which exits."""
+    name = f"panel-{uuid.uuid4().hex[:6]}"
+    path = tmp_path / "start.py"
+    path.write_text(SCRIPT)
+    subprocess.run([sys.executable, str(path), name], check=True, timeout=120)
+    yield name
+    subprocess.run([sys.executable, "-m", "monarch_kernel", "down", name], capture_output=True, timeout=60)
+
+
+def test_a_mesh_started_from_a_script_is_listed_with_its_procs(server, script_mesh):
+    meshes = {m["name"]: m for m in _get(server, "/monarch/meshes")["meshes"]}
+    m = meshes[script_mesh]
+    assert m["state"] == "alive" and m["procs"] == 2 and m["alive"] == 2
+    assert [r["rank"] for r in m["ranks"]] == [0, 1]
+    assert all(r["state"] == "running" and r["pid"] > 0 for r in m["ranks"])
+    assert m["attached"] is False  # the script that made it has gone
+
+
+def test_a_killed_worker_shows_dead_in_the_events_stream_within_a_second(server, script_mesh):
+    url, token = server
+    stream = urllib.request.urlopen(
+        urllib.request.Request(f"{url}/monarch/events", headers={"Authorization": f"token {token}"}),
+        timeout=30,
+    )
+
+    def next_event() -> dict:
+        for raw in stream:
+            line = raw.decode().strip()
+            if line.startswith("data: "):
+                return json.loads(line[len("data: ") :])
+        raise AssertionError("the events stream ended")
+
+    first = {m["name"]: m for m in next_event()["meshes"]}[script_mesh]
+    pid = first["ranks"][1]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    while True:
+        m = {x["name"]: x for x in next_event()["meshes"]}.get(script_mesh)
+        if m is not None and m["ranks"][1]["state"] != "running":
+            break
+    seen = time.monotonic() - killed
+    stream.close()
+    assert m["state"] == "degraded" and m["alive"] == 1
+    assert m["ranks"][1]["signal_name"] == "SIGKILL"
+    assert seen < 1.0 + 0.5, f"seen {seen:.2f} s after kill -9"  # (one look each EVERY_S)
+
+
+def test_logs_of_a_mesh_come_and_a_bad_name_is_refused(server, script_mesh):
+    lines = _get(server, f"/monarch/meshes/{script_mesh}/logs?tail=50")["lines"]
+    assert any("said from the script" in line for line in lines)
+    with pytest.raises(urllib.error.HTTPError) as bad:
+        _get(server, "/monarch/meshes/..%2F..%2Fetc/logs")
+    assert bad.value.code in (400, 404)
+
+
+def test_down_stops_the_mesh_and_it_leaves_the_list(server, script_mesh):
+    assert "stopped" in _post(server, f"/monarch/meshes/{script_mesh}/down")["result"]
+    names = [m["name"] for m in _get(server, "/monarch/meshes")["meshes"]]
+    assert script_mesh not in names
+
+
+def test_the_api_needs_the_servers_token(server):
+    url, _token = server
+    with pytest.raises(urllib.error.HTTPError) as denied:
+        urllib.request.urlopen(f"{url}/monarch/meshes", timeout=10)
+    assert denied.value.code == 403
