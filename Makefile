@@ -30,7 +30,18 @@ $(STAMPS)/kernelspec: monarch_kernel/kernel/_install.py | $(STAMPS)/native
 	$(PY) -m monarch_kernel install --sys-prefix
 	@touch $@
 
-setup: $(STAMPS)/native $(STAMPS)/kernelspec ## Create the venv, install dependencies (torch included), build the native core, install the kernelspec
+# The Meshes panel (extension/): built with npm (Debian's node where there is none)
+# and installed into the venv's JupyterLab as a prebuilt extension.
+LABEXT := $(VENV)/share/jupyter/labextensions/monarch-kernel-panel
+$(STAMPS)/labext: extension/package.json extension/tsconfig.json $(wildcard extension/src/*.ts extension/style/*.css) | $(STAMPS)/deps
+	@command -v npm >/dev/null || { apt-get update -qq && apt-get install -y -qq nodejs npm; }
+	cd extension && npm install --no-audit --no-fund --loglevel=error && npx tsc
+	cd extension && node node_modules/@jupyterlab/builder/lib/build-labextension.js \
+	  --core-path "$$($(abspath $(PY)) -c 'import jupyterlab, os; print(os.path.join(os.path.dirname(jupyterlab.__file__), "staging"))')" .
+	rm -rf $(LABEXT) && mkdir -p $(dir $(LABEXT)) && cp -r build/labextension $(LABEXT)
+	@touch $@
+
+setup: $(STAMPS)/native $(STAMPS)/kernelspec $(STAMPS)/labext ## Create the venv, install dependencies (torch included), build the native core, install the kernelspec and the Meshes panel
 
 demo: setup ## Set up, then execute notebooks/quickstart.ipynb through the monarch kernel and print it
 	$(PY) demo/run_notebook.py notebooks/quickstart.ipynb

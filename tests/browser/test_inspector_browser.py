@@ -238,3 +238,66 @@ def test_a_mesh_cell_shows_a_worker_plot_and_one_progress_widget_per_rank_in_jup
         subprocess.run(
             [sys.executable, "-m", "monarch_kernel", "down", name], check=False, capture_output=True
         )
+
+
+PANEL_SCRIPT = """
+import sys
+from monarch_kernel import Actor, endpoint, this_host
+class Talker(Actor):
+    @endpoint
+    def say(self, text):
+        print(text, flush=True)
+        return text
+procs = this_host().spawn_procs(per_host={"procs": 2}, name=sys.argv[1])
+procs.spawn("talker", Talker).say.call("said from the script").get()
+"""
+
+
+def test_the_meshes_panel_lists_a_mesh_shows_a_kill_attaches_tails_logs_and_downs_it(lab, tmp_path):
+    # Issue 18: the Meshes side panel, from the server extension's live events.
+    from playwright.sync_api import expect
+
+    url, root = lab
+    name = f"panel-{uuid.uuid4().hex[:6]}"
+    script = tmp_path / "start.py"
+    script.write_text(PANEL_SCRIPT)
+    subprocess.run([sys.executable, str(script), name], check=True, timeout=120)  # a mesh from a script
+    notebook = f"panel-{name}.ipynb"
+    _notebook(root / notebook, ["1 + 1"])
+    try:
+        with _opened(url, "lab/tree", notebook, "meshes-panel") as page:
+            page.locator('.jp-SideBar [data-id="monarch-meshes"]').click(timeout=30_000)
+            mesh = page.locator(f'.monarch-panel .monarch-mesh[data-mesh="{name}"]')
+            expect(mesh).to_contain_text("2/2 procs alive", timeout=30_000)
+            expect(page.locator(".monarch-status")).to_contain_text("procs 2/2", timeout=30_000)
+            pid = int(mesh.locator('.monarch-rank[data-rank="1"] td').nth(2).inner_text())
+            os.kill(pid, signal.SIGKILL)
+            killed = time.monotonic()
+            expect(mesh.locator('.monarch-rank[data-rank="1"] .monarch-rank-state')).to_have_text(
+                "SIGKILL", timeout=10_000
+            )
+            seen = time.monotonic() - killed
+            assert seen < 2.0, f"the panel showed the kill {seen:.2f} s after it"  # (1 s + a browser's frame)
+            expect(mesh).to_contain_text("degraded")
+            page.screenshot(path=str(SHOTS / "meshes-panel-live.png"))  # (the README's picture)
+
+            page.locator(".jp-Notebook .jp-Cell").first.locator(".cm-content").click(timeout=30_000)
+            mesh.locator('button[data-action="attach"]').click()
+            attached = page.locator(".jp-Notebook .jp-Cell").nth(1)
+            expect(attached.locator(".cm-content")).to_contain_text(
+                f"procs = %mesh attach {name}", timeout=30_000
+            )
+            expect(attached.locator(".jp-OutputArea")).to_contain_text(name, timeout=60_000)
+
+            mesh.locator('button[data-action="logs"]').click()
+            expect(page.locator(".monarch-logs")).to_contain_text("said from the script", timeout=30_000)
+
+            mesh.locator('button[data-action="down"]').click()
+            page.locator(".jp-Dialog .jp-mod-warn").click(timeout=30_000)
+            expect(page.locator(f'.monarch-panel .monarch-mesh[data-mesh="{name}"]')).to_have_count(
+                0, timeout=30_000
+            )
+    finally:
+        subprocess.run(
+            [sys.executable, "-m", "monarch_kernel", "down", name], check=False, capture_output=True
+        )
