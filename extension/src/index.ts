@@ -21,7 +21,15 @@ import { ServerConnection } from '@jupyterlab/services';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { Widget } from '@lumino/widgets';
 
+interface IUsage {
+  cpu: number;
+  rss: number;
+  gpu?: number;
+  gpu_mem?: number;
+}
+
 interface IRank {
+  usage: IUsage | null;
   rank: number;
   pid: number;
   host: string;
@@ -108,15 +116,28 @@ class MeshesPanel extends Widget {
     this.node.innerHTML = meshes
       .map(m => {
         const hosts = m.hosts.map(h => `${escape(h.host)} (${h.state})`).join(', ');
+        const gpu = m.ranks.some(r => r.usage && r.usage.gpu !== undefined);
         const rows = m.ranks
-          .map(
-            r =>
+          .map(r => {
+            const u = r.usage;
+            const cpu = u ? `${u.cpu}%` : '';
+            const mem = u ? `${Math.round(u.rss / 2 ** 20)} MiB` : '';
+            const g =
+              gpu && u && u.gpu !== undefined
+                ? `<td>${u.gpu}%</td><td>${Math.round((u.gpu_mem || 0) / 2 ** 20)} MiB</td>`
+                : gpu
+                  ? '<td></td><td></td>'
+                  : '';
+            return (
               `<tr class="monarch-rank" data-rank="${r.rank}" data-state="${escape(r.state)}">` +
               `<td>${r.rank}</td><td class="monarch-rank-state">${
                 r.state === 'running' ? 'alive' : escape(r.signal_name || r.state)
-              }</td><td>${r.pid}</td><td>${escape(r.host)}</td></tr>`
-          )
+              }</td><td>${r.pid}</td><td>${escape(r.host)}</td>` +
+              `<td class="monarch-cpu">${cpu}</td><td class="monarch-mem">${mem}</td>${g}</tr>`
+            );
+          })
           .join('');
+        const gpuHead = gpu ? '<th>GPU</th><th>GPU mem</th>' : '';
         const idle = m.ephemeral ? 'ephemeral' : `idle timeout ${Math.round(m.idle_timeout)} s`;
         return (
           `<div class="monarch-mesh" data-mesh="${escape(m.name)}">` +
@@ -125,11 +146,13 @@ class MeshesPanel extends Widget {
           )}">${escape(m.state)}</span> ${m.alive}/${m.procs} procs alive, epoch ${m.epoch}, ` +
           `${m.attached ? 'attached' : 'no controller'}, ${idle}</div>` +
           `<div class="monarch-hosts">hosts: ${hosts}</div>` +
-          '<table><tr><th>rank</th><th>state</th><th>pid</th><th>host</th></tr>' +
+          '<table><tr><th>rank</th><th>state</th><th>pid</th><th>host</th>' +
+          `<th>CPU</th><th>memory</th>${gpuHead}</tr>` +
           rows +
           '</table><div class="monarch-actions">' +
           `<button data-action="attach">Attach in notebook</button>` +
           `<button data-action="logs">Logs</button>` +
+          `<button data-action="stacks">Stacks</button>` +
           `<button data-action="down">Down</button></div></div>`
         );
       })
@@ -236,6 +259,28 @@ const plugin: JupyterFrontEndPlugin<void> = {
         view.title.label = `Logs: ${name}`;
         view.title.closable = true;
         app.shell.add(view, 'main');
+      }
+    });
+    app.commands.addCommand('monarch:stacks', {
+      label: 'Monarch: Stacks of a mesh',
+      execute: async args => {
+        const name = args.name as string;
+        const content = new Widget();
+        content.addClass('monarch-logs');
+        content.node.textContent = 'asking the workers...';
+        const view = new MainAreaWidget({ content });
+        view.id = `monarch-stacks-${name}`;
+        view.title.label = `Stacks: ${name}`;
+        view.title.closable = true;
+        app.shell.add(view, 'main');
+        try {
+          const body = await data.request(`${encodeURIComponent(name)}/stacks`);
+          content.node.textContent = body.ranks
+            .map((r: { rank: number; stacks: string }) => `--- rank ${r.rank} ---\n${r.stacks}`)
+            .join('\n');
+        } catch (e) {
+          content.node.textContent = `(${(e as Error).message})`;
+        }
       }
     });
     app.commands.addCommand('monarch:down', {

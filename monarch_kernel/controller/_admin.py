@@ -13,6 +13,7 @@ from monarch_kernel.controller._lifecycle import stop_record
 from monarch_kernel.controller._session import sessions
 from monarch_kernel.hosts import _registry
 from monarch_kernel.hosts._admin import MeshInfo, group_of, list_meshes
+from monarch_kernel.hosts._registry import MeshRecord
 from monarch_kernel.mesh._serial import loads
 
 _COLUMNS = ("NAME", "PROCS", "ALIVE", "CONTROLLER", "EPOCH", "IDLE TIMEOUT", "AGE", "AGENT PID", "HOSTS")
@@ -29,27 +30,42 @@ def _hosts_text(m: MeshInfo) -> str:
     )
 
 
+def ask_workers(rec: MeshRecord, workers: list[dict[str, Any]], method: str, timeout: float) -> list[Any]:
+    """What the built-in actor of each of ``workers`` (running, as the agents list
+    them) answers to ``method``, as an administrator (no controller needed); None for
+    a worker that does not answer within ``timeout``."""
+    if rec.ca:
+        _native.set_mesh_ca(rec.token, rec.ca)
+    if not workers:
+        return []
+    try:
+        conns = [_native.WorkerConn(w["addr"], rec.token) for w in workers]
+        calls = _native.call(_native.Endpoint(BUILTIN, method), conns, list(range(len(conns))), b"", [])
+        replies = _native.wait_all(calls, timeout)
+    except Exception:
+        return [None] * len(workers)
+    return [
+        loads(r.payload, list(r.buffers))
+        if isinstance(r, _native.Reply) and r.kind == _native.REPLY_RESULT
+        else None
+        for r in replies
+    ]
+
+
 def _gpu_by_host(name: str, timeout: float = 1.0) -> dict[str, str]:
     """``host -> "GPU 73%, 12,345 MiB"``: the mean use of the GPUs of the mesh's procs on
     each host and the memory they hold, as each worker measures it (its ``usage``)."""
     rec = _registry.read(name)
     if rec is None:
         return {}
-    if rec.ca:
-        _native.set_mesh_ca(rec.token, rec.ca)
     try:
         live = [w for w in group_of(rec).list_workers() if w["state"] == "running"]
-        conns = [_native.WorkerConn(w["addr"], rec.token) for w in live]
-        calls = _native.call(_native.Endpoint(BUILTIN, "usage"), conns, list(range(len(conns))), b"", [])
-        replies = _native.wait_all(calls, timeout)
     except Exception:
         return {}  # a listing never fails for want of GPU figures
     per_host: dict[str, list[dict[str, Any]]] = {}
-    for w, reply in zip(live, replies):
-        if isinstance(reply, _native.Reply) and reply.kind == _native.REPLY_RESULT:
-            u = loads(reply.payload, list(reply.buffers))
-            if isinstance(u, dict) and "gpu" in u:
-                per_host.setdefault(w["host"], []).append(u)
+    for w, u in zip(live, ask_workers(rec, live, "usage", timeout)):
+        if isinstance(u, dict) and "gpu" in u:
+            per_host.setdefault(w["host"], []).append(u)
     return {
         host: f"GPU {sum(u['gpu'] for u in us) / len(us):.0f}%, {sum(u['gpu_mem'] for u in us) / 2**20:,.0f} MiB"
         for host, us in per_host.items()

@@ -6,6 +6,7 @@
   (the server looks at the agents every ``EVERY_S``, only while someone listens; the
   browser polls nothing);
 - ``GET /monarch/meshes/NAME/logs?rank=R&tail=N``: a mesh's recent output;
+- ``GET /monarch/meshes/NAME/stacks``: what each of its workers runs now;
 - ``POST /monarch/meshes/NAME/down``: stops a mesh, as ``monarch-kernel down NAME``.
 
 SERVER-1: a mesh name is checked as a name (``_registry.check_name``), never used as

@@ -12,11 +12,14 @@ import tornado.web
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
+from monarch_kernel.controller._admin import ask_workers
 from monarch_kernel.errors import MeshSpecError, MonarchKernelError
 from monarch_kernel.hosts import _admin, _registry
 
 #: How often the events stream looks at the agents while someone listens.
 EVERY_S = 0.5
+#: How long a snapshot waits for the workers' CPU/memory/GPU figures.
+USAGE_WAIT_S = 0.3
 
 
 def snapshot() -> list[dict[str, Any]]:
@@ -27,19 +30,21 @@ def snapshot() -> list[dict[str, Any]]:
         procs: list[dict[str, Any]] = []
         rec = _registry.read(m.name)
         client = _admin.connect(rec) if rec is not None else None
-        if client is not None:
+        if client is not None and rec is not None:
             try:
-                procs = [
-                    {
-                        k: w[k]
-                        for k in ("rank", "pid", "host", "state", "exit_code", "signal_name", "restarts")
-                    }
-                    for w in client.list_workers()
-                ]
+                workers = client.list_workers()
             except MonarchKernelError:
-                procs = []
+                workers = []
             finally:
                 client.close()
+            live = [w for w in workers if w["state"] == "running"]
+            usage = dict(zip((w["rank"] for w in live), ask_workers(rec, live, "usage", USAGE_WAIT_S)))
+            keep = ("rank", "pid", "host", "state", "exit_code", "signal_name", "restarts")
+            procs = [
+                # usage: measured by the worker on its own host (INSPECT-2)
+                {**{k: w[k] for k in keep}, "usage": usage.get(w["rank"])}
+                for w in workers
+            ]
         gone = [h["host"] for h in m.hosts if h["state"] != "alive"]
         state = (
             "lost"
@@ -127,6 +132,31 @@ class LogsHandler(APIHandler):  # type: ignore[misc]
         self.finish(json.dumps({"mesh": name, "lines": lines}))
 
 
+class StacksHandler(APIHandler):  # type: ignore[misc]
+    """What each running worker of a mesh runs now (its Python stacks)."""
+
+    @tornado.web.authenticated
+    async def get(self, name: str) -> None:
+        name = _name(name)
+
+        def read() -> list[dict[str, Any]] | None:
+            rec = _registry.read(name)
+            client = _admin.connect(rec) if rec is not None else None
+            if rec is None or client is None:
+                return None
+            try:
+                live = [w for w in client.list_workers() if w["state"] == "running"]
+            finally:
+                client.close()
+            stacks = ask_workers(rec, live, "stacks", 10.0)
+            return [{"rank": w["rank"], "stacks": s or "(no answer)"} for w, s in zip(live, stacks)]
+
+        ranks = await asyncio.get_running_loop().run_in_executor(None, read)
+        if ranks is None:
+            raise tornado.web.HTTPError(404, f"no mesh named {name!r} is running")
+        self.finish(json.dumps({"mesh": name, "ranks": ranks}))
+
+
 class DownHandler(APIHandler):  # type: ignore[misc]
     @tornado.web.authenticated
     async def post(self, name: str) -> None:
@@ -146,6 +176,7 @@ def handlers(base: str) -> list[tuple[str, Any]]:
         (url_path_join(base, "monarch", "meshes"), MeshesHandler),
         (url_path_join(base, "monarch", "events"), EventsHandler),
         (url_path_join(base, "monarch", "meshes", name, "logs"), LogsHandler),
+        (url_path_join(base, "monarch", "meshes", name, "stacks"), StacksHandler),
         (url_path_join(base, "monarch", "meshes", name, "down"), DownHandler),
     ]
 

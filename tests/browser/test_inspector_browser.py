@@ -269,6 +269,9 @@ def test_the_meshes_panel_lists_a_mesh_shows_a_kill_attaches_tails_logs_and_down
             page.locator('.jp-SideBar [data-id="monarch-meshes"]').click(timeout=30_000)
             mesh = page.locator(f'.monarch-panel .monarch-mesh[data-mesh="{name}"]')
             expect(mesh).to_contain_text("2/2 procs alive", timeout=30_000)
+            expect(mesh.locator('.monarch-rank[data-rank="0"] .monarch-mem')).to_contain_text(
+                "MiB", timeout=30_000
+            )  # each proc's memory, measured by the worker
             expect(page.locator(".monarch-status")).to_contain_text("procs 2/2", timeout=30_000)
             pid = int(mesh.locator('.monarch-rank[data-rank="1"] td').nth(2).inner_text())
             os.kill(pid, signal.SIGKILL)
@@ -291,6 +294,9 @@ def test_the_meshes_panel_lists_a_mesh_shows_a_kill_attaches_tails_logs_and_down
 
             mesh.locator('button[data-action="logs"]').click()
             expect(page.locator(".monarch-logs")).to_contain_text("said from the script", timeout=30_000)
+
+            mesh.locator('button[data-action="stacks"]').click()
+            expect(page.locator(".monarch-logs").last).to_contain_text("--- rank 0 ---", timeout=30_000)
 
             mesh.locator('button[data-action="down"]').click()
             page.locator(".jp-Dialog .jp-mod-warn").click(timeout=30_000)

@@ -126,6 +126,8 @@ def test_a_mesh_started_from_a_script_is_listed_with_its_procs(server, script_me
     assert [r["rank"] for r in m["ranks"]] == [0, 1]
     assert all(r["state"] == "running" and r["pid"] > 0 for r in m["ranks"])
     assert m["attached"] is False  # the script that made it has gone
+    # each worker's CPU and memory, measured on its host (the inspector's figures)
+    assert all(r["usage"]["rss"] > 0 and r["usage"]["cpu"] >= 0 for r in m["ranks"])
 
 
 def test_a_killed_worker_shows_dead_in_the_events_stream_within_a_second(server, script_mesh):
@@ -163,6 +165,12 @@ def test_logs_of_a_mesh_come_and_a_bad_name_is_refused(server, script_mesh):
     with pytest.raises(urllib.error.HTTPError) as bad:
         _get(server, "/monarch/meshes/..%2F..%2Fetc/logs")
     assert bad.value.code in (400, 404)
+
+
+def test_stacks_say_what_each_worker_runs(server, script_mesh):
+    ranks = _get(server, f"/monarch/meshes/{script_mesh}/stacks")["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert all("Thread" in r["stacks"] for r in ranks)
 
 
 def test_down_stops_the_mesh_and_it_leaves_the_list(server, script_mesh):
