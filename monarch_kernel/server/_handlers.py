@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import tornado.iostream
@@ -109,26 +110,38 @@ class EventsHandler(APIHandler):  # type: ignore[misc]
             return  # the browser went away
 
 
+_MISSING = object()
+
+
+async def _with_mesh(name: str, work: Callable[[Any, Any], Any]) -> Any:
+    """``work(record, agents)`` for the running mesh ``name`` (off the event loop); a
+    404 that says so when it is not running."""
+
+    def run() -> Any:
+        rec = _registry.read(name)
+        client = _admin.connect(rec) if rec is not None else None
+        if rec is None or client is None:
+            return _MISSING
+        try:
+            return work(rec, client)
+        finally:
+            client.close()
+
+    out = await asyncio.get_running_loop().run_in_executor(None, run)
+    if out is _MISSING:
+        raise tornado.web.HTTPError(404, f"no mesh named {name!r} is running")
+    return out
+
+
 class LogsHandler(APIHandler):  # type: ignore[misc]
     @tornado.web.authenticated
     async def get(self, name: str) -> None:
         name = _name(name)
         rank = self.get_query_argument("rank", None)
         tail = int(self.get_query_argument("tail", "100"))
-
-        def read() -> list[str] | None:
-            rec = _registry.read(name)
-            client = _admin.connect(rec) if rec is not None else None
-            if client is None:
-                return None
-            try:
-                return list(client.logs(rank=None if rank in (None, "") else int(rank), tail=tail))
-            finally:
-                client.close()
-
-        lines = await asyncio.get_running_loop().run_in_executor(None, read)
-        if lines is None:
-            raise tornado.web.HTTPError(404, f"no mesh named {name!r} is running")
+        lines = await _with_mesh(
+            name, lambda _rec, agents: list(agents.logs(rank=int(rank) if rank else None, tail=tail))
+        )
         self.finish(json.dumps({"mesh": name, "lines": lines}))
 
 
@@ -139,22 +152,12 @@ class StacksHandler(APIHandler):  # type: ignore[misc]
     async def get(self, name: str) -> None:
         name = _name(name)
 
-        def read() -> list[dict[str, Any]] | None:
-            rec = _registry.read(name)
-            client = _admin.connect(rec) if rec is not None else None
-            if rec is None or client is None:
-                return None
-            try:
-                live = [w for w in client.list_workers() if w["state"] == "running"]
-            finally:
-                client.close()
+        def read(rec: Any, agents: Any) -> list[dict[str, Any]]:
+            live = [w for w in agents.list_workers() if w["state"] == "running"]
             stacks = ask_workers(rec, live, "stacks", 10.0)
             return [{"rank": w["rank"], "stacks": s or "(no answer)"} for w, s in zip(live, stacks)]
 
-        ranks = await asyncio.get_running_loop().run_in_executor(None, read)
-        if ranks is None:
-            raise tornado.web.HTTPError(404, f"no mesh named {name!r} is running")
-        self.finish(json.dumps({"mesh": name, "ranks": ranks}))
+        self.finish(json.dumps({"mesh": name, "ranks": await _with_mesh(name, read)}))
 
 
 class DownHandler(APIHandler):  # type: ignore[misc]

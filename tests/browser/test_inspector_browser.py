@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jupyter_servers
 import pytest
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -46,12 +46,6 @@ if os.environ.get("MONARCH_SKIP_BROWSER") == "1":
     pytest.skip("MONARCH_SKIP_BROWSER=1", allow_module_level=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def lab(jupyter_path: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """A JupyterLab server on loopback: (its base URL with the token, its root folder)."""
@@ -61,48 +55,10 @@ def lab(jupyter_path: None, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         )
     root = tmp_path_factory.mktemp("lab")
     config = tmp_path_factory.mktemp("lab-config")
-    port, token = _free_port(), uuid.uuid4().hex
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(config), JUPYTER_RUNTIME_DIR=str(config / "runtime"))
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jupyterlab",
-            "--no-browser",
-            "--allow-root",
-            f"--port={port}",
-            "--ip=127.0.0.1",
-            f"--ServerApp.token={token}",
-            f"--ServerApp.root_dir={root}",
-            "--LabApp.news_url=",
-            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=open(root / "server.log", "wb"),  # noqa: SIM115
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        "JupyterLab did not start:\n" + (root / "server.log").read_text()
-                    ) from None
-                time.sleep(0.3)
+    args = ("--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate")
+    with jupyter_servers.jupyter_server("jupyterlab", root, env, args) as (url, token):
         yield url + f"?token={token}", root
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)  # the server shuts its kernels down
-        try:
-            server.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
 
 
 def _notebook(path: Path, cells: list[str]) -> None:
@@ -240,17 +196,10 @@ def test_a_mesh_cell_shows_a_worker_plot_and_one_progress_widget_per_rank_in_jup
         )
 
 
-PANEL_SCRIPT = """
-import sys
-from monarch_kernel import Actor, endpoint, this_host
-class Talker(Actor):
-    @endpoint
-    def say(self, text):
-        print(text, flush=True)
-        return text
-procs = this_host().spawn_procs(per_host={"procs": 2}, name=sys.argv[1])
-procs.spawn("talker", Talker).say.call("said from the script").get()
-"""
+def _panel_notebook(root: Path, name: str) -> str:
+    notebook = f"panel-{name}.ipynb"
+    _notebook(root / notebook, ["1 + 1"])
+    return notebook
 
 
 def test_the_meshes_panel_lists_a_mesh_shows_a_kill_attaches_tails_logs_and_downs_it(lab, tmp_path):
@@ -258,52 +207,44 @@ def test_the_meshes_panel_lists_a_mesh_shows_a_kill_attaches_tails_logs_and_down
     from playwright.sync_api import expect
 
     url, root = lab
-    name = f"panel-{uuid.uuid4().hex[:6]}"
-    script = tmp_path / "start.py"
-    script.write_text(PANEL_SCRIPT)
-    subprocess.run([sys.executable, str(script), name], check=True, timeout=120)  # a mesh from a script
-    notebook = f"panel-{name}.ipynb"
-    _notebook(root / notebook, ["1 + 1"])
-    try:
-        with _opened(url, "lab/tree", notebook, "meshes-panel") as page:
-            page.locator('.jp-SideBar [data-id="monarch-meshes"]').click(timeout=30_000)
-            mesh = page.locator(f'.monarch-panel .monarch-mesh[data-mesh="{name}"]')
-            expect(mesh).to_contain_text("2/2 procs alive", timeout=30_000)
-            expect(mesh.locator('.monarch-rank[data-rank="0"] .monarch-mem')).to_contain_text(
-                "MiB", timeout=30_000
-            )  # each proc's memory, measured by the worker
-            expect(page.locator(".monarch-status")).to_contain_text("procs 2/2", timeout=30_000)
-            pid = int(mesh.locator('.monarch-rank[data-rank="1"] td').nth(2).inner_text())
-            os.kill(pid, signal.SIGKILL)
-            killed = time.monotonic()
-            expect(mesh.locator('.monarch-rank[data-rank="1"] .monarch-rank-state')).to_have_text(
-                "SIGKILL", timeout=10_000
-            )
-            seen = time.monotonic() - killed
-            assert seen < 2.0, f"the panel showed the kill {seen:.2f} s after it"  # (1 s + a browser's frame)
-            expect(mesh).to_contain_text("degraded")
-            page.screenshot(path=str(SHOTS / "meshes-panel-live.png"))  # (the README's picture)
+    with (
+        jupyter_servers.script_mesh(tmp_path) as name,
+        _opened(url, "lab/tree", _panel_notebook(root, name), "meshes-panel") as page,
+    ):
+        page.locator('.jp-SideBar [data-id="monarch-meshes"]').click(timeout=30_000)
+        mesh = page.locator(f'.monarch-panel .monarch-mesh[data-mesh="{name}"]')
+        expect(mesh).to_contain_text("2/2 procs alive", timeout=30_000)
+        expect(mesh.locator('.monarch-rank[data-rank="0"] .monarch-mem')).to_contain_text(
+            "MiB", timeout=30_000
+        )  # each proc's memory, measured by the worker
+        expect(page.locator(".monarch-status")).to_contain_text("procs 2/2", timeout=30_000)
+        pid = int(mesh.locator('.monarch-rank[data-rank="1"] td').nth(2).inner_text())
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        expect(mesh.locator('.monarch-rank[data-rank="1"] .monarch-rank-state')).to_have_text(
+            "SIGKILL", timeout=10_000
+        )
+        seen = time.monotonic() - killed
+        assert seen < 2.0, f"the panel showed the kill {seen:.2f} s after it"  # (1 s + a browser's frame)
+        expect(mesh).to_contain_text("degraded")
+        page.screenshot(path=str(SHOTS / "meshes-panel-live.png"))  # (the README's picture)
 
-            page.locator(".jp-Notebook .jp-Cell").first.locator(".cm-content").click(timeout=30_000)
-            mesh.locator('button[data-action="attach"]').click()
-            attached = page.locator(".jp-Notebook .jp-Cell").nth(1)
-            expect(attached.locator(".cm-content")).to_contain_text(
-                f"procs = %mesh attach {name}", timeout=30_000
-            )
-            expect(attached.locator(".jp-OutputArea")).to_contain_text(name, timeout=60_000)
+        page.locator(".jp-Notebook .jp-Cell").first.locator(".cm-content").click(timeout=30_000)
+        mesh.locator('button[data-action="attach"]').click()
+        attached = page.locator(".jp-Notebook .jp-Cell").nth(1)
+        expect(attached.locator(".cm-content")).to_contain_text(
+            f"procs = %mesh attach {name}", timeout=30_000
+        )
+        expect(attached.locator(".jp-OutputArea")).to_contain_text(name, timeout=60_000)
 
-            mesh.locator('button[data-action="logs"]').click()
-            expect(page.locator(".monarch-logs")).to_contain_text("said from the script", timeout=30_000)
+        mesh.locator('button[data-action="logs"]').click()
+        expect(page.locator(".monarch-logs")).to_contain_text("said from the script", timeout=30_000)
 
-            mesh.locator('button[data-action="stacks"]').click()
-            expect(page.locator(".monarch-logs").last).to_contain_text("--- rank 0 ---", timeout=30_000)
+        mesh.locator('button[data-action="stacks"]').click()
+        expect(page.locator(".monarch-logs").last).to_contain_text("--- rank 0 ---", timeout=30_000)
 
-            mesh.locator('button[data-action="down"]').click()
-            page.locator(".jp-Dialog .jp-mod-warn").click(timeout=30_000)
-            expect(page.locator(f'.monarch-panel .monarch-mesh[data-mesh="{name}"]')).to_have_count(
-                0, timeout=30_000
-            )
-    finally:
-        subprocess.run(
-            [sys.executable, "-m", "monarch_kernel", "down", name], check=False, capture_output=True
+        mesh.locator('button[data-action="down"]').click()
+        page.locator(".jp-Dialog .jp-mod-warn").click(timeout=30_000)
+        expect(page.locator(f'.monarch-panel .monarch-mesh[data-mesh="{name}"]')).to_have_count(
+            0, timeout=30_000
         )

@@ -8,25 +8,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import jupyter_servers
 import pytest
 
 from monarch_kernel.kernel._install import enable_server_extension
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -34,49 +25,13 @@ def server(state_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     """A Jupyter server with the extension enabled through its config: (URL, token)."""
     config = tmp_path_factory.mktemp("server-config")
     enable_server_extension(prefix=str(config))  # (writes etc/jupyter/... under it)
-    port, token = _free_port(), uuid.uuid4().hex
     env = dict(
         os.environ,
         JUPYTER_CONFIG_PATH=str(config / "etc" / "jupyter"),
         JUPYTER_RUNTIME_DIR=str(config / "runtime"),
     )
-    log = config / "server.log"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jupyter_server",
-            "--no-browser",
-            "--allow-root",
-            f"--port={port}",
-            "--ip=127.0.0.1",
-            f"--IdentityProvider.token={token}",
-            f"--ServerApp.root_dir={config}",
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=open(log, "wb"),  # noqa: SIM115
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the Jupyter server did not start:\n" + log.read_text()) from None
-                time.sleep(0.3)
-        yield url, token
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    with jupyter_servers.jupyter_server("jupyter_server", config, env) as served:
+        yield served
 
 
 def _get(server: tuple[str, str], path: str) -> dict:
@@ -95,28 +50,11 @@ def _post(server: tuple[str, str], path: str) -> dict:
         return json.load(r)
 
 
-SCRIPT = """
-import sys, time
-from monarch_kernel import Actor, endpoint, this_host
-class Talker(Actor):
-    @endpoint
-    def say(self, text):
-        print(text, flush=True)
-        return text
-procs = this_host().spawn_procs(per_host={"procs": 2}, name=sys.argv[1])
-procs.spawn("talker", Talker).say.call("said from the script").get()
-"""
-
-
 @pytest.fixture
 def script_mesh(state_home: Path, tmp_path: Path) -> Iterator[str]:
     """A named mesh of 2 procs started by another process (a script), which exits."""
-    name = f"panel-{uuid.uuid4().hex[:6]}"
-    path = tmp_path / "start.py"
-    path.write_text(SCRIPT)
-    subprocess.run([sys.executable, str(path), name], check=True, timeout=120)
-    yield name
-    subprocess.run([sys.executable, "-m", "monarch_kernel", "down", name], capture_output=True, timeout=60)
+    with jupyter_servers.script_mesh(tmp_path) as name:
+        yield name
 
 
 def test_a_mesh_started_from_a_script_is_listed_with_its_procs(server, script_mesh):
