@@ -209,10 +209,9 @@ class Endpoint(Generic[R]):
 
             def by_rank(got: list[tuple[int | None, bool, Any]]) -> ValueMesh[R]:
                 values: list[Any] = [None] * n
-                for i, (rank, is_exc, value) in enumerate(got):
-                    if is_exc:
-                        raise value
-                    values[rank if rank is not None and 0 <= rank < n else i] = value
+                for i, item in enumerate(got):
+                    rank = item[0]
+                    values[rank if rank is not None and 0 <= rank < n else i] = _port.value_of(item)
                 return ValueMesh(local_shape, values)
 
             return self._answered(list(range(n)), args, kwargs, n, by_rank)
@@ -228,7 +227,7 @@ class Endpoint(Generic[R]):
     def _one(self, i: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[R]:
         shape = self._mesh._shape
         if self._explicit:
-            return self._answered([i], args, kwargs, 1, _only)
+            return self._answered([i], args, kwargs, 1, lambda got: _port.value_of(got[0]))
         (c,) = self._send(args, kwargs, [i], False)
         proc = self._mesh._proc
         finish = _finish_one(proc, shape.ranks[i], Point(i, shape.extent), self._what)
@@ -283,13 +282,6 @@ class Endpoint(Generic[R]):
 
     def __repr__(self) -> str:
         return f"<Endpoint {self._what}>"
-
-
-def _only(got: list[tuple[int | None, bool, Any]]) -> Any:
-    _rank, is_exc, value = got[0]
-    if is_exc:
-        raise value
-    return value
 
 
 _SIGNATURES: dict[int, inspect.Signature] = {}

@@ -285,10 +285,7 @@ class PortReceiver(Generic[R]):
         return Future(_local=_map(self._inbox.get(), self._process))
 
     def _process(self, item: tuple[int | None, bool, Any]) -> Any:
-        rank, is_exc, value = item
-        if is_exc:
-            raise value
-        return value
+        return value_of(item)
 
     def ranked(self) -> RankedPortReceiver[R]:
         """The same receiver, whose messages come with the rank that sent them."""
@@ -371,12 +368,7 @@ def call_port(
             if len(got) < expected:
                 return
         _inboxes.pop(pid, None)
-        try:
-            value = finish(got)
-        except BaseException as e:
-            _set(out, exc=e)
-            return
-        _set(out, value=value)
+        _settle(out, lambda: finish(got))
 
     inbox.sink = sink
     out.inbox = inbox  # type: ignore[attr-defined]  # the port lives while its answer is awaited
@@ -386,6 +378,25 @@ def call_port(
         _set(out, exc=exc)
 
     return Port(addr, token, pid), out, fail
+
+
+def value_of(item: tuple[int | None, bool, Any]) -> Any:
+    """A port message ``(rank, is_exception, value)`` as what its receiver gets: the
+    value, or the exception sent (raised)."""
+    _rank, is_exc, value = item
+    if is_exc:
+        raise value
+    return value
+
+
+def _settle(f: concurrent.futures.Future[Any], compute: Callable[[], Any]) -> None:
+    """Settles ``f`` with what ``compute()`` gives, or the exception it raises."""
+    try:
+        value = compute()
+    except BaseException as e:
+        _set(f, exc=e)
+        return
+    _set(f, value=value)
 
 
 def _set(f: concurrent.futures.Future[Any], value: Any = None, exc: BaseException | None = None) -> None:
@@ -419,8 +430,7 @@ def stream_port(
             return
         if i == n - 1:
             _inboxes.pop(pid, None)
-        _rank, is_exc, value = item
-        _set(outs[i], exc=value) if is_exc else _set(outs[i], value=value)
+        _settle(outs[i], lambda: value_of(item))
 
     inbox.sink = sink
     for f in outs:
@@ -478,4 +488,5 @@ __all__ = [
     "register_local_starter",
     "set_local",
     "stream_port",
+    "value_of",
 ]

@@ -587,11 +587,20 @@ class Dispatcher:
         """DISPATCH-4: actor ``a`` failed (``why``), and ends; see ``_fail_actor``."""
         reason = f"actor {a.context.actor_instance} exited because of the following reason: {why}"
         self._failed[a.name] = reason
-        name = a.name
-        self._actor_failed(name, reason)  # (first: its supervisor hears before its caller)
+        self._actor_failed(a.name, reason)  # (first: its supervisor hears before its caller)
         if token:
             self.server.reply(token, _native.REPLY_REJECTED, (ACTOR_FAILED + reason).encode(), [])
-        self.router.submit(lambda: self._stop_actor(0, name) if self.actors.get(name) is a else None)
+        self._stop_later(a)
+
+    def _stop_later(self, a: _Actor) -> None:
+        """Stops ``a`` on the routing thread, if it is still the actor of its name then
+        (not replaced meanwhile)."""
+
+        def stop() -> None:
+            if self.actors.get(a.name) is a:
+                self._stop_actor(0, a.name)
+
+        self.router.submit(stop)
 
     def _actor_failed(self, actor: str, message: str) -> None:
         """Supervision of a failure of ``actor`` (OWN-1): to the actor that spawned it
@@ -618,15 +627,11 @@ class Dispatcher:
         if a is None:
             return
 
-        def stop() -> None:
-            if self.actors.get(name) is a:
-                self._stop_actor(0, name)
-
         def end() -> None:
             if failed:
                 self._end_actor(a, f"aborted: {reason or 'no reason provided'}")
             else:
-                self.router.submit(stop)
+                self._stop_later(a)
 
         # After the message that asked: it completes as usual.
         if a.runner is not None:
