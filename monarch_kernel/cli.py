@@ -1,9 +1,10 @@
-"""The ``monarch-kernel`` command: ``ls`` and ``down`` for persistent meshes, and
-``install`` for the Jupyter kernelspec.
+"""The ``monarch-kernel`` command: ``ls``, ``respawn`` and ``down`` for persistent
+meshes, and ``install`` for the Jupyter kernelspec.
 
 ``monarch-kernel ls`` lists the running meshes of this user (from their state files,
-checked against their host agents); ``monarch-kernel down NAME...`` or ``--all``
-stops meshes as an administrator, whichever controller holds them.
+checked against their host agents); ``monarch-kernel respawn NAME`` restarts the
+dead ranks of a mesh no controller holds; ``monarch-kernel down NAME...`` or
+``--all`` stops meshes as an administrator, whichever controller holds them.
 """
 
 from __future__ import annotations
@@ -49,6 +50,24 @@ def _down(args: argparse.Namespace) -> int:
     return status
 
 
+def _respawn(args: argparse.Namespace) -> int:
+    import json
+
+    from monarch_kernel.controller._admin import respawn
+    from monarch_kernel.errors import MonarchKernelError
+
+    try:
+        ranks = respawn(args.name)
+    except MonarchKernelError as e:
+        print(f"monarch-kernel respawn: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({"mesh": args.name, "ranks": ranks}))
+    else:
+        print(f"{args.name}: " + (f"restarted rank(s) {ranks}" if ranks else "no rank is dead"))
+    return 0
+
+
 def _confirm(question: str) -> bool:
     """Asks on a terminal; never where no one can answer (a script, CI)."""
     if not sys.stdin.isatty():
@@ -71,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="monarch-kernel", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("ls", help="list running meshes").set_defaults(run=_ls)
+    respawn = sub.add_parser("respawn", help="restart the dead ranks of a mesh no controller holds")
+    respawn.add_argument("name", metavar="NAME")
+    respawn.add_argument("--json", action="store_true", help="print the ranks restarted as JSON")
+    respawn.set_defaults(run=_respawn)
     down = sub.add_parser("down", help="stop meshes (as an administrator)")
     down.add_argument("names", nargs="*", metavar="NAME")
     down.add_argument(

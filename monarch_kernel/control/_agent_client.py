@@ -6,7 +6,10 @@ not pay for it at start-up.
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+import socket
 import threading
 import traceback
 from collections.abc import Callable
@@ -19,6 +22,23 @@ from monarch_kernel.errors import (
     MonarchKernelError,
     SupervisionError,
 )
+
+#: Set by the monarch kernel as it starts: its Jupyter kernel id (OWNER-1).
+KERNEL_ID: str | None = None
+
+
+def owner() -> dict[str, Any]:
+    """OWNER-1: how this controller describes itself to the agents it attaches to:
+    a Jupyter kernel (its id, and the notebook Jupyter started it for) or a script;
+    its pid and host. ``monarch-kernel ls`` and the Meshes panel show it."""
+    return {
+        "kind": "kernel" if KERNEL_ID else "script",
+        "kernel_id": KERNEL_ID,
+        "notebook": os.environ.get("JPY_SESSION_NAME") or None,
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+    }
+
 
 #: The proto's ``WorkerState`` values (agent.proto; tests/unit/test_generated_stubs.py
 #: checks them against the generated module, which this module imports only on use).
@@ -161,13 +181,29 @@ class AgentClient:
         )
 
     def ping(self, timeout: float = 5.0) -> dict[str, Any]:
+        """The agent's pid, mesh name and epoch; ``watchers``: attached controllers;
+        ``idle_left``: seconds until the idle timeout stops the mesh (None while a
+        controller is attached); ``owner``: the last controller's own description
+        (OWNER-1), None if none attached yet."""
         r = self._call("Ping", self._pb.AgentPingRequest(), timeout)
-        return {"pid": r.pid, "name": r.name, "epoch": r.epoch, "watchers": r.watchers}
+        try:
+            owner = json.loads(r.owner) if r.owner else None
+        except ValueError:
+            owner = None
+        return {
+            "pid": r.pid,
+            "name": r.name,
+            "epoch": r.epoch,
+            "watchers": r.watchers,
+            "idle_left": r.idle_left_ms / 1000 if r.idle_left_ms else None,
+            "owner": owner if isinstance(owner, dict) else None,
+        }
 
     def attach(self, at_least: int = 0, timeout: float = 10.0) -> Any:
-        """Becomes the mesh's controller (bumps the epoch, to ``at_least`` at least);
-        the raw AttachReply."""
-        return self._call("Attach", self._pb.AttachRequest(at_least=at_least), timeout)
+        """Becomes the mesh's controller (bumps the epoch, to ``at_least`` at least),
+        saying who it is (OWNER-1); the raw AttachReply."""
+        req = self._pb.AttachRequest(at_least=at_least, owner=json.dumps(owner()))
+        return self._call("Attach", req, timeout)
 
     def record_actor(
         self, name: str, payload: bytes, buffers: list[Any], shape: bytes, epoch: int, timeout: float = 10.0

@@ -31,6 +31,7 @@ from monarch_kernel.controller._lifecycle import session_for, stop_record
 from monarch_kernel.controller._session import Session, sessions_lock
 from monarch_kernel.controller._session import sessions as _by_name
 from monarch_kernel.controller._supervision import MeshFailure
+from monarch_kernel.controller._view import view_of
 from monarch_kernel.controller._waits import calls_of, describe_wait
 from monarch_kernel.hosts._admin import MeshInfo
 from monarch_kernel.mesh import _control, _port
@@ -84,4 +85,5 @@ __all__ = [
     "stop_record",
     "this_host",
     "this_proc",
+    "view_of",
 ]

@@ -9,11 +9,13 @@ from typing import Any
 
 from monarch_kernel import _native
 from monarch_kernel._wire import BUILTIN
-from monarch_kernel.controller._lifecycle import stop_record
+from monarch_kernel.controller._lifecycle import attach_session, stop_record
 from monarch_kernel.controller._session import sessions
+from monarch_kernel.errors import MeshNotFoundError, MeshOwnershipError
 from monarch_kernel.hosts import _registry
-from monarch_kernel.hosts._admin import MeshInfo, group_of, list_meshes
+from monarch_kernel.hosts._admin import MeshInfo, group_of, list_meshes, mesh_info
 from monarch_kernel.hosts._registry import MeshRecord
+from monarch_kernel.mesh._proc_mesh import SPAWN_TIMEOUT
 from monarch_kernel.mesh._serial import loads
 
 _COLUMNS = ("NAME", "PROCS", "ALIVE", "CONTROLLER", "EPOCH", "IDLE TIMEOUT", "AGE", "AGENT PID", "HOSTS")
@@ -30,6 +32,17 @@ def _hosts_text(m: MeshInfo) -> str:
     )
 
 
+def _answer(call: Any) -> Any:
+    """A call's reply if it has one now; None otherwise (and the call is cancelled)."""
+    try:
+        if call.done():
+            return call.wait(0)
+    except Exception:
+        return None
+    call.cancel()
+    return None
+
+
 def ask_workers(rec: MeshRecord, workers: list[dict[str, Any]], method: str, timeout: float) -> list[Any]:
     """What the built-in actor of each of ``workers`` (running, as the agents list
     them) answers to ``method``, as an administrator (no controller needed); None for
@@ -41,9 +54,12 @@ def ask_workers(rec: MeshRecord, workers: list[dict[str, Any]], method: str, tim
     try:
         conns = [_native.WorkerConn(w["addr"], rec.token) for w in workers]
         calls = _native.call(_native.Endpoint(BUILTIN, method), conns, list(range(len(conns))), b"", [])
-        replies = _native.wait_all(calls, timeout)
     except Exception:
         return [None] * len(workers)
+    try:
+        replies = _native.wait_all(calls, timeout)
+    except Exception:  # some did not answer in time: those that did still count
+        replies = [_answer(c) for c in calls]
     return [
         loads(r.payload, list(r.buffers))
         if isinstance(r, _native.Reply) and r.kind == _native.REPLY_RESULT
@@ -79,6 +95,15 @@ def _age(seconds: float) -> str:
     return f"{seconds:.0f}s"
 
 
+def owner_text(owner: dict[str, Any] | None) -> str:
+    """The controller holding a mesh, as it described itself (OWNER-1), in a few words."""
+    if not owner:
+        return "attached"
+    if owner.get("kind") == "kernel":
+        return f"kernel {owner.get('notebook') or str(owner.get('kernel_id'))[:8]}"
+    return f"pid {owner.get('pid')} on {owner.get('host')}"
+
+
 def mesh_table(meshes: list[MeshInfo] | None = None) -> list[str]:
     """The running meshes (``list_meshes()`` unless given) as aligned text lines."""
     meshes = list_meshes() if meshes is None else meshes
@@ -92,9 +117,12 @@ def mesh_table(meshes: list[MeshInfo] | None = None) -> list[str]:
                 m.name,
                 str(m.procs),
                 str(m.alive),
-                "attached" if m.attached else "none",
+                owner_text(m.owner) if m.attached else "none",
                 str(m.owner_epoch),
-                "ephemeral" if m.ephemeral else _age(m.idle_timeout),
+                "ephemeral"
+                if m.ephemeral
+                else _age(m.idle_timeout)
+                + (f" (stops in {_age(m.idle_left)})" if m.idle_left is not None else ""),
                 _age(now - m.created),
                 str(m.agent_pid) if len(m.hosts) <= 1 else "(per host)",
                 _hosts_text(m),
@@ -116,6 +144,30 @@ def down(names: list[str]) -> list[tuple[bool, str]]:
         else:
             out.append((True, f"{name} was not running (its host agent was gone); removed its state file"))
     return out
+
+
+def respawn(name: str) -> list[int]:
+    """Restarts the dead ranks of the mesh ``name`` (and re-creates their actors); the
+    ranks restarted. A mesh this process holds is respawned by its session; one nobody
+    holds is attached for the while and let go after; one another controller holds
+    is that controller's to respawn (MeshOwnershipError says which)."""
+    session = sessions.get(name)
+    if session is None or session.closed:
+        info = mesh_info(name)
+        if info is None:
+            raise MeshNotFoundError(f"no mesh named {name!r} is running (see monarch-kernel ls)")
+        if info.attached:
+            raise MeshOwnershipError(
+                f"mesh {name!r} is held by {owner_text(info.owner)} (epoch {info.owner_epoch}): respawn its "
+                f"dead ranks there (procs.respawn() or %mesh respawn {name}); attaching here would take "
+                "it from that controller"
+            )
+        session = attach_session(name)
+        try:
+            return session.respawn(SPAWN_TIMEOUT)
+        finally:
+            session.detach()
+    return session.respawn(SPAWN_TIMEOUT)
 
 
 def all_names() -> list[str]:
@@ -140,4 +192,4 @@ def left_running(names: list[str]) -> list[str]:
     return [f"left running: {n} (another controller is attached to it; --force stops it too)" for n in names]
 
 
-__all__ = ["all_names", "down", "left_running", "mesh_table", "plan_down_all"]
+__all__ = ["all_names", "down", "left_running", "mesh_table", "owner_text", "plan_down_all", "respawn"]

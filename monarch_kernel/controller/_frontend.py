@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from monarch_kernel.control import _agent_client
 from monarch_kernel.mesh import _future
 from monarch_kernel.mesh._control import MeshFailure
 
@@ -38,6 +39,9 @@ class Frontend:
     #: an object with ``update(done)`` and ``close()`` shown where the start runs, or
     #: None to show nothing. None: a line on stderr, redrawn, when it is a terminal.
     progress: Callable[[int, str], Any] | None = None
+    #: The Jupyter kernel id of this controller, told to the agents it attaches to
+    #: (OWNER-1). None: a script.
+    kernel_id: str | None = None
 
 
 _current = [Frontend()]
@@ -71,6 +75,7 @@ def set_frontend(frontend: Frontend) -> None:
     """Installs ``frontend`` for every mesh of this process (replacing any before)."""
     _current[0] = frontend
     _future.set_slow_wait(frontend.slow_wait)
+    _agent_client.KERNEL_ID = frontend.kernel_id
 
 
 def frontend() -> Frontend:

@@ -153,67 +153,78 @@ class MeshInfo:
     #: Every host: ``{"host", "addr", "procs", "alive", "state"}``, state being "alive",
     #: "unreachable" or "gone" (its agent).
     hosts: list[dict[str, Any]] = field(default_factory=list)
+    #: The controller that attached last, as it described itself (OWNER-1).
+    owner: dict[str, Any] | None = None
+    #: Seconds until the idle timeout stops it; None while a controller is attached.
+    idle_left: float | None = None
+    #: Every worker, as the agents list them.
+    workers: list[dict[str, Any]] = field(default_factory=list)
 
 
 def list_meshes() -> list[MeshInfo]:
     """The running meshes this user can attach to; stale state files are removed."""
-    out = []
-    for name in _registry.names():
-        with _registry.locked(name):
-            rec = _registry.read(name)
-            if rec is None:
-                continue
-            try:
-                client = connect(rec)
-            except (AgentUnresponsiveError, MeshAuthError) as e:
-                warnings.warn(str(e), _registry.MeshStateWarning, stacklevel=2)
-                continue
-            if client is None:
-                _registry.remove_if_ours(name, rec.token)
-                warnings.warn(
-                    f"mesh {name!r}: its host agent (pid {rec.agent_pid}) is gone; its state file was removed",
-                    _registry.MeshStateWarning,
-                    stacklevel=2,
-                )
-                continue
+    return [info for info in map(mesh_info, _registry.names()) if info is not None]
+
+
+def mesh_info(name: str) -> MeshInfo | None:
+    """The running mesh ``name`` as its agents describe it now, or None (not running;
+    a stale state file is removed)."""
+    with _registry.locked(name):
+        rec = _registry.read(name)
+        if rec is None:
+            return None
         try:
-            states = [link.reach(timeout=2.0) for link in client.links]
-            first = next(link for link, st in zip(client.links, states) if st == "alive")
-            ping = first.client.ping()
-            workers = client.list_workers()
-        except (MonarchKernelError, StopIteration):
-            continue
-        finally:
-            client.close()
-        hosts = [
-            {
-                "host": link.host or rec.host,
-                "addr": link.addr,
-                "procs": sum(w["rank"] in link.ranks for w in workers) if rec.hosts else len(workers),
-                "alive": sum(w["rank"] in link.ranks and w["state"] == "running" for w in workers)
-                if rec.hosts
-                else sum(w["state"] == "running" for w in workers),
-                "state": st,
-            }
-            for link, st in zip(client.links, states)
-        ]
-        out.append(
-            MeshInfo(
-                name=name,
-                procs=len(workers),
-                alive=sum(w["state"] == "running" for w in workers),
-                owner_epoch=ping["epoch"],
-                attached=ping["watchers"] > 0,
-                agent_pid=rec.agent_pid,
-                host=rec.host,
-                spec=rec.spec,
-                ephemeral=rec.ephemeral,
-                idle_timeout=rec.idle_timeout,
-                created=rec.created,
-                hosts=hosts,
+            client = connect(rec)
+        except (AgentUnresponsiveError, MeshAuthError) as e:
+            warnings.warn(str(e), _registry.MeshStateWarning, stacklevel=3)
+            return None
+        if client is None:
+            _registry.remove_if_ours(name, rec.token)
+            warnings.warn(
+                f"mesh {name!r}: its host agent (pid {rec.agent_pid}) is gone; its state file was removed",
+                _registry.MeshStateWarning,
+                stacklevel=3,
             )
-        )
-    return out
+            return None
+    try:
+        states = [link.reach(timeout=2.0) for link in client.links]
+        first = next(link for link, st in zip(client.links, states) if st == "alive")
+        ping = first.client.ping()
+        workers = client.list_workers()
+    except (MonarchKernelError, StopIteration):
+        return None
+    finally:
+        client.close()
+    hosts = [
+        {
+            "host": link.host or rec.host,
+            "addr": link.addr,
+            "procs": sum(w["rank"] in link.ranks for w in workers) if rec.hosts else len(workers),
+            "alive": sum(w["rank"] in link.ranks and w["state"] == "running" for w in workers)
+            if rec.hosts
+            else sum(w["state"] == "running" for w in workers),
+            "state": st,
+            "ranks": sorted(link.ranks) if rec.hosts else [w["rank"] for w in workers],
+        }
+        for link, st in zip(client.links, states)
+    ]
+    return MeshInfo(
+        name=name,
+        procs=len(workers),
+        alive=sum(w["state"] == "running" for w in workers),
+        owner_epoch=ping["epoch"],
+        attached=ping["watchers"] > 0,
+        agent_pid=rec.agent_pid,
+        host=rec.host,
+        spec=rec.spec,
+        ephemeral=rec.ephemeral,
+        idle_timeout=rec.idle_timeout,
+        created=rec.created,
+        hosts=hosts,
+        owner=ping["owner"],
+        idle_left=ping["idle_left"],
+        workers=workers,
+    )
 
 
 __all__ = [
@@ -221,5 +232,6 @@ __all__ = [
     "agent_alive",
     "connect",
     "list_meshes",
+    "mesh_info",
     "stop_unowned",
 ]

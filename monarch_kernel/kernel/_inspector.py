@@ -5,6 +5,9 @@ and current stacks.
 
 INSPECT-1: a background thread refreshes the state once a second, whether a cell
 runs or not, until the widget is closed or the mesh is stopped.
+VIEW-1: it shows what the Meshes panel shows, read the same way
+(``controller.view_of``); only its controller's own knowledge (calls in flight, the
+last error) is added.
 INSPECT-2: CPU, memory and GPU use are measured by each worker on its own host (the
 built-in actor's ``usage``), so a mesh across hosts shows every host's, grouped by
 host; nothing is read from this host's process table for a pid of another host.
@@ -109,35 +112,30 @@ class MeshInspector(anywidget.AnyWidget):  # type: ignore[misc]
                 return
 
     def refresh(self) -> None:
-        """Reads the mesh's state now (also what the background thread does)."""
+        """Reads the mesh's state now (also what the background thread does): the
+        Meshes panel's picture of it (VIEW-1), with what only its controller knows
+        (calls in flight, the last error) beside."""
+        view = controller.view_of(self.mesh)
         session = controller.session(self.mesh)
-        proc_rows = self._procs.proc_rows()
-        alive = [p.rank for p in proc_rows if p.state == "alive" and p.pid]
-        # Measured by each worker on its own host (INSPECT-2): CPU, memory, its GPU.
-        usage = dict(zip(alive, session.usage(alive))) if session is not None and alive else {}
+        errors = {p.rank: p.error for p in self._procs.proc_rows()} if session is not None else {}
         rows = []
-        for p in proc_rows:
-            row: dict[str, Any] = {"rank": p.rank, "state": p.state, "pid": p.pid, "host": p.host}
-            u = usage.get(p.rank)
+        for p in view["ranks"] if view is not None else []:
+            row: dict[str, Any] = {"rank": p["rank"], "state": p["state"], "pid": p["pid"], "host": p["host"]}
+            u = p["usage"]
             if u:
                 row["cpu"], row["rss"] = u["cpu"], f"{u['rss'] / 2**20:,.0f} MiB"
                 if "gpu" in u:
                     row["gpu"], row["gpu_mem"] = u["gpu"], f"{u['gpu_mem'] / 2**20:,.0f} MiB"
-            if p.state == "alive" and session is not None:
-                inflight = session.calls_in_flight(p.rank)
+            if p["state"] == "alive" and session is not None:
+                inflight = session.calls_in_flight(p["rank"])
                 if inflight is not None:
                     row["inflight"] = inflight
-            if p.error:
-                row["error"] = _escape(p.error[:200])
+            error = errors.get(p["rank"]) or (p["why"] if p["state"] != "alive" else "")
+            if error:
+                row["error"] = _escape(error[:200])
             rows.append(row)
         self.gpu = any("gpu" in r for r in rows)
-        states = [p.state for p in proc_rows]
-        alive = sum(s == "alive" for s in states)
-        self.state = (
-            states[0]
-            if states and states[0] in ("stopped", "lost")
-            else ("alive" if alive == len(states) else "degraded")
-        )
+        self.state = "stopped" if view is None else view["state"]
         self.procs = rows
 
     def _on_select(self, change: dict[str, Any]) -> None:

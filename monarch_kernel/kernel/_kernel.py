@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import signal
 import sys
 import threading
@@ -64,6 +65,18 @@ def _flushing_first(hook: Any, flush: Any) -> Any:
     return show
 
 
+def _kernel_id() -> str | None:
+    """This kernel's id, as a Jupyter server names its connection file
+    (``kernel-ID.json``); another launcher's file name without its suffix."""
+    try:
+        from ipykernel.kernelapp import IPKernelApp
+
+        name = os.path.basename(IPKernelApp.instance().connection_file or "")
+    except Exception:
+        return None
+    return name.removeprefix("kernel-").removesuffix(".json") or None
+
+
 class MonarchKernel(IPythonKernel):
     implementation = "monarch-kernel"
     implementation_version = "0.1.0"
@@ -78,6 +91,7 @@ class MonarchKernel(IPythonKernel):
                 on_notice=self.router.on_notice,
                 slow_wait=slow_wait,
                 progress=bar_here,
+                kernel_id=_kernel_id(),
             )
         )
         self.shell.register_magics(MeshMagics)  # type: ignore[union-attr]

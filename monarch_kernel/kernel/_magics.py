@@ -17,6 +17,8 @@ Line magic, one subcommand each (``%mesh?`` shows this text):
     %mesh down NAME | --all        Stop meshes.
     %mesh use NAME                 The default mesh of %%mesh and the other subcommands.
     %mesh status [NAME]            Each proc's state.
+    %mesh respawn [NAME]           Restart the dead ranks (and their actors); the
+                                   ranks restarted. The Meshes panel's Respawn.
     %mesh logs [NAME] [--rank R] [-n N]
                                    The last N lines the workers printed.
     %mesh stacks [NAME] [--rank R] The Python stack of every thread of the workers,
@@ -60,6 +62,7 @@ from monarch_kernel.errors import MeshIndexError, MeshNotFoundError, MeshSpecErr
 from monarch_kernel.kernel._cells import run_cell, select_ranks
 
 _HELP = __doc__
+_SUBCOMMANDS = "up, attach, ls, down, use, status, respawn, logs, stacks, debug, push, pull"
 
 
 @magics_class
@@ -98,15 +101,11 @@ class MeshMagics(Magics):
         except ValueError as e:
             raise UsageError(f"%mesh: {e}") from None
         if not words:
-            raise UsageError(
-                "%mesh needs a subcommand: up, attach, ls, down, use, status, logs, stacks, debug, push, pull"
-            )
+            raise UsageError(f"%mesh needs a subcommand: {_SUBCOMMANDS}")
         sub, rest = words[0], line.split(None, 1)[1] if len(words) > 1 else ""
         fn = getattr(self, f"_mesh_{sub}", None)
         if fn is None:
-            raise UsageError(
-                f"%mesh {sub}: unknown subcommand; use one of up, attach, ls, down, use, status, logs, stacks, debug, push, pull"
-            )
+            raise UsageError(f"%mesh {sub}: unknown subcommand; use one of {_SUBCOMMANDS}")
         return fn(rest)
 
     mesh.__doc__ = _HELP
@@ -262,6 +261,16 @@ class MeshMagics(Magics):
             print(f"  rank {row.rank}: {row.state:<12} pid {row.pid or '?'}  restarts {row.restarts}")
         _show(procs)
         return None
+
+    @magic_arguments()
+    @argument("name", nargs="?")
+    def _mesh_respawn(self, rest: str) -> list[int]:
+        """Restart the dead ranks of the mesh; the ranks restarted."""
+        args = parse_argstring(self._mesh_respawn, rest)
+        s = self._session(args.name)
+        ranks = s.procs().respawn()
+        print(f"mesh {s.name!r}: " + (f"restarted rank(s) {ranks}" if ranks else "no rank is dead"))
+        return ranks
 
     @magic_arguments()
     @argument("name", nargs="?")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -13,63 +13,16 @@ import tornado.web
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
-from monarch_kernel.controller._admin import ask_workers
-from monarch_kernel.errors import MeshSpecError, MonarchKernelError
+from monarch_kernel.controller._admin import ask_workers, owner_text
+from monarch_kernel.controller._view import meshes_view
+from monarch_kernel.errors import MeshSpecError
 from monarch_kernel.hosts import _admin, _registry
 
 #: How often the events stream looks at the agents while someone listens.
 EVERY_S = 0.5
-#: How long a snapshot waits for the workers' CPU/memory/GPU figures.
-USAGE_WAIT_S = 0.3
-
-
-def snapshot() -> list[dict[str, Any]]:
-    """Every running mesh of this user, with its procs: the panel's one source."""
-    out = []
-    now = time.time()
-    for m in _admin.list_meshes():
-        procs: list[dict[str, Any]] = []
-        rec = _registry.read(m.name)
-        client = _admin.connect(rec) if rec is not None else None
-        if client is not None and rec is not None:
-            try:
-                workers = client.list_workers()
-            except MonarchKernelError:
-                workers = []
-            finally:
-                client.close()
-            live = [w for w in workers if w["state"] == "running"]
-            usage = dict(zip((w["rank"] for w in live), ask_workers(rec, live, "usage", USAGE_WAIT_S)))
-            keep = ("rank", "pid", "host", "state", "exit_code", "signal_name", "restarts")
-            procs = [
-                # usage: measured by the worker on its own host (INSPECT-2)
-                {**{k: w[k] for k in keep}, "usage": usage.get(w["rank"])}
-                for w in workers
-            ]
-        gone = [h["host"] for h in m.hosts if h["state"] != "alive"]
-        state = (
-            "lost"
-            if m.hosts and len(gone) == len(m.hosts)
-            else "alive"
-            if m.alive == m.procs and not gone
-            else "degraded"
-        )
-        out.append(
-            {
-                "name": m.name,
-                "state": state,
-                "procs": m.procs,
-                "alive": m.alive,
-                "hosts": m.hosts,
-                "epoch": m.owner_epoch,
-                "attached": m.attached,
-                "ephemeral": m.ephemeral,
-                "idle_timeout": m.idle_timeout,
-                "age": now - m.created,
-                "ranks": sorted(procs, key=lambda p: p["rank"]),
-            }
-        )
-    return out
+#: How long a respawn asked of the owning kernel may wait (a busy kernel runs it
+#: when its cell ends).
+RESPAWN_WAIT_S = 120.0
 
 
 def _name(name: str) -> str:
@@ -84,7 +37,7 @@ def _name(name: str) -> str:
 class MeshesHandler(APIHandler):  # type: ignore[misc]
     @tornado.web.authenticated
     async def get(self) -> None:
-        meshes = await asyncio.get_running_loop().run_in_executor(None, snapshot)
+        meshes = await asyncio.get_running_loop().run_in_executor(None, meshes_view)
         self.finish(json.dumps({"meshes": meshes}))
 
 
@@ -99,7 +52,7 @@ class EventsHandler(APIHandler):  # type: ignore[misc]
         loop = asyncio.get_running_loop()
         try:
             while True:
-                meshes = await loop.run_in_executor(None, snapshot)
+                meshes = await loop.run_in_executor(None, meshes_view)
                 text = json.dumps({"meshes": meshes}, sort_keys=True)
                 if text != last:
                     last = text
@@ -172,6 +125,80 @@ class DownHandler(APIHandler):  # type: ignore[misc]
         self.finish(json.dumps({"mesh": name, "result": what}))
 
 
+class RespawnHandler(APIHandler):  # type: ignore[misc]
+    """Restarts a mesh's dead ranks where that may be done: by the kernel of this
+    server that holds the mesh (``%mesh respawn``, run silently in it), or, when no
+    controller holds it, by ``monarch-kernel respawn`` as an administrator. A mesh
+    held by a controller this server cannot reach is refused (409), naming it."""
+
+    @tornado.web.authenticated
+    async def post(self, name: str) -> None:
+        name = _name(name)
+        loop = asyncio.get_running_loop()
+        info = await loop.run_in_executor(None, _admin.mesh_info, name)
+        if info is None:
+            raise tornado.web.HTTPError(404, f"no mesh named {name!r} is running")
+        kernel_id = (info.owner or {}).get("kernel_id") if info.attached else None
+        if info.attached and kernel_id in self.kernel_manager.list_kernel_ids():
+            ranks, via = await self._in_kernel(kernel_id, name), "kernel"
+        elif info.attached:
+            raise tornado.web.HTTPError(
+                409,
+                f"mesh {name!r} is held by {owner_text(info.owner)}, which this server does not run: "
+                f"respawn its dead ranks there (procs.respawn() or %mesh respawn {name})",
+            )
+        else:
+            ranks, via = await self._as_administrator(name), "administrator"
+        self.finish(json.dumps({"mesh": name, "ranks": ranks, "via": via}))
+
+    async def _in_kernel(self, kernel_id: str, name: str) -> list[int]:
+        """``%mesh respawn NAME`` in the kernel, silently (no cell, no history): its
+        value comes back as a user expression."""
+        client = self.kernel_manager.get_kernel(kernel_id).client()
+        next_reply: Any = client.get_shell_msg  # (a coroutine: the server's clients are async)
+        client.start_channels()
+        try:
+            expr = f"get_ipython().run_line_magic('mesh', {('respawn ' + name)!r})"
+            msg_id = client.execute("", silent=True, store_history=False, user_expressions={"ranks": expr})
+            deadline = asyncio.get_running_loop().time() + RESPAWN_WAIT_S
+            while True:
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    raise tornado.web.HTTPError(
+                        504,
+                        f"the kernel holding mesh {name!r} did not answer in {RESPAWN_WAIT_S:.0f} s "
+                        "(a cell still runs?): the respawn runs when it is free",
+                    )
+                reply = await next_reply(timeout=left)
+                if reply["parent_header"].get("msg_id") == msg_id:
+                    break
+        finally:
+            client.stop_channels()
+        out = reply["content"].get("user_expressions", {}).get("ranks", {})
+        if out.get("status") != "ok":
+            why = out.get("evalue") or reply["content"].get("evalue") or "the kernel refused"
+            raise tornado.web.HTTPError(500, f"respawn of mesh {name!r} in its kernel failed: {why}")
+        return [int(r) for r in json.loads(out["data"]["text/plain"])]
+
+    async def _as_administrator(self, name: str) -> list[int]:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "monarch_kernel",
+            "respawn",
+            "--json",
+            name,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await proc.communicate()
+        if proc.returncode != 0:
+            raise tornado.web.HTTPError(
+                409 if b"is held by" in err else 500, err.decode(errors="replace").strip().split(": ", 1)[-1]
+            )
+        return [int(r) for r in json.loads(out)["ranks"]]
+
+
 def handlers(base: str) -> list[tuple[str, Any]]:
     """The routes, under the server's base URL."""
     name = r"(?P<name>[^/]+)"
@@ -180,8 +207,9 @@ def handlers(base: str) -> list[tuple[str, Any]]:
         (url_path_join(base, "monarch", "events"), EventsHandler),
         (url_path_join(base, "monarch", "meshes", name, "logs"), LogsHandler),
         (url_path_join(base, "monarch", "meshes", name, "stacks"), StacksHandler),
+        (url_path_join(base, "monarch", "meshes", name, "respawn"), RespawnHandler),
         (url_path_join(base, "monarch", "meshes", name, "down"), DownHandler),
     ]
 
 
-__all__ = ["EVERY_S", "handlers", "snapshot"]
+__all__ = ["EVERY_S", "handlers"]

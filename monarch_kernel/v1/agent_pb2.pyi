@@ -144,22 +144,28 @@ class AgentPingRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class AgentPingReply(_message.Message):
-    __slots__ = ("pid", "name", "epoch", "watchers")
+    __slots__ = ("pid", "name", "epoch", "watchers", "idle_left_ms", "owner")
     PID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     WATCHERS_FIELD_NUMBER: _ClassVar[int]
+    IDLE_LEFT_MS_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     pid: int
     name: str
     epoch: int
     watchers: int
-    def __init__(self, pid: _Optional[int] = ..., name: _Optional[str] = ..., epoch: _Optional[int] = ..., watchers: _Optional[int] = ...) -> None: ...
+    idle_left_ms: int
+    owner: str
+    def __init__(self, pid: _Optional[int] = ..., name: _Optional[str] = ..., epoch: _Optional[int] = ..., watchers: _Optional[int] = ..., idle_left_ms: _Optional[int] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class AttachRequest(_message.Message):
-    __slots__ = ("at_least",)
+    __slots__ = ("at_least", "owner")
     AT_LEAST_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     at_least: int
-    def __init__(self, at_least: _Optional[int] = ...) -> None: ...
+    owner: str
+    def __init__(self, at_least: _Optional[int] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class AttachReply(_message.Message):
     __slots__ = ("epoch", "name", "meta", "workers", "actors")

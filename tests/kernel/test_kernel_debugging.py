@@ -13,6 +13,9 @@ import pytest
 from kernel_harness import TALKER, TIMEOUT, Kernel, Outcome
 from proc_helpers import still_alive
 
+from monarch_kernel import controller
+from monarch_kernel.hosts import _admin
+
 
 @pytest.fixture(scope="module", autouse=True)
 def definitions(kernel: Kernel, mesh: str) -> None:
@@ -367,5 +370,14 @@ def test_the_inspector_widget_shows_the_procs_and_follows_a_death(kernel, mesh):
             break
     assert seen[1:2] == ["dead"], seen
     assert "procs.respawn" not in str(seen)
-    kernel.run("'absorb the failure notice'")
-    assert kernel.run("procs.respawn()").result == "[1]"
+    # VIEW-1: the Meshes panel's picture, read here as an administrator, agrees.
+    view = controller.view_of(mesh)
+    assert view is not None and [r["state"] for r in view["ranks"]] == seen
+    # OWNER-1: the agents know which kernel holds the mesh.
+    owner = _admin.mesh_info(mesh).owner
+    assert owner["kind"] == "kernel" and owner["pid"] == kernel.km.provisioner.pid
+    assert owner["kernel_id"] == os.path.basename(kernel.km.connection_file).removesuffix(".json")
+    out = kernel.run(f"%mesh respawn {mesh}")
+    assert out.error is None, out.traceback
+    assert out.result == "[1]" and f"mesh '{mesh}': restarted rank(s) [1]" in out.stdout
+    assert kernel.run(f"%mesh respawn {mesh}").result == "[]"

@@ -94,6 +94,8 @@ pub struct Agent {
     detached_since: Mutex<Option<Instant>>,
     /// Set once any controller has attached.
     ever_attached: Mutex<bool>,
+    /// What the controller that attached last said of itself (OWNER-1).
+    owner: Mutex<String>,
     /// Flips to true once when the agent must stop; ends `Watch` streams and the server.
     stopping: watch::Sender<bool>,
     /// The mesh's epoch (fencing, see agent.proto).
@@ -162,20 +164,26 @@ impl Agent {
         self.actors.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn idle_expired(&self) -> bool {
+    /// How long until the idle timeout stops the mesh; None while a controller is
+    /// attached (AGENT-2).
+    fn idle_left(&self) -> Option<Duration> {
         if self.watchers.load(Ordering::SeqCst) > 0 {
-            return false;
+            return None;
         }
-        let since = *self
+        let since = (*self
             .detached_since
             .lock()
-            .unwrap_or_else(|e| e.into_inner());
+            .unwrap_or_else(|e| e.into_inner()))?;
         let limit = if *self.ever_attached.lock().unwrap_or_else(|e| e.into_inner()) {
             self.cfg.idle_timeout
         } else {
             self.cfg.first_attach_timeout.max(self.cfg.idle_timeout)
         };
-        since.map(|s| s.elapsed() >= limit).unwrap_or(false)
+        Some(limit.saturating_sub(since.elapsed()))
+    }
+
+    fn idle_expired(&self) -> bool {
+        self.idle_left().is_some_and(|left| left.is_zero())
     }
 }
 
@@ -285,12 +293,18 @@ impl HostAgent for Service {
             name: self.0.cfg.name.clone(),
             epoch: self.0.epoch.load(Ordering::SeqCst),
             watchers: self.0.watchers.load(Ordering::SeqCst) as u32,
+            idle_left_ms: self
+                .0
+                .idle_left()
+                .map_or(0, |d| (d.as_millis() as u64).max(1)),
+            owner: self.0.owner.lock().unwrap_or_else(|e| e.into_inner()).clone(),
         }))
     }
 
     async fn attach(&self, req: Request<AttachRequest>) -> Result<Response<AttachReply>, Status> {
         let a = &self.0;
-        let at_least = req.into_inner().at_least;
+        let r = req.into_inner();
+        let at_least = r.at_least;
         let before = a
             .epoch
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |e| {
@@ -298,6 +312,7 @@ impl HostAgent for Service {
             })
             .unwrap_or_default();
         let epoch = (before + 1).max(at_least);
+        *a.owner.lock().unwrap_or_else(|e| e.into_inner()) = r.owner;
         Ok(Response::new(AttachReply {
             epoch,
             name: a.cfg.name.clone(),
@@ -391,6 +406,7 @@ pub fn start(
         watchers: AtomicUsize::new(0),
         detached_since: Mutex::new(Some(Instant::now())),
         ever_attached: Mutex::new(false),
+        owner: Mutex::new(String::new()),
         stopping: watch::channel(false).0,
         epoch: AtomicU64::new(0),
         actors: Mutex::new(Vec::new()),

@@ -1,0 +1,97 @@
+"""One picture of the running meshes, for every place that shows them.
+
+VIEW-1: the Meshes side panel (through the Jupyter server extension) and the
+inspector widget in notebooks read a mesh through ``mesh_view`` and nothing else, so
+they never disagree: the agents' listing of the workers (pid, host, exit), what
+each live worker measures of itself on its own host (CPU, memory, GPU: INSPECT-2),
+and the mesh's owner and idle clock as its agents keep them (OWNER-1, AGENT-2). A
+rank is
+
+- ``alive``: its worker runs and answered within ``ANSWER_WAIT_S``;
+- ``unresponsive``: its worker runs but did not answer (or its host's agent does
+  not), the same wait as the controller's heartbeat (SUPERVISE-2);
+- ``dead``: its worker exited (``why``: the signal, or the exit code);
+- ``lost``: its host's agent is gone.
+
+It needs no controller: an administrator's reading, for a mesh nobody holds too.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from monarch_kernel.controller._admin import ask_workers
+from monarch_kernel.controller._supervision import HEARTBEAT_S
+from monarch_kernel.hosts import _admin, _registry
+
+#: How long a live worker has to say what it uses before it is shown unresponsive.
+ANSWER_WAIT_S = HEARTBEAT_S
+_KEEP = ("rank", "pid", "host", "restarts")
+
+
+def _why(w: dict[str, Any]) -> str:
+    return str(w["signal_name"]) if w.get("signal_name") else f"exit {w['exit_code']}"
+
+
+def mesh_view(info: _admin.MeshInfo) -> dict[str, Any]:
+    """The picture of one mesh (see the module docstring), as JSON-ready data."""
+    rec = _registry.read(info.name)
+    host_state = {r: h["state"] for h in info.hosts for r in h.get("ranks", ())}
+    live = [w for w in info.workers if w["state"] == "running" and host_state.get(w["rank"]) == "alive"]
+    usage = (
+        dict(zip((w["rank"] for w in live), ask_workers(rec, live, "usage", ANSWER_WAIT_S))) if rec else {}
+    )
+    ranks = []
+    for w in sorted(info.workers, key=lambda w: int(w["rank"])):
+        host = host_state.get(w["rank"], "alive")
+        u = usage.get(w["rank"])
+        if w["state"] != "running":
+            state, why = "dead", _why(w)
+        elif host == "gone":
+            state, why = "lost", f"the agent of host {w['host']} is gone"
+        elif u is None:
+            state, why = "unresponsive", "does not answer" if host == "alive" else f"host {w['host']} {host}"
+        else:
+            state, why = "alive", None
+        ranks.append({**{k: w[k] for k in _KEEP}, "state": state, "why": why, "usage": u})
+    gone = [h for h in info.hosts if h["state"] == "gone"]
+    alive = sum(r["state"] == "alive" for r in ranks)
+    state = (
+        "lost"
+        if info.hosts and len(gone) == len(info.hosts)
+        else "alive"
+        if ranks and alive == len(ranks)
+        else "degraded"
+    )
+    return {
+        "name": info.name,
+        "state": state,
+        "procs": info.procs,
+        "alive": alive,
+        "unresponsive": sum(r["state"] == "unresponsive" for r in ranks),
+        "hosts": [{k: v for k, v in h.items() if k != "ranks"} for h in info.hosts],
+        "epoch": info.owner_epoch,
+        "attached": info.attached,
+        "owner": info.owner,
+        "ephemeral": info.ephemeral,
+        "idle_timeout": info.idle_timeout,
+        # an absolute time, so the picture does not change while nothing does
+        "idle_deadline": None if info.idle_left is None else round(time.time() + info.idle_left),
+        "created": info.created,
+        "ranks": ranks,
+    }
+
+
+def meshes_view() -> list[dict[str, Any]]:
+    """Every running mesh of this user (what ``monarch-kernel ls`` lists), pictured."""
+    return [mesh_view(info) for info in _admin.list_meshes()]
+
+
+def view_of(name: str) -> dict[str, Any] | None:
+    """The running mesh ``name`` pictured, or None when it does not run."""
+    info = _admin.mesh_info(name)
+    return None if info is None else mesh_view(info)
+
+
+__all__ = ["ANSWER_WAIT_S", "mesh_view", "meshes_view", "view_of"]
