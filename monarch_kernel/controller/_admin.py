@@ -7,85 +7,32 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from monarch_kernel import _native
-from monarch_kernel._wire import BUILTIN
 from monarch_kernel.controller._lifecycle import attach_session, stop_record
 from monarch_kernel.controller._session import sessions
+from monarch_kernel.controller._view import mesh_view
 from monarch_kernel.errors import MeshNotFoundError, MeshOwnershipError
 from monarch_kernel.hosts import _registry
-from monarch_kernel.hosts._admin import MeshInfo, group_of, list_meshes, mesh_info
-from monarch_kernel.hosts._registry import MeshRecord
+from monarch_kernel.hosts._admin import MeshInfo, list_meshes, mesh_info
 from monarch_kernel.mesh._proc_mesh import SPAWN_TIMEOUT
-from monarch_kernel.mesh._serial import loads
 
 _COLUMNS = ("NAME", "PROCS", "ALIVE", "CONTROLLER", "EPOCH", "IDLE TIMEOUT", "AGE", "AGENT PID", "HOSTS")
 
 
-def _hosts_text(m: MeshInfo) -> str:
+def _hosts_text(view: dict[str, Any]) -> str:
     """Each host: its name, live procs of its procs, its state if not alive, and the
     GPU use of its procs where its workers report one (NVML on that host)."""
-    gpus = _gpu_by_host(m.name)
-    return ", ".join(
-        f"{h['host']} {h['alive']}/{h['procs']}{'' if h['state'] == 'alive' else ' ' + h['state']}"
-        + (f" ({gpus[h['host']]})" if h["host"] in gpus else "")
-        for h in m.hosts
-    )
-
-
-def _answer(call: Any) -> Any:
-    """A call's reply if it has one now; None otherwise (and the call is cancelled)."""
-    try:
-        if call.done():
-            return call.wait(0)
-    except Exception:
-        return None
-    call.cancel()
-    return None
-
-
-def ask_workers(rec: MeshRecord, workers: list[dict[str, Any]], method: str, timeout: float) -> list[Any]:
-    """What the built-in actor of each of ``workers`` (running, as the agents list
-    them) answers to ``method``, as an administrator (no controller needed); None for
-    a worker that does not answer within ``timeout``."""
-    if rec.ca:
-        _native.set_mesh_ca(rec.token, rec.ca)
-    if not workers:
-        return []
-    try:
-        conns = [_native.WorkerConn(w["addr"], rec.token) for w in workers]
-        calls = _native.call(_native.Endpoint(BUILTIN, method), conns, list(range(len(conns))), b"", [])
-    except Exception:
-        return [None] * len(workers)
-    try:
-        replies = _native.wait_all(calls, timeout)
-    except Exception:  # some did not answer in time: those that did still count
-        replies = [_answer(c) for c in calls]
-    return [
-        loads(r.payload, list(r.buffers))
-        if isinstance(r, _native.Reply) and r.kind == _native.REPLY_RESULT
-        else None
-        for r in replies
-    ]
-
-
-def _gpu_by_host(name: str, timeout: float = 1.0) -> dict[str, str]:
-    """``host -> "GPU 73%, 12,345 MiB"``: the mean use of the GPUs of the mesh's procs on
-    each host and the memory they hold, as each worker measures it (its ``usage``)."""
-    rec = _registry.read(name)
-    if rec is None:
-        return {}
-    try:
-        live = [w for w in group_of(rec).list_workers() if w["state"] == "running"]
-    except Exception:
-        return {}  # a listing never fails for want of GPU figures
-    per_host: dict[str, list[dict[str, Any]]] = {}
-    for w, u in zip(live, ask_workers(rec, live, "usage", timeout)):
-        if isinstance(u, dict) and "gpu" in u:
-            per_host.setdefault(w["host"], []).append(u)
-    return {
-        host: f"GPU {sum(u['gpu'] for u in us) / len(us):.0f}%, {sum(u['gpu_mem'] for u in us) / 2**20:,.0f} MiB"
-        for host, us in per_host.items()
-    }
+    by_rank = {r["rank"]: r for r in view["ranks"]}
+    out = []
+    for h in view["hosts"]:
+        ranks = [by_rank[r] for r in h["ranks"] if r in by_rank]
+        alive = sum(r["state"] == "alive" for r in ranks)
+        gpus = [r["usage"] for r in ranks if r["usage"] and "gpu" in r["usage"]]
+        text = f"{h['host']} {alive}/{h['procs']}{'' if h['state'] == 'alive' else ' ' + h['state']}"
+        if gpus:
+            gpu = sum(u["gpu"] for u in gpus) / len(gpus)
+            text += f" (GPU {gpu:.0f}%, {sum(u['gpu_mem'] for u in gpus) / 2**20:,.0f} MiB)"
+        out.append(text)
+    return ", ".join(out)
 
 
 def _age(seconds: float) -> str:
@@ -105,18 +52,21 @@ def owner_text(owner: dict[str, Any] | None) -> str:
 
 
 def mesh_table(meshes: list[MeshInfo] | None = None) -> list[str]:
-    """The running meshes (``list_meshes()`` unless given) as aligned text lines."""
+    """The running meshes (``list_meshes()`` unless given) as aligned text lines: the
+    picture the Meshes panel shows (VIEW-1)."""
     meshes = list_meshes() if meshes is None else meshes
     if not meshes:
         return ["no running meshes"]
     rows = [_COLUMNS]
     now = time.time()
     for m in meshes:
+        view = mesh_view(m)
         rows.append(
             (
                 m.name,
                 str(m.procs),
-                str(m.alive),
+                str(view["alive"])
+                + (f" ({view['unresponsive']} unresponsive)" if view["unresponsive"] else ""),
                 owner_text(m.owner) if m.attached else "none",
                 str(m.owner_epoch),
                 "ephemeral"
@@ -125,7 +75,7 @@ def mesh_table(meshes: list[MeshInfo] | None = None) -> list[str]:
                 + (f" (stops in {_age(m.idle_left)})" if m.idle_left is not None else ""),
                 _age(now - m.created),
                 str(m.agent_pid) if len(m.hosts) <= 1 else "(per host)",
-                _hosts_text(m),
+                _hosts_text(view),
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]

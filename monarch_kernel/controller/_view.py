@@ -21,13 +21,52 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from monarch_kernel.controller._admin import ask_workers
+from monarch_kernel import _native
+from monarch_kernel._wire import BUILTIN
 from monarch_kernel.controller._supervision import HEARTBEAT_S
 from monarch_kernel.hosts import _admin, _registry
+from monarch_kernel.hosts._registry import MeshRecord
+from monarch_kernel.mesh._serial import loads
 
 #: How long a live worker has to say what it uses before it is shown unresponsive.
 ANSWER_WAIT_S = HEARTBEAT_S
 _KEEP = ("rank", "pid", "host", "restarts")
+
+
+def _answer(call: Any) -> Any:
+    """A call's reply if it has one now; None otherwise (and the call is cancelled)."""
+    try:
+        if call.done():
+            return call.wait(0)
+    except Exception:
+        return None
+    call.cancel()
+    return None
+
+
+def ask_workers(rec: MeshRecord, workers: list[dict[str, Any]], method: str, timeout: float) -> list[Any]:
+    """What the built-in actor of each of ``workers`` (running, as the agents list
+    them) answers to ``method``, as an administrator (no controller needed); None for
+    a worker that does not answer within ``timeout``."""
+    if rec.ca:
+        _native.set_mesh_ca(rec.token, rec.ca)
+    if not workers:
+        return []
+    try:
+        conns = [_native.WorkerConn(w["addr"], rec.token) for w in workers]
+        calls = _native.call(_native.Endpoint(BUILTIN, method), conns, list(range(len(conns))), b"", [])
+    except Exception:
+        return [None] * len(workers)
+    try:
+        replies = _native.wait_all(calls, timeout)
+    except Exception:  # some did not answer in time: those that did still count
+        replies = [_answer(c) for c in calls]
+    return [
+        loads(r.payload, list(r.buffers))
+        if isinstance(r, _native.Reply) and r.kind == _native.REPLY_RESULT
+        else None
+        for r in replies
+    ]
 
 
 def _why(w: dict[str, Any]) -> str:
@@ -70,10 +109,10 @@ def mesh_view(info: _admin.MeshInfo) -> dict[str, Any]:
         "procs": info.procs,
         "alive": alive,
         "unresponsive": sum(r["state"] == "unresponsive" for r in ranks),
-        "hosts": [{k: v for k, v in h.items() if k != "ranks"} for h in info.hosts],
+        "hosts": info.hosts,
         "epoch": info.owner_epoch,
         "attached": info.attached,
-        "owner": info.owner,
+        "owner": info.owner if info.attached else None,  # (the last one, gone)
         "ephemeral": info.ephemeral,
         "idle_timeout": info.idle_timeout,
         # an absolute time, so the picture does not change while nothing does
@@ -94,4 +133,4 @@ def view_of(name: str) -> dict[str, Any] | None:
     return None if info is None else mesh_view(info)
 
 
-__all__ = ["ANSWER_WAIT_S", "mesh_view", "meshes_view", "view_of"]
+__all__ = ["ANSWER_WAIT_S", "ask_workers", "mesh_view", "meshes_view", "view_of"]

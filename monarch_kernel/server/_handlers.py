@@ -13,8 +13,8 @@ import tornado.web
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
-from monarch_kernel.controller._admin import ask_workers, owner_text
-from monarch_kernel.controller._view import meshes_view
+from monarch_kernel.controller._admin import owner_text
+from monarch_kernel.controller._view import ask_workers, meshes_view
 from monarch_kernel.errors import MeshSpecError
 from monarch_kernel.hosts import _admin, _registry
 
