@@ -297,7 +297,12 @@ impl HostAgent for Service {
                 .0
                 .idle_left()
                 .map_or(0, |d| (d.as_millis() as u64).max(1)),
-            owner: self.0.owner.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+            owner: self
+                .0
+                .owner
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
         }))
     }
 
