@@ -8,7 +8,7 @@ NATIVE_SRC := $(shell find native/src proto -type f) native/Cargo.toml native/bu
 export CARGO_TERM_COLOR ?= never
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo demo-multihost test test-rust test-python bench lint fmt stubs clean
+.PHONY: help setup demo demo-multihost test test-rust test-python test-extension bench lint fmt stubs clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -17,12 +17,18 @@ $(PY):
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
+# The wheel's data folder (pyproject's [tool.maturin] data): its data/ lands in the
+# environment's prefix: the server extension's config (tracked) and the Meshes panel
+# (built into it once JupyterLab is installed).
+WHEEL_DATA := wheel-data
+
 $(STAMPS)/deps: pyproject.toml | $(PY)
 	@mkdir -p $(STAMPS)
 	$(PIP) install -q -e '.[dev]'
 	@touch $(STAMPS)/deps $(STAMPS)/native
 
-$(STAMPS)/native: $(NATIVE_SRC) | $(STAMPS)/deps
+# After the panel: maturin develop installs it from the wheel's data into the venv.
+$(STAMPS)/native: $(NATIVE_SRC) $(STAMPS)/labext | $(STAMPS)/deps
 	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release -q
 	@touch $@
 
@@ -31,14 +37,16 @@ $(STAMPS)/kernelspec: monarch_kernel/kernel/_install.py | $(STAMPS)/native
 	@touch $@
 
 # The Meshes panel (extension/): built with npm (Debian's node where there is none)
-# and installed into the venv's JupyterLab as a prebuilt extension.
-LABEXT := $(VENV)/share/jupyter/labextensions/monarch-kernel-panel
-$(STAMPS)/labext: extension/package.json extension/tsconfig.json $(wildcard extension/src/*.ts extension/style/*.css) | $(STAMPS)/deps
+# into the wheel's data (package.json's jupyterlab.outputDir), so the package carries
+# it as a prebuilt extension (install.json: installed by pip) and every install of
+# the package, maturin develop's included, puts it in share/jupyter/labextensions.
+LABEXT := $(WHEEL_DATA)/data/share/jupyter/labextensions/monarch-kernel-panel
+$(STAMPS)/labext: extension/package.json extension/tsconfig.json extension/install.json $(wildcard extension/src/*.ts extension/style/*.css) | $(STAMPS)/deps
 	@command -v npm >/dev/null || { apt-get update -qq && apt-get install -y -qq nodejs npm; }
 	cd extension && npm install --no-audit --no-fund --loglevel=error && npx tsc
 	cd extension && node node_modules/@jupyterlab/builder/lib/build-labextension.js \
 	  --core-path "$$($(abspath $(PY)) -c 'import jupyterlab, os; print(os.path.join(os.path.dirname(jupyterlab.__file__), "staging"))')" .
-	rm -rf $(LABEXT) && mkdir -p $(dir $(LABEXT)) && cp -r build/labextension $(LABEXT)
+	cp extension/install.json $(LABEXT)/install.json  # (the builder empties its output first)
 	@touch $@
 
 setup: $(STAMPS)/native $(STAMPS)/kernelspec $(STAMPS)/labext ## Create the venv, install dependencies (torch included), build the native core, install the kernelspec and the Meshes panel
@@ -57,10 +65,14 @@ $(STAMPS)/browser: | $(STAMPS)/deps
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
 	@touch $@
 
-test: setup $(STAMPS)/browser $(STAMPS)/cluster test-rust test-python ## Set up, then run every test (Rust and Python; browser tests in Debian's chromium)
+test: setup $(STAMPS)/browser $(STAMPS)/cluster test-rust test-extension test-python ## Set up, then run every test (Rust, the panel's TypeScript and Python; browser tests in Debian's chromium)
 
 test-rust: ## cargo test of the native core (no Python needed)
 	cargo test -q --manifest-path native/Cargo.toml
+
+test-extension: ## jest tests of the Meshes panel's rendering, extension/src/__tests__ (no venv needed)
+	@command -v npm >/dev/null || { apt-get update -qq && apt-get install -y -qq nodejs npm; }
+	cd extension && npm install --no-audit --no-fund --loglevel=error && npm test
 
 test-python: setup $(STAMPS)/browser $(STAMPS)/cluster ## pytest: unit and integration tests against real agents and workers
 	$(PY) -m pytest -q
@@ -86,7 +98,7 @@ stubs: setup ## Regenerate the checked-in grpcio stubs from proto/
 	$(PY) -m grpc_tools.protoc -Iproto --python_out=. --grpc_python_out=. --pyi_out=. proto/monarch_kernel/v1/agent.proto
 
 clean: ## Remove the venv and build outputs
-	rm -rf $(VENV) target
+	rm -rf $(VENV) target build $(WHEEL_DATA)/data/share
 
 # Multi-host tests (tests/multihost, docs/testing-multihost.md): hosts in network
 # namespaces with sshd and SLURM. Services of the packages installed here are stopped

@@ -1,8 +1,10 @@
 /**
  * The Meshes side panel of monarch-kernel: every running mesh of this user, live,
  * from the server extension (`monarch_kernel.server`): the same data `monarch-kernel
- * ls` shows. Actions: attach in the active notebook, logs, down. A status-bar item
- * says "meshes: N, procs alive/total" and opens the panel.
+ * ls` shows. Actions: attach in the active notebook, logs, stacks, respawn the dead
+ * ranks, down; each is also a palette command that asks for the mesh. A status-bar
+ * item says "meshes: N, procs alive/total" and opens the panel. What the panel
+ * shows is drawn by render.ts; this file wires it into JupyterLab.
  */
 import {
   ILabShell,
@@ -12,8 +14,10 @@ import {
 import {
   Dialog,
   ICommandPalette,
+  InputDialog,
   MainAreaWidget,
-  showDialog
+  showDialog,
+  showErrorMessage
 } from '@jupyterlab/apputils';
 import { URLExt } from '@jupyterlab/coreutils';
 import { INotebookTracker, NotebookActions } from '@jupyterlab/notebook';
@@ -21,45 +25,16 @@ import { ServerConnection } from '@jupyterlab/services';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { Widget } from '@lumino/widgets';
 
-interface IUsage {
-  cpu: number;
-  rss: number;
-  gpu?: number;
-  gpu_mem?: number;
-}
-
-interface IRank {
-  usage: IUsage | null;
-  rank: number;
-  pid: number;
-  host: string;
-  state: string;
-  signal_name: string | null;
-  exit_code: number;
-  restarts: number;
-}
-
-interface IMesh {
-  name: string;
-  state: string;
-  procs: number;
-  alive: number;
-  epoch: number;
-  attached: boolean;
-  ephemeral: boolean;
-  idle_timeout: number;
-  age: number;
-  hosts: { host: string; state: string; procs: number; alive: number }[];
-  ranks: IRank[];
-}
+import {
+  IMesh,
+  IRespawned,
+  idleText,
+  meshHtml,
+  respawnNote,
+  statusText
+} from './render';
 
 const PANEL_ID = 'monarch-meshes';
-
-function escape(text: string): string {
-  const div = document.createElement('div');
-  div.textContent = text;
-  return div.innerHTML;
-}
 
 /** What the server says, kept up to date by its event stream. */
 class Meshes {
@@ -85,18 +60,33 @@ class Meshes {
     this.listeners.push(f);
   }
 
+  /** The server's JSON answer; an Error with its `message` for anything but a 2xx. */
   async request(path: string, method = 'GET'): Promise<any> {
     const url = URLExt.join(this.settings.baseUrl, 'monarch', 'meshes', path);
     const response = await ServerConnection.makeRequest(url, { method }, this.settings);
-    const body = await response.json();
+    const text = await response.text();
+    let body: any = null;
+    try {
+      body = text ? JSON.parse(text) : null;
+    } catch {
+      // Not JSON (a proxy's error page): the status line says what there is to say.
+    }
     if (!response.ok) {
-      throw new Error(body.message || response.statusText);
+      throw new Error(body?.message || `${response.status} ${response.statusText}`);
     }
     return body;
   }
 }
 
+/** How long a note (the outcome of an action) stays in its mesh. */
+const NOTE_SECONDS = 30;
+
 class MeshesPanel extends Widget {
+  /** Notes by mesh name, kept here because every server event redraws the meshes. */
+  private notes = new Map<string, { text: string; until: number }>();
+  /** Ticks the idle countdowns on the client: the server sends an event only on a change. */
+  private ticker: number;
+
   constructor(private data: Meshes, private app: JupyterFrontEnd) {
     super();
     this.id = PANEL_ID;
@@ -104,6 +94,13 @@ class MeshesPanel extends Widget {
     this.title.caption = 'Meshes';
     this.title.label = 'Meshes';
     data.changed(() => this.draw());
+    this.ticker = window.setInterval(() => this.tick(), 1000);
+    this.draw();
+  }
+
+  /** Shows `text` in mesh `name` for a while. */
+  note(name: string, text: string): void {
+    this.notes.set(name, { text, until: Date.now() / 1000 + NOTE_SECONDS });
     this.draw();
   }
 
@@ -113,49 +110,14 @@ class MeshesPanel extends Widget {
       this.node.innerHTML = '<div class="monarch-empty">no running meshes</div>';
       return;
     }
+    const now = Date.now() / 1000;
+    for (const [name, note] of this.notes) {
+      if (note.until < now) {
+        this.notes.delete(name);
+      }
+    }
     this.node.innerHTML = meshes
-      .map(m => {
-        const hosts = m.hosts.map(h => `${escape(h.host)} (${h.state})`).join(', ');
-        const gpu = m.ranks.some(r => r.usage && r.usage.gpu !== undefined);
-        const rows = m.ranks
-          .map(r => {
-            const u = r.usage;
-            const cpu = u ? `${u.cpu}%` : '';
-            const mem = u ? `${Math.round(u.rss / 2 ** 20)} MiB` : '';
-            const g =
-              gpu && u && u.gpu !== undefined
-                ? `<td>${u.gpu}%</td><td>${Math.round((u.gpu_mem || 0) / 2 ** 20)} MiB</td>`
-                : gpu
-                  ? '<td></td><td></td>'
-                  : '';
-            return (
-              `<tr class="monarch-rank" data-rank="${r.rank}" data-state="${escape(r.state)}">` +
-              `<td>${r.rank}</td><td class="monarch-rank-state">${
-                r.state === 'running' ? 'alive' : escape(r.signal_name || r.state)
-              }</td><td>${r.pid}</td><td>${escape(r.host)}</td>` +
-              `<td class="monarch-cpu">${cpu}</td><td class="monarch-mem">${mem}</td>${g}</tr>`
-            );
-          })
-          .join('');
-        const gpuHead = gpu ? '<th>GPU</th><th>GPU mem</th>' : '';
-        const idle = m.ephemeral ? 'ephemeral' : `idle timeout ${Math.round(m.idle_timeout)} s`;
-        return (
-          `<div class="monarch-mesh" data-mesh="${escape(m.name)}">` +
-          `<div><b>${escape(m.name)}</b> <span class="monarch-mesh-state" data-state="${escape(
-            m.state
-          )}">${escape(m.state)}</span> ${m.alive}/${m.procs} procs alive, epoch ${m.epoch}, ` +
-          `${m.attached ? 'attached' : 'no controller'}, ${idle}</div>` +
-          `<div class="monarch-hosts">hosts: ${hosts}</div>` +
-          '<table><tr><th>rank</th><th>state</th><th>pid</th><th>host</th>' +
-          `<th>CPU</th><th>memory</th>${gpuHead}</tr>` +
-          rows +
-          '</table><div class="monarch-actions">' +
-          `<button data-action="attach">Attach in notebook</button>` +
-          `<button data-action="logs">Logs</button>` +
-          `<button data-action="stacks">Stacks</button>` +
-          `<button data-action="down">Down</button></div></div>`
-        );
-      })
+      .map(m => meshHtml(m, now, this.notes.get(m.name)?.text))
       .join('');
     this.node.querySelectorAll('.monarch-mesh').forEach(el => {
       const name = (el as HTMLElement).dataset.mesh as string;
@@ -166,6 +128,27 @@ class MeshesPanel extends Widget {
         );
       });
     });
+  }
+
+  /** Updates the countdowns in place (a redraw would drop a hovered button's state). */
+  private tick(): void {
+    const now = Date.now() / 1000;
+    const meshes = new Map(this.data.meshes.map(m => [m.name, m]));
+    this.node.querySelectorAll('.monarch-mesh').forEach(el => {
+      const mesh = meshes.get((el as HTMLElement).dataset.mesh as string);
+      const idle = el.querySelector('.monarch-idle');
+      if (mesh && idle) {
+        idle.textContent = idleText(mesh, now);
+      }
+    });
+    if ([...this.notes.values()].some(n => n.until < now)) {
+      this.draw();
+    }
+  }
+
+  dispose(): void {
+    window.clearInterval(this.ticker);
+    super.dispose();
   }
 }
 
@@ -220,6 +203,24 @@ const plugin: JupyterFrontEndPlugin<void> = {
     const panel = new MeshesPanel(data, app);
     app.shell.add(panel, 'left', { rank: 900 });
 
+    /** The mesh a command is for: its `name` argument, else the user's pick (null: none). */
+    const meshName = async (args: { name?: unknown }, verb: string): Promise<string | null> => {
+      if (typeof args.name === 'string' && args.name) {
+        return args.name;
+      }
+      const names = data.meshes.map(m => m.name);
+      if (!names.length) {
+        await showDialog({
+          title: 'No running meshes',
+          body: 'Start one from a notebook on the monarch kernel (%mesh up NAME) or a script.',
+          buttons: [Dialog.okButton()]
+        });
+        return null;
+      }
+      const result = await InputDialog.getItem({ title: `${verb} which mesh?`, items: names });
+      return result.button.accept ? result.value : null;
+    };
+
     app.commands.addCommand('monarch:open-panel', {
       label: 'Monarch: Show the meshes panel',
       execute: () => app.shell.activateById(PANEL_ID)
@@ -227,7 +228,10 @@ const plugin: JupyterFrontEndPlugin<void> = {
     app.commands.addCommand('monarch:attach', {
       label: 'Monarch: Attach to a mesh in the notebook',
       execute: async args => {
-        const name = args.name as string;
+        const name = await meshName(args, 'Attach to');
+        if (!name) {
+          return;
+        }
         const nb = notebooks.currentWidget;
         if (!nb || nb.sessionContext.session?.kernel?.name !== 'monarch') {
           const result = await showDialog({
@@ -252,8 +256,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
     });
     app.commands.addCommand('monarch:logs', {
       label: 'Monarch: Logs of a mesh',
-      execute: args => {
-        const name = args.name as string;
+      execute: async args => {
+        const name = await meshName(args, 'Show the logs of');
+        if (!name) {
+          return;
+        }
         const view = new MainAreaWidget({ content: new LogsView(data, name) });
         view.id = `monarch-logs-${name}`;
         view.title.label = `Logs: ${name}`;
@@ -264,7 +271,10 @@ const plugin: JupyterFrontEndPlugin<void> = {
     app.commands.addCommand('monarch:stacks', {
       label: 'Monarch: Stacks of a mesh',
       execute: async args => {
-        const name = args.name as string;
+        const name = await meshName(args, 'Show the stacks of');
+        if (!name) {
+          return;
+        }
         const content = new Widget();
         content.addClass('monarch-logs');
         content.node.textContent = 'asking the workers...';
@@ -283,22 +293,49 @@ const plugin: JupyterFrontEndPlugin<void> = {
         }
       }
     });
+    app.commands.addCommand('monarch:respawn', {
+      label: 'Monarch: Respawn the dead ranks of a mesh',
+      execute: async args => {
+        const name = await meshName(args, 'Respawn the dead ranks of');
+        if (!name) {
+          return;
+        }
+        try {
+          const body: IRespawned = await data.request(
+            `${encodeURIComponent(name)}/respawn`,
+            'POST'
+          );
+          panel.note(name, respawnNote(body));
+        } catch (e) {
+          await showErrorMessage(`Could not respawn ${name}`, (e as Error).message);
+        }
+      }
+    });
     app.commands.addCommand('monarch:down', {
       label: 'Monarch: Stop a mesh',
       execute: async args => {
-        const name = args.name as string;
+        const name = await meshName(args, 'Stop');
+        if (!name) {
+          return;
+        }
         const result = await showDialog({
           title: `Stop mesh ${name}?`,
-          body: `Its workers and agents stop, and its state is lost.`,
+          body: 'Its workers and agents stop, and its state is lost.',
           buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: `Stop ${name}` })]
         });
         if (result.button.accept) {
-          await data.request(`${encodeURIComponent(name)}/down`, 'POST');
+          try {
+            await data.request(`${encodeURIComponent(name)}/down`, 'POST');
+          } catch (e) {
+            await showErrorMessage(`Could not stop ${name}`, (e as Error).message);
+          }
         }
       }
     });
     if (palette) {
-      palette.addItem({ command: 'monarch:open-panel', category: 'Monarch' });
+      for (const command of ['open-panel', 'attach', 'logs', 'stacks', 'respawn', 'down']) {
+        palette.addItem({ command: `monarch:${command}`, category: 'Monarch' });
+      }
     }
     if (statusBar) {
       const item = new Widget();
@@ -306,9 +343,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
       item.node.style.cursor = 'pointer';
       item.node.addEventListener('click', () => app.shell.activateById(PANEL_ID));
       const draw = () => {
-        const alive = data.meshes.reduce((n, m) => n + m.alive, 0);
-        const total = data.meshes.reduce((n, m) => n + m.procs, 0);
-        item.node.textContent = `meshes: ${data.meshes.length}, procs ${alive}/${total}`;
+        item.node.textContent = statusText(data.meshes);
       };
       data.changed(draw);
       draw();

@@ -202,7 +202,19 @@ def _panel_notebook(root: Path, name: str) -> str:
     return notebook
 
 
-def test_the_meshes_panel_lists_a_mesh_shows_a_kill_attaches_tails_logs_and_downs_it(lab, tmp_path):
+def _kill_and_see(page: Any, mesh: Any, rank: int) -> None:
+    """kill -9 of the worker of ``rank``, seen dead (its signal named) in the panel."""
+    from playwright.sync_api import expect
+
+    row = mesh.locator(f'.monarch-rank[data-rank="{rank}"]')
+    pid = int(row.locator("td").nth(2).inner_text())
+    os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    expect(row.locator(".monarch-rank-state")).to_contain_text("dead (SIGKILL)", timeout=10_000)
+    print(f"the panel showed rank {rank} dead {time.monotonic() - killed:.2f} s after kill -9")
+
+
+def test_the_meshes_panel_lists_a_mesh_shows_a_kill_respawns_attaches_tails_logs_and_downs_it(lab, tmp_path):
     # Issue 18: the Meshes side panel, from the server extension's live events.
     from playwright.sync_api import expect
 
@@ -211,6 +223,7 @@ def test_the_meshes_panel_lists_a_mesh_shows_a_kill_attaches_tails_logs_and_down
         jupyter_servers.script_mesh(tmp_path) as name,
         _opened(url, "lab/tree", _panel_notebook(root, name), "meshes-panel") as page,
     ):
+        notebook = f"panel-{name}.ipynb"
         page.locator('.jp-SideBar [data-id="monarch-meshes"]').click(timeout=30_000)
         mesh = page.locator(f'.monarch-panel .monarch-mesh[data-mesh="{name}"]')
         expect(mesh).to_contain_text("2/2 procs alive", timeout=30_000)
@@ -218,16 +231,18 @@ def test_the_meshes_panel_lists_a_mesh_shows_a_kill_attaches_tails_logs_and_down
             "MiB", timeout=30_000
         )  # each proc's memory, measured by the worker
         expect(page.locator(".monarch-status")).to_contain_text("procs 2/2", timeout=30_000)
-        pid = int(mesh.locator('.monarch-rank[data-rank="1"] td').nth(2).inner_text())
-        os.kill(pid, signal.SIGKILL)
-        killed = time.monotonic()
-        expect(mesh.locator('.monarch-rank[data-rank="1"] .monarch-rank-state')).to_have_text(
-            "SIGKILL", timeout=10_000
-        )
-        seen = time.monotonic() - killed
-        assert seen < 2.0, f"the panel showed the kill {seen:.2f} s after it"  # (1 s + a browser's frame)
-        expect(mesh).to_contain_text("degraded")
+        # The script that made it has gone: nobody holds it, and its idle clock runs.
+        expect(mesh.locator(".monarch-owner")).to_have_text("no controller")
+        expect(mesh.locator(".monarch-idle")).to_contain_text("stops in")
+        respawn = mesh.locator('button[data-action="respawn"]')
+        expect(respawn).to_be_disabled()
+
+        _kill_and_see(page, mesh, 1)
+        expect(mesh.locator(".monarch-mesh-state")).to_have_text("degraded")
         page.screenshot(path=str(SHOTS / "meshes-panel-live.png"))  # (the README's picture)
+        respawn.click()  # nobody holds it: as an administrator
+        expect(mesh.locator(".monarch-note")).to_contain_text("respawned ranks 1", timeout=60_000)
+        expect(mesh).to_contain_text("2/2 procs alive", timeout=30_000)
 
         page.locator(".jp-Notebook .jp-Cell").first.locator(".cm-content").click(timeout=30_000)
         mesh.locator('button[data-action="attach"]').click()
@@ -236,9 +251,27 @@ def test_the_meshes_panel_lists_a_mesh_shows_a_kill_attaches_tails_logs_and_down
             f"procs = %mesh attach {name}", timeout=30_000
         )
         expect(attached.locator(".jp-OutputArea")).to_contain_text(name, timeout=60_000)
+        expect(mesh.locator(".monarch-owner")).to_have_text(f"held by kernel of {notebook}", timeout=30_000)
+        expect(mesh.locator(".monarch-idle")).to_have_text("")  # held: no idle clock
+
+        _kill_and_see(page, mesh, 0)
+        respawn.click()  # held by the notebook's kernel: it respawns, its actors too
+        expect(mesh.locator(".monarch-note")).to_contain_text("respawned ranks 0", timeout=60_000)
+        expect(mesh).to_contain_text("2/2 procs alive", timeout=30_000)
 
         mesh.locator('button[data-action="logs"]').click()
-        expect(page.locator(".monarch-logs")).to_contain_text("said from the script", timeout=30_000)
+        logs = page.locator(".monarch-logs")
+        expect(logs).to_contain_text("said from the script", timeout=30_000)
+        # A line printed after the tab opened shows in it (the notebook prints it).
+        page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text=notebook).click()
+        first = page.locator(".jp-Notebook .jp-Cell").first
+        first.locator(".cm-content").click()
+        page.keyboard.press("Control+a")
+        page.keyboard.type(f"%%mesh {name}\nprint('printed after the logs tab opened')")
+        page.keyboard.press("Shift+Enter")
+        expect(first.locator(".jp-OutputArea")).to_contain_text("printed after", timeout=60_000)
+        page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text=f"Logs: {name}").click()
+        expect(logs).to_contain_text("printed after the logs tab opened", timeout=30_000)
 
         mesh.locator('button[data-action="stacks"]').click()
         expect(page.locator(".monarch-logs").last).to_contain_text("--- rank 0 ---", timeout=30_000)
