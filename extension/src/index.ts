@@ -20,7 +20,7 @@ import {
   showErrorMessage
 } from '@jupyterlab/apputils';
 import { URLExt } from '@jupyterlab/coreutils';
-import { INotebookTracker, NotebookActions } from '@jupyterlab/notebook';
+import { INotebookTracker, NotebookActions, NotebookPanel } from '@jupyterlab/notebook';
 import { ServerConnection } from '@jupyterlab/services';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { Widget } from '@lumino/widgets';
@@ -232,21 +232,27 @@ const plugin: JupyterFrontEndPlugin<void> = {
         if (!name) {
           return;
         }
-        const nb = notebooks.currentWidget;
+        let nb = notebooks.currentWidget;
         if (!nb || nb.sessionContext.session?.kernel?.name !== 'monarch') {
           const result = await showDialog({
             title: 'No notebook on the monarch kernel',
-            body: `Open a notebook on the monarch kernel to attach to ${name}.`,
+            body: `Open a new notebook on the monarch kernel attached to ${name}?`,
             buttons: [Dialog.cancelButton(), Dialog.okButton({ label: 'New notebook' })]
           });
-          if (result.button.accept) {
-            await app.commands.execute('notebook:create-new', { kernelName: 'monarch' });
+          if (!result.button.accept) {
+            return;
           }
-          return;
+          nb = (await app.commands.execute('notebook:create-new', {
+            kernelName: 'monarch'
+          })) as NotebookPanel;
+          await nb.sessionContext.ready;
         }
         const notebook = nb.content;
         notebook.activeCellIndex = notebook.widgets.length - 1;
-        NotebookActions.insertBelow(notebook);
+        // A new notebook's one cell is empty: use it rather than add one below it.
+        if (notebook.activeCell?.model.sharedModel.getSource().trim()) {
+          NotebookActions.insertBelow(notebook);
+        }
         const cell = notebook.activeCell;
         if (cell) {
           cell.model.sharedModel.setSource(`procs = %mesh attach ${name}`);

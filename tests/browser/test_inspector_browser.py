@@ -281,3 +281,36 @@ def test_the_meshes_panel_lists_a_mesh_shows_a_kill_respawns_attaches_tails_logs
         expect(page.locator(f'.monarch-panel .monarch-mesh[data-mesh="{name}"]')).to_have_count(
             0, timeout=30_000
         )
+
+
+def test_attach_from_the_panel_with_no_monarch_notebook_open_starts_one_attached(lab, tmp_path):
+    # Issue 18: "runs procs = %mesh attach NAME in the active notebook's monarch
+    # kernel, or offers to start one".
+    from playwright.sync_api import expect, sync_playwright
+
+    url, root = lab
+    with jupyter_servers.script_mesh(tmp_path) as name, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        try:
+            page.goto(url.replace("?", f"/lab/workspaces/w{uuid.uuid4().hex[:8]}?"))
+            page.locator('.jp-SideBar [data-id="monarch-meshes"]').click(timeout=60_000)
+            mesh = page.locator(f'.monarch-panel .monarch-mesh[data-mesh="{name}"]')
+            mesh.locator('button[data-action="attach"]').click(timeout=30_000)
+            page.locator(".jp-Dialog .jp-mod-accept", has_text="New notebook").click(timeout=30_000)
+            cell = page.locator(".jp-Notebook .jp-Cell").first
+            expect(cell.locator(".cm-content")).to_have_text(f"procs = %mesh attach {name}", timeout=60_000)
+            expect(cell.locator(".jp-OutputArea")).to_contain_text(
+                f"attached to mesh '{name}'", timeout=60_000
+            )
+            expect(mesh.locator(".monarch-owner")).to_contain_text(
+                "held by kernel of Untitled", timeout=30_000
+            )
+            page.screenshot(path=str(SHOTS / "meshes-panel-attach-new.png"))
+        except BaseException:
+            page.screenshot(path=str(SHOTS / "meshes-panel-attach-new-failure.png"))
+            raise
+        finally:
+            browser.close()
+            for nb in root.glob("Untitled*.ipynb"):
+                nb.unlink()
