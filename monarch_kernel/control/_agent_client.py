@@ -254,9 +254,14 @@ class AgentClient:
     def worker(self, rank: int) -> dict[str, Any] | None:
         return next((w for w in self.list_workers() if w["rank"] == rank), None)
 
-    def logs(self, rank: int | None = None, tail: int = 100, timeout: float = 5.0) -> list[str]:
+    def logs(
+        self, rank: int | None = None, tail: int = 100, timeout: float = 5.0, labelled: bool = False
+    ) -> list[str]:
+        """The last ``tail`` lines of ``rank`` (or of each rank); ``labelled``: each
+        line starts with ``[rank N] `` (the Meshes panel's Logs tab)."""
         req = self._pb.LogsRequest(rank=-1 if rank is None else rank, tail=tail)
-        return [ln.text for ln in self._call("Logs", req, timeout).lines]
+        lines = self._call("Logs", req, timeout).lines
+        return [f"[rank {ln.rank}] {ln.text}" if labelled else ln.text for ln in lines]
 
     def shutdown(self, epoch: int = 0, timeout: float = 15.0) -> None:
         """Stops the workers and the agent (epoch 0: as an administrator, never fenced)."""

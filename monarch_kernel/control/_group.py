@@ -123,10 +123,14 @@ class AgentGroup:
     def worker(self, rank: int) -> dict[str, Any] | None:
         return self.link_of(rank).client.worker(rank)
 
-    def logs(self, rank: int | None = None, tail: int = 100, timeout: float = 5.0) -> list[str]:
+    def logs(
+        self, rank: int | None = None, tail: int = 100, timeout: float = 5.0, labelled: bool = False
+    ) -> list[str]:
         if rank is not None:
-            return self.link_of(rank).client.logs(rank=rank, tail=tail, timeout=timeout)
-        return self._answering(lambda link: link.client.logs(rank=None, tail=tail, timeout=timeout))
+            return self.link_of(rank).client.logs(rank=rank, tail=tail, timeout=timeout, labelled=labelled)
+        return self._answering(
+            lambda link: link.client.logs(rank=None, tail=tail, timeout=timeout, labelled=labelled)
+        )
 
     # -- commands -------------------------------------------------------------------------
 

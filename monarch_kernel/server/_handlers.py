@@ -86,16 +86,37 @@ async def _with_mesh(name: str, work: Callable[[Any, Any], Any]) -> Any:
     return out
 
 
+def _int_argument(handler: APIHandler, name: str, default: int | None, least: int) -> int | None:
+    """The query argument ``name`` as an integer of at least ``least``, or a 400 that
+    says what it must be."""
+    text = handler.get_query_argument(name, None)
+    if text in (None, ""):
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = least - 1
+    if value < least:
+        raise tornado.web.HTTPError(400, f"{name} must be a whole number of at least {least}, not {text!r}")
+    return value
+
+
 class LogsHandler(APIHandler):  # type: ignore[misc]
+    """The last lines the workers printed, each labelled with its rank (``?rank=R``:
+    one rank's; ``?tail=N``: how many per rank)."""
+
     @tornado.web.authenticated
     async def get(self, name: str) -> None:
         name = _name(name)
-        rank = self.get_query_argument("rank", None)
-        tail = int(self.get_query_argument("tail", "100"))
-        lines = await _with_mesh(
-            name, lambda _rec, agents: list(agents.logs(rank=int(rank) if rank else None, tail=tail))
-        )
-        self.finish(json.dumps({"mesh": name, "lines": lines}))
+        rank = _int_argument(self, "rank", None, 0)
+        tail = _int_argument(self, "tail", 100, 1)
+
+        def read(_rec: Any, agents: Any) -> list[str]:
+            if rank is not None and rank >= len(agents.list_workers()):
+                raise tornado.web.HTTPError(400, f"mesh {name!r} has no rank {rank}")
+            return list(agents.logs(rank=rank, tail=tail, labelled=True))
+
+        self.finish(json.dumps({"mesh": name, "lines": await _with_mesh(name, read)}))
 
 
 class StacksHandler(APIHandler):  # type: ignore[misc]

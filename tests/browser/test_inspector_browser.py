@@ -271,7 +271,10 @@ def test_the_meshes_panel_lists_a_mesh_shows_a_kill_respawns_attaches_tails_logs
         page.keyboard.press("Shift+Enter")
         expect(first.locator(".jp-OutputArea")).to_contain_text("printed after", timeout=60_000)
         page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text=f"Logs: {name}").click()
-        expect(logs).to_contain_text("printed after the logs tab opened", timeout=30_000)
+        expect(logs).to_contain_text("[rank 0] printed after the logs tab opened", timeout=30_000)
+        page.locator(".monarch-logs-rank").fill("1")  # one rank's lines only
+        expect(logs).not_to_contain_text("[rank 0]", timeout=10_000)
+        expect(logs).to_contain_text("[rank 1] printed after the logs tab opened")
 
         mesh.locator('button[data-action="stacks"]').click()
         expect(page.locator(".monarch-logs").last).to_contain_text("--- rank 0 ---", timeout=30_000)

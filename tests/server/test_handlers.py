@@ -59,10 +59,29 @@ async def test_each_rank_of_a_running_mesh_is_alive_with_its_cpu_and_memory(jp_f
     assert all(r["usage"]["rss"] > 0 and r["usage"]["cpu"] >= 0 for r in m["ranks"])
 
 
-async def test_logs_of_a_mesh_come(jp_fetch, script_mesh):
+async def test_logs_of_a_mesh_come_labelled_with_their_rank(jp_fetch, script_mesh):
     logs = await _json(jp_fetch, "monarch", "meshes", script_mesh, "logs", params={"tail": "50"})
     assert logs["mesh"] == script_mesh
-    assert any("said from the script" in line for line in logs["lines"])
+    said = [line for line in logs["lines"] if "said from the script" in line]
+    assert said == ["[rank 0] said from the script", "[rank 1] said from the script"]
+    one = await _json(jp_fetch, "monarch", "meshes", script_mesh, "logs", params={"rank": "1"})
+    assert one["lines"] and all(line.startswith("[rank 1] ") for line in one["lines"])
+
+
+@pytest.mark.parametrize(
+    ("params", "says"),
+    [
+        ({"rank": "x"}, "rank must be a whole number of at least 0, not 'x'"),
+        ({"rank": "-1"}, "rank must be a whole number"),
+        ({"rank": "2"}, "has no rank 2"),
+        ({"tail": "0"}, "tail must be a whole number of at least 1"),
+    ],
+)
+async def test_a_bad_rank_or_tail_for_logs_is_a_400_that_says_why(jp_fetch, script_mesh, params, says):
+    with pytest.raises(HTTPClientError) as bad:
+        await jp_fetch("monarch", "meshes", script_mesh, "logs", params=params)
+    assert bad.value.code == 400
+    assert says in json.loads(bad.value.response.body)["message"]
 
 
 async def test_stacks_say_what_each_worker_runs(jp_fetch, script_mesh):
