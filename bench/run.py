@@ -211,6 +211,30 @@ def kill_to_error(n: int = 20) -> float:
         procs.stop()
 
 
+def picture() -> tuple[float, float]:
+    """Median seconds to read the picture of a running 4-proc mesh that the Meshes
+    panel, the inspector and ls show (VIEW-1: its agents' listing and each worker's
+    figures), and of the agents' listing alone (its baseline)."""
+    from monarch_kernel.controller import view_of
+    from monarch_kernel.hosts import _admin, _registry
+
+    name = f"bench-view-{os.getpid()}"
+    procs = this_host().spawn_procs(per_host={"procs": 4}, name=name)
+    try:
+        view = timed(lambda: view_of(name), 50, warmup=5)
+        rec = _registry.read(name)
+        assert rec is not None
+        agents = _admin.connect(rec)
+        assert agents is not None
+        try:
+            listing = timed(agents.list_workers, 50, warmup=5)
+        finally:
+            agents.close()
+        return view, listing
+    finally:
+        procs.stop()
+
+
 class Tensors(Actor):
     @endpoint
     def echo(self, x: object) -> object:
@@ -371,6 +395,7 @@ def main() -> None:
     tcp_bw, raw_tcp_bw = tcp_path(), loopback_tcp_bandwidth()
     grow_ctl, grow_worker = memory_growth()
     plain_cell, mesh_cell = cells.cell_round_trips()
+    view, listing = picture()
     us, ms = 1e6, 1e3
     rows = [
         # metric, value, unit, baseline name, baseline value, target
@@ -445,6 +470,14 @@ def main() -> None:
             "plain cell round trip",
             plain_cell * ms,
             "<= plain + 5 ms",
+        ),
+        (
+            "picture of a 4-proc mesh (panel, inspector, ls)",
+            view * ms,
+            "ms",
+            "the agents' ListWorkers",
+            listing * ms,
+            "(the panel looks every 500 ms)",
         ),
     ]
     more, skipped = multihost_rows()
