@@ -20,6 +20,9 @@ from monarch_kernel.hosts import _admin, _registry
 
 #: How often the events stream looks at the agents while someone listens.
 EVERY_S = 0.5
+#: How long an events stream stays silent before it sends a comment (so that a
+#: browser that went away is noticed, and its listening ends).
+KEEPALIVE_S = 15.0
 #: How long a respawn asked of the owning kernel may wait (a busy kernel runs it
 #: when its cell ends).
 RESPAWN_WAIT_S = 120.0
@@ -41,26 +44,63 @@ class MeshesHandler(APIHandler):  # type: ignore[misc]
         self.finish(json.dumps({"meshes": meshes}))
 
 
+class _Looker:
+    """One look at the meshes every ``EVERY_S`` while anyone listens, however many
+    listen (browser tabs, users of one server): each listener waits for the next
+    picture that differs from the one it has, so N tabs cost the workers one look."""
+
+    def __init__(self) -> None:
+        self.text: str | None = None
+        self.listeners = 0
+        self.changed = asyncio.Condition()
+        self.task: asyncio.Task[None] | None = None
+
+    async def _look(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self.listeners:
+            try:
+                meshes = await loop.run_in_executor(None, meshes_view)
+                text = json.dumps({"meshes": meshes}, sort_keys=True)
+            except Exception as e:  # a look that fails now may work in a moment
+                text = json.dumps({"meshes": [], "error": f"{type(e).__name__}: {e}"})
+            if text != self.text:
+                async with self.changed:
+                    self.text = text
+                    self.changed.notify_all()
+            await asyncio.sleep(EVERY_S)
+        self.task, self.text = None, None  # (the next listener waits for a fresh look)
+
+    async def next(self, after: str | None) -> str:
+        """The picture, once it differs from ``after``."""
+        if self.task is None:
+            self.task = asyncio.ensure_future(self._look())
+        async with self.changed:
+            await self.changed.wait_for(lambda: self.text is not None and self.text != after)
+            assert self.text is not None
+            return self.text
+
+
 class EventsHandler(APIHandler):  # type: ignore[misc]
-    """Server-sent events: the snapshot each time it changes."""
+    """Server-sent events: the picture of the meshes each time it changes."""
 
     @tornado.web.authenticated
     async def get(self) -> None:
         self.set_header("Content-Type", "text/event-stream")
         self.set_header("Cache-Control", "no-cache")
-        last = None
-        loop = asyncio.get_running_loop()
+        looker, last = self.settings.setdefault("monarch_looker", _Looker()), None
+        looker.listeners += 1
         try:
             while True:
-                meshes = await loop.run_in_executor(None, meshes_view)
-                text = json.dumps({"meshes": meshes}, sort_keys=True)
-                if text != last:
-                    last = text
-                    self.write(f"data: {text}\n\n")
-                    await self.flush()
-                await asyncio.sleep(EVERY_S)
+                try:
+                    last = await asyncio.wait_for(looker.next(last), KEEPALIVE_S)
+                    self.write(f"data: {last}\n\n")
+                except TimeoutError:  # a comment: a closed stream shows on writing
+                    self.write(": nothing changed\n\n")
+                await self.flush()
         except tornado.iostream.StreamClosedError:
             return  # the browser went away
+        finally:
+            looker.listeners -= 1
 
 
 _MISSING = object()

@@ -6,6 +6,7 @@ is not a mesh name is refused and never used as a path."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import urllib.parse
@@ -177,3 +178,40 @@ async def test_a_post_without_the_token_or_xsrf_is_refused_and_the_mesh_keeps_ru
     )
     assert response.code == 403
     assert script_mesh in await _meshes(jp_fetch)
+
+
+async def test_every_listener_of_the_events_shares_one_look_at_the_meshes(
+    jp_serverapp, http_server_client, jp_base_url, jp_auth_header, script_mesh, monkeypatch
+):
+    # However many tabs listen, the workers are asked once per look, not once per tab.
+    from monarch_kernel.server import _handlers
+
+    looks: list[int] = []
+    real = _handlers.meshes_view
+    monkeypatch.setattr(_handlers, "meshes_view", lambda: looks.append(1) or real())
+    monkeypatch.setattr(_handlers, "EVERY_S", 3600.0)  # one look, then none for the test's life
+    got: list[asyncio.Queue[bytes]] = [asyncio.Queue() for _ in range(3)]
+    streams = [
+        asyncio.ensure_future(
+            http_server_client.fetch(
+                jp_base_url + "monarch/events",
+                headers=jp_auth_header,
+                streaming_callback=q.put_nowait,
+                request_timeout=3600,
+            )
+        )
+        for q in got
+    ]
+    try:
+        firsts = [await asyncio.wait_for(q.get(), 60) for q in got]
+        assert all(f.startswith(b"data: ") for f in firsts) and len(set(firsts)) == 1
+        assert script_mesh in [m["name"] for m in json.loads(firsts[0][len(b"data: ") :])["meshes"]]
+        assert len(looks) == 1, f"{len(looks)} looks for 3 listeners"
+        looker = jp_serverapp.web_app.settings["monarch_looker"]
+        assert looker.listeners == 3
+    finally:
+        for s in streams:
+            s.cancel()
+        task = jp_serverapp.web_app.settings["monarch_looker"].task
+        if task is not None:
+            task.cancel()
