@@ -31,6 +31,7 @@ import {
   idleText,
   meshHtml,
   respawnNote,
+  respawningNote,
   statusText
 } from './render';
 
@@ -306,6 +307,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
         if (!name) {
           return;
         }
+        panel.note(name, respawningNote(data.meshes.find(m => m.name === name)));
         try {
           const body: IRespawned = await data.request(
             `${encodeURIComponent(name)}/respawn`,
@@ -313,6 +315,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
           );
           panel.note(name, respawnNote(body));
         } catch (e) {
+          panel.note(name, 'the respawn failed');
           await showErrorMessage(`Could not respawn ${name}`, (e as Error).message);
         }
       }

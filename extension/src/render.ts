@@ -153,6 +153,13 @@ export function respawnNote(result: IRespawned): string {
   return `respawned ranks ${result.ranks.join(', ')}`;
 }
 
+/** The note shown while a respawn runs: where it runs, and why it may take a while. */
+export function respawningNote(mesh: IMesh | undefined): string {
+  return mesh?.attached
+    ? 'respawning in the kernel that holds it (after its running cell, if one runs)...'
+    : 'respawning...';
+}
+
 function mib(bytes: number): string {
   return `${Math.round(bytes / 2 ** 20)} MiB`;
 }

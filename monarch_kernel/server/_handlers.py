@@ -28,6 +28,21 @@ KEEPALIVE_S = 15.0
 RESPAWN_WAIT_S = 120.0
 
 
+class _Handler(APIHandler):  # type: ignore[misc]
+    """An API handler whose errors say exactly what was raised: tornado doubles each
+    ``%`` of an HTTPError's message given without arguments (for its log's
+    formatting), and jupyter_server's APIHandler answers with that doubled text
+    ("%%mesh respawn"); the message is given back here as it was written."""
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        e = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(e, tornado.web.HTTPError) and e.log_message and not e.args:
+            self.set_header("Content-Type", "application/json")
+            self.finish(json.dumps({"message": e.log_message.replace("%%", "%"), "reason": e.reason}))
+            return
+        super().write_error(status_code, **kwargs)
+
+
 def _name(name: str) -> str:
     """SERVER-1: ``name`` as a mesh name, or a 400 that says why."""
     try:
@@ -37,7 +52,7 @@ def _name(name: str) -> str:
     return name
 
 
-class MeshesHandler(APIHandler):  # type: ignore[misc]
+class MeshesHandler(_Handler):
     @tornado.web.authenticated
     async def get(self) -> None:
         meshes = await asyncio.get_running_loop().run_in_executor(None, meshes_view)
@@ -80,7 +95,7 @@ class _Looker:
             return self.text
 
 
-class EventsHandler(APIHandler):  # type: ignore[misc]
+class EventsHandler(_Handler):
     """Server-sent events: the picture of the meshes each time it changes."""
 
     @tornado.web.authenticated
@@ -126,7 +141,7 @@ async def _with_mesh(name: str, work: Callable[[Any, Any], Any]) -> Any:
     return out
 
 
-def _int_argument(handler: APIHandler, name: str, default: int | None, least: int) -> int | None:
+def _int_argument(handler: _Handler, name: str, default: int | None, least: int) -> int | None:
     """The query argument ``name`` as an integer of at least ``least``, or a 400 that
     says what it must be."""
     text = handler.get_query_argument(name, None)
@@ -141,7 +156,7 @@ def _int_argument(handler: APIHandler, name: str, default: int | None, least: in
     return value
 
 
-class LogsHandler(APIHandler):  # type: ignore[misc]
+class LogsHandler(_Handler):
     """The last lines the workers printed, each labelled with its rank (``?rank=R``:
     one rank's; ``?tail=N``: how many per rank)."""
 
@@ -159,7 +174,7 @@ class LogsHandler(APIHandler):  # type: ignore[misc]
         self.finish(json.dumps({"mesh": name, "lines": await _with_mesh(name, read)}))
 
 
-class StacksHandler(APIHandler):  # type: ignore[misc]
+class StacksHandler(_Handler):
     """What each running worker of a mesh runs now (its Python stacks)."""
 
     @tornado.web.authenticated
@@ -174,7 +189,7 @@ class StacksHandler(APIHandler):  # type: ignore[misc]
         self.finish(json.dumps({"mesh": name, "ranks": await _with_mesh(name, read)}))
 
 
-class DownHandler(APIHandler):  # type: ignore[misc]
+class DownHandler(_Handler):
     @tornado.web.authenticated
     async def post(self, name: str) -> None:
         name = _name(name)
@@ -186,7 +201,7 @@ class DownHandler(APIHandler):  # type: ignore[misc]
         self.finish(json.dumps({"mesh": name, "result": what}))
 
 
-class RespawnHandler(APIHandler):  # type: ignore[misc]
+class RespawnHandler(_Handler):
     """Restarts a mesh's dead ranks where that may be done: by the kernel of this
     server that holds the mesh (``%mesh respawn``, run silently in it), or, when no
     controller holds it, by ``monarch-kernel respawn`` as an administrator. A mesh

@@ -286,18 +286,38 @@ def test_the_meshes_panel_lists_a_mesh_shows_a_kill_respawns_attaches_tails_logs
         )
 
 
-def test_attach_from_the_panel_with_no_monarch_notebook_open_starts_one_attached(lab, tmp_path):
-    # Issue 18: "runs procs = %mesh attach NAME in the active notebook's monarch
-    # kernel, or offers to start one".
-    from playwright.sync_api import expect, sync_playwright
+@contextlib.contextmanager
+def _panel_page(url: str, shot: str) -> Iterator[Any]:
+    """A Chromium page with JupyterLab open (no notebook) and the Meshes panel shown;
+    a screenshot ``shot``.png at the end (``shot``-failure.png on a failure)."""
+    from playwright.sync_api import sync_playwright
 
-    url, root = lab
-    with jupyter_servers.script_mesh(tmp_path) as name, sync_playwright() as p:
+    with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 900})
         try:
             page.goto(url.replace("?", f"/lab/workspaces/w{uuid.uuid4().hex[:8]}?"))
             page.locator('.jp-SideBar [data-id="monarch-meshes"]').click(timeout=60_000)
+            yield page
+            page.screenshot(path=str(SHOTS / f"{shot}.png"))
+        except BaseException:
+            page.screenshot(path=str(SHOTS / f"{shot}-failure.png"))
+            raise
+        finally:
+            browser.close()
+
+
+def test_attach_from_the_panel_with_no_monarch_notebook_open_starts_one_attached(lab, tmp_path):
+    # Issue 18: "runs procs = %mesh attach NAME in the active notebook's monarch
+    # kernel, or offers to start one".
+    from playwright.sync_api import expect
+
+    url, root = lab
+    try:
+        with (
+            jupyter_servers.script_mesh(tmp_path) as name,
+            _panel_page(url, "meshes-panel-attach-new") as page,
+        ):
             mesh = page.locator(f'.monarch-panel .monarch-mesh[data-mesh="{name}"]')
             mesh.locator('button[data-action="attach"]').click(timeout=30_000)
             page.locator(".jp-Dialog .jp-mod-accept", has_text="New notebook").click(timeout=30_000)
@@ -309,11 +329,37 @@ def test_attach_from_the_panel_with_no_monarch_notebook_open_starts_one_attached
             expect(mesh.locator(".monarch-owner")).to_contain_text(
                 "held by kernel of Untitled", timeout=30_000
             )
-            page.screenshot(path=str(SHOTS / "meshes-panel-attach-new.png"))
-        except BaseException:
-            page.screenshot(path=str(SHOTS / "meshes-panel-attach-new-failure.png"))
-            raise
-        finally:
-            browser.close()
-            for nb in root.glob("Untitled*.ipynb"):
-                nb.unlink()
+    finally:
+        for nb in root.glob("Untitled*.ipynb"):
+            nb.unlink()
+
+
+def test_respawn_from_the_panel_of_a_mesh_held_elsewhere_says_who_holds_it(lab, state_home):
+    # Never a silent failure: the panel cannot respawn a mesh another controller holds
+    # (this test's process), and says so, naming it.
+    from playwright.sync_api import expect
+
+    from monarch_kernel import this_host
+
+    url, _root = lab
+    name = f"held-{uuid.uuid4().hex[:6]}"
+    procs = this_host().spawn_procs(per_host={"procs": 2}, name=name)
+    procs.on_failure(lambda failure: None)  # the kill below is expected
+    try:
+        with _panel_page(url, "meshes-panel-respawn-refused") as page:
+            mesh = page.locator(f'.monarch-panel .monarch-mesh[data-mesh="{name}"]')
+            expect(mesh.locator(".monarch-owner")).to_contain_text(f"pid {os.getpid()}", timeout=30_000)
+            pid = int(mesh.locator('.monarch-rank[data-rank="1"] td').nth(2).inner_text())
+            os.kill(pid, signal.SIGKILL)
+            respawn = mesh.locator('button[data-action="respawn"]')
+            expect(respawn).to_be_enabled(timeout=10_000)
+            respawn.click()
+            dialog = page.locator(".jp-Dialog")
+            expect(dialog).to_contain_text(f"Could not respawn {name}", timeout=30_000)
+            expect(dialog).to_contain_text(f"is held by pid {os.getpid()} on")
+            expect(dialog).to_contain_text(f"(procs.respawn() or %mesh respawn {name})")
+            dialog.locator("button", has_text="Close").click()
+            expect(mesh.locator(".monarch-note")).to_have_text("the respawn failed")
+            assert procs.status()[0] == "alive"  # still this process's, not fenced
+    finally:
+        procs.stop()

@@ -108,6 +108,7 @@ def test_respawn_of_a_mesh_held_outside_the_server_is_refused_naming_the_holder(
         assert refused.value.code == 409
         message = json.load(refused.value)["message"]
         assert f"is held by pid {os.getpid()} on" in message and "procs.respawn()" in message
+        assert f"or %mesh respawn {name})" in message and "%%" not in message  # as written
         with pytest.raises(urllib.error.HTTPError) as missing:
             _post(server, "/monarch/meshes/no-such-mesh/respawn")
         assert missing.value.code == 404

@@ -13,6 +13,7 @@ import {
   ownerText,
   rankStateText,
   respawnNote,
+  respawningNote,
   statusText
 } from '../render';
 
@@ -264,6 +265,11 @@ describe('notes', () => {
     expect(respawnNote({ mesh: 'train', ranks: [], via: 'administrator' })).toBe(
       'no dead ranks to respawn'
     );
+  });
+
+  it('say where a respawn runs while it runs', () => {
+    expect(respawningNote(mesh({ attached: true }))).toContain('in the kernel that holds it');
+    expect(respawningNote(mesh({ attached: false }))).toBe('respawning...');
   });
 
   it('show in their mesh, and only when there is one', () => {
