@@ -74,6 +74,12 @@ def worker_dict(w: Any) -> dict[str, Any]:
     }
 
 
+def log_texts(lines: list[Any], labelled: bool = False) -> list[str]:
+    """The text of the agents' ``LogLine`` messages; ``labelled``: each starts with
+    ``[rank N] `` (the lines of several ranks: the Logs tab, ``%mesh logs``)."""
+    return [f"[rank {ln.rank}] {ln.text}" if labelled else ln.text for ln in lines]
+
+
 #: How long the check for a TLS agent behind a refused plaintext connection waits.
 _PROBE_TIMEOUT = 2.0
 #: What grpc's TLS layer says when a handshake fails (a certificate the CA did not
@@ -254,14 +260,17 @@ class AgentClient:
     def worker(self, rank: int) -> dict[str, Any] | None:
         return next((w for w in self.list_workers() if w["rank"] == rank), None)
 
+    def log_lines(self, rank: int | None = None, tail: int = 100, timeout: float = 5.0) -> list[Any]:
+        """The last ``tail`` ``LogLine`` messages of ``rank`` (or of each rank), in the
+        order the agent read them."""
+        req = self._pb.LogsRequest(rank=-1 if rank is None else rank, tail=tail)
+        return list(self._call("Logs", req, timeout).lines)
+
     def logs(
         self, rank: int | None = None, tail: int = 100, timeout: float = 5.0, labelled: bool = False
     ) -> list[str]:
-        """The last ``tail`` lines of ``rank`` (or of each rank); ``labelled``: each
-        line starts with ``[rank N] `` (the Meshes panel's Logs tab)."""
-        req = self._pb.LogsRequest(rank=-1 if rank is None else rank, tail=tail)
-        lines = self._call("Logs", req, timeout).lines
-        return [f"[rank {ln.rank}] {ln.text}" if labelled else ln.text for ln in lines]
+        """The last ``tail`` lines of ``rank`` (or of each rank); see ``log_texts``."""
+        return log_texts(self.log_lines(rank, tail, timeout), labelled)
 
     def shutdown(self, epoch: int = 0, timeout: float = 15.0) -> None:
         """Stops the workers and the agent (epoch 0: as an administrator, never fenced)."""

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from monarch_kernel.control._agent_client import AgentClient, worker_dict
+from monarch_kernel.control._agent_client import AgentClient, log_texts, worker_dict
 from monarch_kernel.errors import MonarchKernelError
 
 
@@ -126,11 +126,14 @@ class AgentGroup:
     def logs(
         self, rank: int | None = None, tail: int = 100, timeout: float = 5.0, labelled: bool = False
     ) -> list[str]:
+        """The last ``tail`` lines of ``rank``, or of each rank: then in the order they
+        were printed, across hosts too (``labelled``: see ``log_texts``)."""
         if rank is not None:
-            return self.link_of(rank).client.logs(rank=rank, tail=tail, timeout=timeout, labelled=labelled)
-        return self._answering(
-            lambda link: link.client.logs(rank=None, tail=tail, timeout=timeout, labelled=labelled)
-        )
+            lines = self.link_of(rank).client.log_lines(rank=rank, tail=tail, timeout=timeout)
+        else:
+            lines = self._answering(lambda link: link.client.log_lines(rank=None, tail=tail, timeout=timeout))
+            lines.sort(key=lambda ln: ln.time_us)
+        return log_texts(lines, labelled)
 
     # -- commands -------------------------------------------------------------------------
 

@@ -464,11 +464,11 @@ class Session:
                 f"{what}: rank {rank} is out of range; mesh {self.name!r} has ranks 0 to {n - 1}"
             )
 
-    def logs(self, rank: int | None, tail: int) -> list[str]:
+    def logs(self, rank: int | None, tail: int, labelled: bool = False) -> list[str]:
         self._check_rank(rank, "logs()")
         if tail < 0:
             raise ValueError(f"logs(): tail={tail} must be 0 or more (the number of last lines)")
-        return self.client.logs(rank=rank, tail=tail)
+        return self.client.logs(rank=rank, tail=tail, labelled=labelled)
 
     def stream_logs(self, rank: int | None = None) -> Iterator[str]:
         """New output lines as they come, ``[mesh rank] text``, until the iterator is closed."""

@@ -20,7 +20,8 @@ Line magic, one subcommand each (``%mesh?`` shows this text):
     %mesh respawn [NAME]           Restart the dead ranks (and their actors); the
                                    ranks restarted. The Meshes panel's Respawn.
     %mesh logs [NAME] [--rank R] [-n N]
-                                   The last N lines the workers printed.
+                                   The last N lines the workers printed (of each
+                                   rank: in the order printed, labelled [rank N]).
     %mesh stacks [NAME] [--rank R] The Python stack of every thread of the workers,
                                    even while they are busy.
     %mesh debug [--rank R | --post-mortem R]
@@ -280,7 +281,7 @@ class MeshMagics(Magics):
         """The last lines the workers printed."""
         args = parse_argstring(self._mesh_logs, rest)
         try:
-            lines = self._procs(args.name).logs(rank=args.rank, tail=args.n)
+            lines = self._procs(args.name).logs(rank=args.rank, tail=args.n, labelled=args.rank is None)
         except (ValueError, IndexError) as e:
             raise UsageError(f"%mesh logs: {e}".replace("tail=", "-n ")) from None
         for line in lines:

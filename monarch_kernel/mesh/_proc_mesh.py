@@ -256,9 +256,11 @@ class ProcMesh(MeshTrait):
     def initialized(self) -> Future[bool]:
         return Future._resolved(True)
 
-    def logs(self, rank: int | None = None, tail: int = 100) -> list[str]:
-        """The last ``tail`` lines the workers printed (one rank, or all), oldest first."""
-        return self._session("logs()").logs(rank, tail)
+    def logs(self, rank: int | None = None, tail: int = 100, labelled: bool = False) -> list[str]:
+        """The last ``tail`` lines the workers printed (of one rank, or of each rank),
+        oldest first: the lines of all ranks in the order they were printed.
+        ``labelled``: each line starts with ``[rank N] ``."""
+        return self._session("logs()").logs(rank, tail, labelled)
 
     def stream_logs(self, rank: int | None = None) -> Iterator[str]:
         """Output lines as the workers print them, ``[mesh rank] text``; runs until

@@ -90,16 +90,18 @@ class LogsRequest(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., tail: _Optional[int] = ...) -> None: ...
 
 class LogLine(_message.Message):
-    __slots__ = ("rank", "stream", "text", "origin")
+    __slots__ = ("rank", "stream", "text", "origin", "time_us")
     RANK_FIELD_NUMBER: _ClassVar[int]
     STREAM_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    TIME_US_FIELD_NUMBER: _ClassVar[int]
     rank: int
     stream: str
     text: str
     origin: str
-    def __init__(self, rank: _Optional[int] = ..., stream: _Optional[str] = ..., text: _Optional[str] = ..., origin: _Optional[str] = ...) -> None: ...
+    time_us: int
+    def __init__(self, rank: _Optional[int] = ..., stream: _Optional[str] = ..., text: _Optional[str] = ..., origin: _Optional[str] = ..., time_us: _Optional[int] = ...) -> None: ...
 
 class LogsReply(_message.Message):
     __slots__ = ("lines",)

@@ -483,6 +483,21 @@ def test_logs_gives_the_last_lines_of_one_rank(own_procs2):
     assert both == ["hello from rank 0", "hello from rank 1"]
 
 
+def test_logs_of_every_rank_come_in_the_order_they_were_printed_labelled(own_procs2):
+    mesh = own_procs2.spawn("speaker_order", Speaker)
+    # rank 1, 0, 1, 0 in turn, each line recorded by the agent before the next is printed
+    said = []
+    for i, rank in enumerate([1, 0, 1, 0]):
+        text = f"turn {i}"
+        mesh.slice(procs=rank).say.call(text).get(timeout=TIMEOUT)
+        assert wait_for(
+            lambda t=text, r=rank: f"{t} from rank {r}" in own_procs2.logs(rank=r, tail=5), every=0.05
+        )
+        said.append(f"[rank {rank}] {text} from rank {rank}")
+    lines = [ln for ln in own_procs2.logs(tail=100, labelled=True) if " turn " in ln]
+    assert lines == said  # not rank by rank
+
+
 def test_stream_logs_gives_new_lines_of_one_rank_as_they_come(own_procs2):
     mesh = own_procs2.spawn("speaker", Speaker)
     stream = own_procs2.stream_logs(rank=0)

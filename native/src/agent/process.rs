@@ -372,6 +372,9 @@ impl Workers {
                     stream: stream.to_string(),
                     text,
                     origin,
+                    time_us: std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_micros() as u64),
                 };
                 if !is_mark {
                     let mut recs = records.lock().unwrap_or_else(|e| e.into_inner());
@@ -419,6 +422,8 @@ impl Workers {
             let skip = r.ring.len().saturating_sub(tail);
             out.extend(r.ring.iter().skip(skip).cloned());
         }
+        // Every rank's: in the order they were printed (read), not rank by rank.
+        out.sort_by_key(|l| l.time_us);
         out
     }
 
