@@ -102,22 +102,22 @@ def respawn(name: str) -> list[int]:
     holds is attached for the while and let go after; one another controller holds
     is that controller's to respawn (MeshOwnershipError says which)."""
     session = sessions.get(name)
-    if session is None or session.closed:
-        info = mesh_info(name)
-        if info is None:
-            raise MeshNotFoundError(f"no mesh named {name!r} is running (see monarch-kernel ls)")
-        if info.attached:
-            raise MeshOwnershipError(
-                f"mesh {name!r} is held by {owner_text(info.owner)} (epoch {info.owner_epoch}): respawn its "
-                f"dead ranks there (procs.respawn() or %mesh respawn {name}); attaching here would take "
-                "it from that controller"
-            )
-        session = attach_session(name)
-        try:
-            return session.respawn(SPAWN_TIMEOUT)
-        finally:
-            session.detach()
-    return session.respawn(SPAWN_TIMEOUT)
+    if session is not None and not session.closed:
+        return session.respawn(SPAWN_TIMEOUT)
+    info = mesh_info(name)
+    if info is None:
+        raise MeshNotFoundError(f"no mesh named {name!r} is running (see monarch-kernel ls)")
+    if info.attached:
+        raise MeshOwnershipError(
+            f"mesh {name!r} is held by {owner_text(info.owner)} (epoch {info.owner_epoch}): respawn its "
+            f"dead ranks there (procs.respawn() or %mesh respawn {name}); attaching here would take "
+            "it from that controller"
+        )
+    session = attach_session(name)
+    try:
+        return session.respawn(SPAWN_TIMEOUT)
+    finally:
+        session.detach()
 
 
 def all_names() -> list[str]:

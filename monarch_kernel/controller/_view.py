@@ -24,7 +24,7 @@ from typing import Any
 from monarch_kernel import _native
 from monarch_kernel._wire import BUILTIN
 from monarch_kernel.controller._supervision import HEARTBEAT_S
-from monarch_kernel.hosts import _admin, _registry
+from monarch_kernel.hosts import _admin
 from monarch_kernel.hosts._registry import MeshRecord
 from monarch_kernel.mesh._serial import loads
 
@@ -75,15 +75,19 @@ def _why(w: dict[str, Any]) -> str:
 
 def mesh_view(info: _admin.MeshInfo) -> dict[str, Any]:
     """The picture of one mesh (see the module docstring), as JSON-ready data."""
-    rec = _registry.read(info.name)
-    host_state = {r: h["state"] for h in info.hosts for r in h.get("ranks", ())}
-    live = [w for w in info.workers if w["state"] == "running" and host_state.get(w["rank"]) == "alive"]
+    rec = info.record
+    states = {r: h["state"] for h in info.hosts for r in h.get("ranks", ())}
+
+    def host_state(w: dict[str, Any]) -> str:
+        return str(states.get(w["rank"], "alive"))
+
+    live = [w for w in info.workers if w["state"] == "running" and host_state(w) == "alive"]
     usage = (
         dict(zip((w["rank"] for w in live), ask_workers(rec, live, "usage", ANSWER_WAIT_S))) if rec else {}
     )
     ranks = []
     for w in sorted(info.workers, key=lambda w: int(w["rank"])):
-        host = host_state.get(w["rank"], "alive")
+        host = host_state(w)
         u = usage.get(w["rank"])
         if w["state"] != "running":
             state, why = "dead", _why(w)

@@ -159,6 +159,8 @@ class MeshInfo:
     idle_left: float | None = None
     #: Every worker, as the agents list them.
     workers: list[dict[str, Any]] = field(default_factory=list)
+    #: Its state file, as read for this listing (its token: not shown).
+    record: MeshRecord | None = field(default=None, repr=False, compare=False)
 
 
 def list_meshes() -> list[MeshInfo]:
@@ -224,6 +226,7 @@ def mesh_info(name: str) -> MeshInfo | None:
         owner=ping["owner"],
         idle_left=ping["idle_left"],
         workers=workers,
+        record=rec,
     )
 
 

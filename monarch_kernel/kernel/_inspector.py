@@ -117,7 +117,7 @@ class MeshInspector(anywidget.AnyWidget):  # type: ignore[misc]
         (calls in flight, the last error) beside."""
         view = controller.view_of(self.mesh)
         session = controller.session(self.mesh)
-        errors = {p.rank: p.error for p in self._procs.proc_rows()} if session is not None else {}
+        errors = self._procs.death_lines() if session is not None else {}
         rows = []
         for p in view["ranks"] if view is not None else []:
             row: dict[str, Any] = {"rank": p["rank"], "state": p["state"], "pid": p["pid"], "host": p["host"]}

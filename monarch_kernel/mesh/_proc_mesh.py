@@ -284,19 +284,18 @@ class ProcMesh(MeshTrait):
 
     def proc_rows(self) -> list[ProcRow]:
         """One row per proc of this (sliced) mesh: state, pid, host, restarts and the
-        first line of its death report. ``%mesh status``, the inspector and the
-        mesh's own repr all show these rows."""
+        first line of its death report. ``%mesh status`` and the mesh's own repr
+        show these rows."""
         session = session_for(self._proc)
         try:
             workers = session.workers() if session is not None else {}
         except Exception:  # the agent does not answer: show what is known here
             workers = {}
         states = self.status()
-        dead = self._proc.state().dead
+        errors = self.death_lines()
         rows = []
         for r in self._shape.ranks:
             w = workers.get(r, {})
-            err = dead.get(r)
             rows.append(
                 ProcRow(
                     rank=r,
@@ -304,10 +303,16 @@ class ProcMesh(MeshTrait):
                     pid=int(w.get("pid", 0)),
                     host=str(w.get("host", "")),
                     restarts=int(w.get("restarts", 0)),
-                    error=str(err).splitlines()[0] if err is not None else "",
+                    error=errors.get(r, ""),
                 )
             )
         return rows
+
+    def death_lines(self) -> dict[int, str]:
+        """The first line of the death report of each dead rank of this mesh (what
+        ``proc_rows`` and the inspector show), known here: no agent is asked."""
+        dead = self._proc.state().dead
+        return {r: str(dead[r]).splitlines()[0] for r in self._shape.ranks if r in dead}
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         lines = [repr(self)] + [f"  rank {r.rank}: {r.state:<12} pid {r.pid or ''}" for r in self.proc_rows()]
