@@ -61,9 +61,16 @@ class Meshes {
     this.listeners.push(f);
   }
 
-  /** The server's JSON answer; an Error with its `message` for anything but a 2xx. */
-  async request(path: string, method = 'GET'): Promise<any> {
-    const url = URLExt.join(this.settings.baseUrl, 'monarch', 'meshes', path);
+  /** The server's JSON answer about mesh `name` (`what`: logs, stacks, respawn, down,
+   * with its query); an Error with its `message` for anything but a 2xx. */
+  async request(name: string, what: string, method = 'GET'): Promise<any> {
+    const url = URLExt.join(
+      this.settings.baseUrl,
+      'monarch',
+      'meshes',
+      encodeURIComponent(name),
+      what
+    );
     const response = await ServerConnection.makeRequest(url, { method }, this.settings);
     const text = await response.text();
     let body: any = null;
@@ -175,7 +182,7 @@ class LogsView extends Widget {
     const rank = this.rank.value.trim();
     const query = `logs?tail=500${rank ? `&rank=${encodeURIComponent(rank)}` : ''}`;
     try {
-      const body = await this.data.request(`${encodeURIComponent(this.mesh)}/${query}`);
+      const body = await this.data.request(this.mesh, query);
       this.lines.textContent = body.lines.join('\n');
     } catch (e) {
       this.lines.textContent = `(${(e as Error).message})`;
@@ -222,17 +229,44 @@ const plugin: JupyterFrontEndPlugin<void> = {
       return result.button.accept ? result.value : null;
     };
 
+    /** A command `monarch:ID` acting on one mesh (see `meshName`), in the palette too. */
+    const meshCommand = (
+      id: string,
+      label: string,
+      verb: string,
+      run: (name: string) => Promise<void> | void
+    ): void => {
+      app.commands.addCommand(`monarch:${id}`, {
+        label,
+        execute: async args => {
+          const name = await meshName(args, verb);
+          if (name) {
+            await run(name);
+          }
+        }
+      });
+      palette?.addItem({ command: `monarch:${id}`, category: 'Monarch' });
+    };
+
+    /** A closable main-area tab `title: name` holding `content`. */
+    const openTab = (kind: string, title: string, name: string, content: Widget): void => {
+      const view = new MainAreaWidget({ content });
+      view.id = `monarch-${kind}-${name}`;
+      view.title.label = `${title}: ${name}`;
+      view.title.closable = true;
+      app.shell.add(view, 'main');
+    };
+
     app.commands.addCommand('monarch:open-panel', {
       label: 'Monarch: Show the meshes panel',
       execute: () => app.shell.activateById(PANEL_ID)
     });
-    app.commands.addCommand('monarch:attach', {
-      label: 'Monarch: Attach to a mesh in the notebook',
-      execute: async args => {
-        const name = await meshName(args, 'Attach to');
-        if (!name) {
-          return;
-        }
+    palette?.addItem({ command: 'monarch:open-panel', category: 'Monarch' });
+    meshCommand(
+      'attach',
+      'Monarch: Attach to a mesh in the notebook',
+      'Attach to',
+      async name => {
         let nb = notebooks.currentWidget;
         if (!nb || nb.sessionContext.session?.kernel?.name !== 'monarch') {
           const result = await showDialog({
@@ -260,92 +294,53 @@ const plugin: JupyterFrontEndPlugin<void> = {
           await NotebookActions.run(notebook, nb.sessionContext);
         }
       }
-    });
-    app.commands.addCommand('monarch:logs', {
-      label: 'Monarch: Logs of a mesh',
-      execute: async args => {
-        const name = await meshName(args, 'Show the logs of');
-        if (!name) {
-          return;
-        }
-        const view = new MainAreaWidget({ content: new LogsView(data, name) });
-        view.id = `monarch-logs-${name}`;
-        view.title.label = `Logs: ${name}`;
-        view.title.closable = true;
-        app.shell.add(view, 'main');
+    );
+    meshCommand('logs', 'Monarch: Logs of a mesh', 'Show the logs of', name =>
+      openTab('logs', 'Logs', name, new LogsView(data, name))
+    );
+    meshCommand('stacks', 'Monarch: Stacks of a mesh', 'Show the stacks of', async name => {
+      const content = new Widget();
+      content.addClass('monarch-logs');
+      content.node.textContent = 'asking the workers...';
+      openTab('stacks', 'Stacks', name, content);
+      try {
+        const body = await data.request(name, 'stacks');
+        content.node.textContent = body.ranks
+          .map((r: { rank: number; stacks: string }) => `--- rank ${r.rank} ---\n${r.stacks}`)
+          .join('\n');
+      } catch (e) {
+        content.node.textContent = `(${(e as Error).message})`;
       }
     });
-    app.commands.addCommand('monarch:stacks', {
-      label: 'Monarch: Stacks of a mesh',
-      execute: async args => {
-        const name = await meshName(args, 'Show the stacks of');
-        if (!name) {
-          return;
-        }
-        const content = new Widget();
-        content.addClass('monarch-logs');
-        content.node.textContent = 'asking the workers...';
-        const view = new MainAreaWidget({ content });
-        view.id = `monarch-stacks-${name}`;
-        view.title.label = `Stacks: ${name}`;
-        view.title.closable = true;
-        app.shell.add(view, 'main');
-        try {
-          const body = await data.request(`${encodeURIComponent(name)}/stacks`);
-          content.node.textContent = body.ranks
-            .map((r: { rank: number; stacks: string }) => `--- rank ${r.rank} ---\n${r.stacks}`)
-            .join('\n');
-        } catch (e) {
-          content.node.textContent = `(${(e as Error).message})`;
-        }
-      }
-    });
-    app.commands.addCommand('monarch:respawn', {
-      label: 'Monarch: Respawn the dead ranks of a mesh',
-      execute: async args => {
-        const name = await meshName(args, 'Respawn the dead ranks of');
-        if (!name) {
-          return;
-        }
+    meshCommand(
+      'respawn',
+      'Monarch: Respawn the dead ranks of a mesh',
+      'Respawn the dead ranks of',
+      async name => {
         panel.note(name, respawningNote(data.meshes.find(m => m.name === name)));
         try {
-          const body: IRespawned = await data.request(
-            `${encodeURIComponent(name)}/respawn`,
-            'POST'
-          );
+          const body: IRespawned = await data.request(name, 'respawn', 'POST');
           panel.note(name, respawnNote(body));
         } catch (e) {
           panel.note(name, 'the respawn failed');
           await showErrorMessage(`Could not respawn ${name}`, (e as Error).message);
         }
       }
-    });
-    app.commands.addCommand('monarch:down', {
-      label: 'Monarch: Stop a mesh',
-      execute: async args => {
-        const name = await meshName(args, 'Stop');
-        if (!name) {
-          return;
-        }
-        const result = await showDialog({
-          title: `Stop mesh ${name}?`,
-          body: 'Its workers and agents stop, and its state is lost.',
-          buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: `Stop ${name}` })]
-        });
-        if (result.button.accept) {
-          try {
-            await data.request(`${encodeURIComponent(name)}/down`, 'POST');
-          } catch (e) {
-            await showErrorMessage(`Could not stop ${name}`, (e as Error).message);
-          }
+    );
+    meshCommand('down', 'Monarch: Stop a mesh', 'Stop', async name => {
+      const result = await showDialog({
+        title: `Stop mesh ${name}?`,
+        body: 'Its workers and agents stop, and its state is lost.',
+        buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: `Stop ${name}` })]
+      });
+      if (result.button.accept) {
+        try {
+          await data.request(name, 'down', 'POST');
+        } catch (e) {
+          await showErrorMessage(`Could not stop ${name}`, (e as Error).message);
         }
       }
     });
-    if (palette) {
-      for (const command of ['open-panel', 'attach', 'logs', 'stacks', 'respawn', 'down']) {
-        palette.addItem({ command: `monarch:${command}`, category: 'Monarch' });
-      }
-    }
     if (statusBar) {
       const item = new Widget();
       item.addClass('monarch-status');
