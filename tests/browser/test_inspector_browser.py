@@ -17,7 +17,7 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -91,21 +91,23 @@ def _wait_for_idle_kernel(url: str, notebook: str, timeout: float = 60.0) -> Non
     raise AssertionError(f"the kernel of {notebook} was not idle after {timeout} s: {sessions}")
 
 
+def _workspace() -> str:
+    """A JupyterLab workspace of its own: the lab's last layout does not come back."""
+    return f"lab/workspaces/w{uuid.uuid4().hex[:8]}"
+
+
 @contextlib.contextmanager
-def _opened(url: str, path: str, notebook: str, shot: str) -> Iterator[Any]:
-    """A Chromium page with ``notebook`` open in the front end at ``path`` and its
-    kernel idle; a screenshot ``shot``.png at the end (``shot``-failure.png on a failure)."""
+def _page(url: str, path: str, shot: str, ready: Callable[[Any], None]) -> Iterator[Any]:
+    """A Chromium page at ``path`` of the server, once ``ready(page)`` returned; a
+    screenshot ``shot``.png at the end (``shot``-failure.png on a failure)."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 900})
-        if path == "lab/tree":  # a workspace of its own: the lab's last layout does not come back
-            path = f"lab/workspaces/w{uuid.uuid4().hex[:8]}/tree"
         try:
-            page.goto(url.replace("?", f"/{path}/{notebook}?"))
-            page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
-            _wait_for_idle_kernel(url, notebook)
+            page.goto(url.replace("?", f"/{path}?"))
+            ready(page)
             yield page
             page.screenshot(path=str(SHOTS / f"{shot}.png"))
         except BaseException:
@@ -113,6 +115,19 @@ def _opened(url: str, path: str, notebook: str, shot: str) -> Iterator[Any]:
             raise
         finally:
             browser.close()
+
+
+def _opened(url: str, path: str, notebook: str, shot: str) -> contextlib.AbstractContextManager[Any]:
+    """A Chromium page with ``notebook`` open in the front end at ``path`` and its
+    kernel idle (see ``_page``)."""
+    if path == "lab/tree":
+        path = f"{_workspace()}/tree"
+
+    def ready(page: Any) -> None:
+        page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
+        _wait_for_idle_kernel(url, notebook)
+
+    return _page(url, f"{path}/{notebook}", shot, ready)
 
 
 @pytest.mark.parametrize("front_end", ["lab/tree", "notebooks"], ids=["jupyterlab4", "notebook7"])
@@ -278,6 +293,19 @@ def test_the_meshes_panel_lists_a_mesh_shows_a_kill_respawns_attaches_tails_logs
 
         mesh.locator('button[data-action="stacks"]').click()
         expect(page.locator(".monarch-logs").last).to_contain_text("--- rank 0 ---", timeout=30_000)
+        page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text=f"Stacks: {name}").locator(
+            ".lm-TabBar-tabCloseIcon"
+        ).click()
+        # Stacks again from the command palette, which asks for the mesh.
+        page.keyboard.press("Control+Shift+C")
+        page.keyboard.type("Monarch: Stacks of a mesh")
+        page.keyboard.press("Enter")
+        page.locator(".jp-Dialog select").select_option(name, timeout=30_000)
+        page.locator(".jp-Dialog .jp-mod-accept").click()
+        expect(page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text=f"Stacks: {name}")).to_have_count(
+            1, timeout=30_000
+        )
+        expect(page.locator(".monarch-logs").last).to_contain_text("--- rank 0 ---", timeout=30_000)
 
         mesh.locator('button[data-action="down"]').click()
         page.locator(".jp-Dialog .jp-mod-warn").click(timeout=30_000)
@@ -286,25 +314,15 @@ def test_the_meshes_panel_lists_a_mesh_shows_a_kill_respawns_attaches_tails_logs
         )
 
 
-@contextlib.contextmanager
-def _panel_page(url: str, shot: str) -> Iterator[Any]:
-    """A Chromium page with JupyterLab open (no notebook) and the Meshes panel shown;
-    a screenshot ``shot``.png at the end (``shot``-failure.png on a failure)."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
-        try:
-            page.goto(url.replace("?", f"/lab/workspaces/w{uuid.uuid4().hex[:8]}?"))
-            page.locator('.jp-SideBar [data-id="monarch-meshes"]').click(timeout=60_000)
-            yield page
-            page.screenshot(path=str(SHOTS / f"{shot}.png"))
-        except BaseException:
-            page.screenshot(path=str(SHOTS / f"{shot}-failure.png"))
-            raise
-        finally:
-            browser.close()
+def _panel_page(url: str, shot: str) -> contextlib.AbstractContextManager[Any]:
+    """A Chromium page with JupyterLab open (no notebook) and the Meshes panel shown
+    (see ``_page``)."""
+    return _page(
+        url,
+        _workspace(),
+        shot,
+        lambda page: page.locator('.jp-SideBar [data-id="monarch-meshes"]').click(timeout=60_000),
+    )
 
 
 def test_attach_from_the_panel_with_no_monarch_notebook_open_starts_one_attached(lab, tmp_path):
