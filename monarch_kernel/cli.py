@@ -59,7 +59,10 @@ def _respawn(args: argparse.Namespace) -> int:
     try:
         ranks = respawn(args.name)
     except MonarchKernelError as e:
-        print(f"monarch-kernel respawn: {e}", file=sys.stderr)
+        if args.json:  # what failed, for a program (the server extension)
+            print(json.dumps({"mesh": args.name, "error": str(e), "kind": type(e).__name__}))
+        else:
+            print(f"monarch-kernel respawn: {e}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps({"mesh": args.name, "ranks": ranks}))
@@ -92,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("ls", help="list running meshes").set_defaults(run=_ls)
     respawn = sub.add_parser("respawn", help="restart the dead ranks of a mesh no controller holds")
     respawn.add_argument("name", metavar="NAME")
-    respawn.add_argument("--json", action="store_true", help="print the ranks restarted as JSON")
+    respawn.add_argument(
+        "--json", action="store_true", help="print the ranks restarted (or what failed) as JSON"
+    )
     respawn.set_defaults(run=_respawn)
     down = sub.add_parser("down", help="stop meshes (as an administrator)")
     down.add_argument("names", nargs="*", metavar="NAME")

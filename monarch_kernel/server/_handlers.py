@@ -201,6 +201,10 @@ class DownHandler(_Handler):
         self.finish(json.dumps({"mesh": name, "result": what}))
 
 
+#: The HTTP status of what ``monarch-kernel respawn`` refuses.
+_STATUS_OF = {"MeshOwnershipError": 409, "MeshNotFoundError": 404}
+
+
 class RespawnHandler(_Handler):
     """Restarts a mesh's dead ranks where that may be done: by the kernel of this
     server that holds the mesh (``%mesh respawn``, run silently in it), or, when no
@@ -268,11 +272,13 @@ class RespawnHandler(_Handler):
             stderr=asyncio.subprocess.PIPE,
         )
         out, err = await proc.communicate()
-        if proc.returncode != 0:
-            raise tornado.web.HTTPError(
-                409 if b"is held by" in err else 500, err.decode(errors="replace").strip().split(": ", 1)[-1]
-            )
-        return [int(r) for r in json.loads(out)["ranks"]]
+        try:
+            said = json.loads(out)
+        except ValueError:  # it did not get as far as saying (a crash): its stderr says why
+            raise tornado.web.HTTPError(500, err.decode(errors="replace").strip()[-2000:]) from None
+        if "error" in said:
+            raise tornado.web.HTTPError(_STATUS_OF.get(said["kind"], 500), said["error"])
+        return [int(r) for r in said["ranks"]]
 
 
 def handlers(base: str) -> list[tuple[str, Any]]:

@@ -4,6 +4,7 @@ and ``monarch-kernel respawn``: on real workers and agents."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -118,3 +119,10 @@ def test_respawn_of_a_mesh_another_controller_holds_is_refused_and_says_where(he
     assert controller.session(held) is not None and not controller.session(held).fenced  # still ours
     out = _cli("respawn", "no-such-mesh")
     assert out.returncode == 1 and "no mesh named 'no-such-mesh' is running" in out.stderr
+    # --json says what failed, and what kind of failure, for a program (the server)
+    said = _cli("respawn", "--json", held)
+    assert said.returncode == 1
+    refused = json.loads(said.stdout)
+    assert (refused["mesh"], refused["kind"]) == (held, "MeshOwnershipError")
+    assert f"is held by pid {os.getpid()} on" in refused["error"]
+    assert json.loads(_cli("respawn", "--json", "no-such-mesh").stdout)["kind"] == "MeshNotFoundError"
