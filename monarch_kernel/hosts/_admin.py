@@ -121,8 +121,8 @@ def stop_unowned(rec: MeshRecord) -> bool:
         end_job(rec.job)
         _registry.remove_if_ours(rec.name, rec.token)
         return True
-    _registry.remove_if_ours(rec.name, rec.token)
     if client is None:
+        _registry.remove_if_ours(rec.name, rec.token)
         end_job(rec.job)
         return False
     try:
@@ -131,6 +131,9 @@ def stop_unowned(rec: MeshRecord) -> bool:
         pass  # a host that does not answer: its agent's idle timeout ends it
     finally:
         client.close()
+    # After the shutdown, as Session.stop does: before it, the agent, not yet
+    # stopping, could put the file back (REGISTRY-2) and leave it after "stopped".
+    _registry.remove_if_ours(rec.name, rec.token)
     end_job(rec.job)
     return True
 
