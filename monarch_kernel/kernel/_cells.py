@@ -250,14 +250,25 @@ class _Blocks:
     """Live output of a ``%%mesh`` cell: one display per rank, updated in place, or
     (``order``) lines as they come, prefixed with their rank.
 
-    An update sends the whole block again, so a rank's block that reaches
-    ``BLOCK_CHARS`` is left as it is and its output goes on in a new block
-    ("[rank R] (continued)"): what a cell sends stays proportional to what it prints,
-    and every line is kept."""
+    An update sends the whole block again, so what a block costs is kept near what
+    it holds (BLOCKS-1): while the cell runs, a block is shown again only while all
+    its showings so far and this one come to at most ``RESEND`` times its size, plus
+    ``ALLOW_BPS`` for each second it has been open (so a rank that prints slowly
+    still sees each line soon, in long blocks). Lines that wait ``MAX_WAIT_S`` for
+    that go on in a new block ("[rank R] (continued)"), and the old block stays as it
+    was last shown; so does a block that reaches ``BLOCK_CHARS``. What a cell sends
+    is then about what it prints, however few lines each tick of the kernel brings
+    (a loaded machine wakes it for a few at a time), and every line is kept, once."""
 
     BLOCK_CHARS = 16 * 1024
     #: Blocks that change are shown again at most this often (and at the end).
     SHOW_EVERY_S = 0.05
+    #: A block's showings cost at most this many times its size ...
+    RESEND = 1.5
+    #: ... plus this many characters per second since it opened.
+    ALLOW_BPS = 2048
+    #: Lines that waited this long for their block to be shown go on in a new one.
+    MAX_WAIT_S = 1.0
 
     def __init__(self, ranks: list[int], group: str, token: str | None = None, mesh: str = "") -> None:
         self.group = group
@@ -280,11 +291,18 @@ class _Blocks:
         self.open_cr: dict[int, bool] = {}
         self._changed: set[int] = set()
         self._shown_at = 0.0
+        #: BLOCKS-1, per rank's current block: the index of its first line not shown as
+        #: it is now, when its oldest change came, when the block opened and what its
+        #: showings cost so far (characters).
+        self._dirty: dict[int, int] = {}
+        self._waiting: dict[int, float] = {}
+        self._opened: dict[int, float] = {}
+        self._spent: dict[int, int] = {}
 
     def drain(self, q: Any, force: bool = False) -> int:
         """Takes what came on ``q`` and shows the blocks that changed, at most every
-        ``SHOW_EVERY_S`` (a rank that prints fast is re-sent in steps, not per line)
-        unless ``force``; how many lines that was."""
+        ``SHOW_EVERY_S`` and as BLOCKS-1 allows (``force``: now and whole, as the cell
+        ends: once per block); how many lines that was."""
         count = 0
         while q is not None:
             try:
@@ -297,8 +315,10 @@ class _Blocks:
         now = time.monotonic()
         if self._changed and (force or now - self._shown_at >= self.SHOW_EVERY_S):
             for r in sorted(self._changed):
-                self._show(r)
-            self._changed.clear()
+                if force:
+                    self._show(r)
+                elif self._affordable(r, now) or now - self._waiting.get(r, now) >= self.MAX_WAIT_S:
+                    self._settle(r, now)
             self._shown_at = now
         return count
 
@@ -306,6 +326,49 @@ class _Blocks:
     def behind(self) -> bool:
         """Whether some block changed and is not shown yet."""
         return bool(self._changed)
+
+    def _mark(self, rank: int, line: int | None = None) -> None:
+        """The rank's block changed (from line ``line`` on, if lines changed)."""
+        self._changed.add(rank)
+        self._waiting.setdefault(rank, time.monotonic())
+        if line is not None:
+            self._dirty[rank] = min(self._dirty.get(rank, line), line)
+
+    def _affordable(self, rank: int, now: float) -> bool:
+        """BLOCKS-1: whether showing the rank's block again keeps it within its budget."""
+        size = len(self._render(rank).text)
+        age = now - self._opened.setdefault(rank, now)
+        budget = self.RESEND * size + self.ALLOW_BPS * age
+        return self._spent.get(rank, 0) + size <= budget
+
+    def _settle(self, rank: int, now: float) -> None:
+        """Shows what changed in the rank's block: the block again if BLOCKS-1 allows,
+        else its unshown lines in a new block (the old one stays as it was shown)."""
+        if rank in self.handles and rank in self._dirty and not self._affordable(rank, now):
+            self._continue(rank)
+        self._show(rank)
+
+    def _continue(self, rank: int) -> None:
+        """The rank's current block stays as it was last shown; the lines it has not
+        shown (as they are now) open its next block."""
+        lines = self.text.get(rank, [])
+        moved = lines[self._dirty.get(rank, len(lines)) :]
+        self._retire(rank)
+        self._next_block(rank, moved)
+        if moved:
+            self._mark(rank, 0)
+
+    def _next_block(self, rank: int, lines: list[str]) -> None:
+        """The rank's lines from now on go in a new block, starting with ``lines``."""
+        self.text[rank] = lines
+        self.size[rank] = sum(len(t) + 1 for t in lines)
+        self.parts[rank] = self.parts.get(rank, 0) + 1
+        self._dirty.pop(rank, None)
+        self._spent.pop(rank, None)
+        if lines:
+            self._opened[rank] = time.monotonic()
+        else:
+            self._opened.pop(rank, None)
 
     def add(self, item: tuple[str, int, str, str]) -> None:
         """Takes one line of a rank (shown by the next ``drain``). A line with ``\r``
@@ -330,20 +393,20 @@ class _Blocks:
             self.size[rank] -= len(lines[-1]) + 1
             lines[-1] = text
             self.size[rank] += len(text) + 1
-            self._changed.add(rank)
+            self._mark(rank, len(lines) - 1)
             return
         self.open_cr[rank] = rewrite
         if self.size.get(rank, 0) + len(text) > self.BLOCK_CHARS and lines:
-            if rank in self._changed:
-                self._show(rank)  # the full block, as it stays
-                self._changed.discard(rank)
-            self._retire(rank)
-            lines = self.text[rank] = []
-            self.size[rank] = 0
-            self.parts[rank] = self.parts.get(rank, 0) + 1
+            if rank not in self.handles or (
+                rank in self._changed and self._affordable(rank, time.monotonic())
+            ):
+                self._show(rank)  # the whole block, as it stays
+            self._continue(rank)
+            lines = self.text[rank]
+        self._opened.setdefault(rank, time.monotonic())
         lines.append(text)
         self.size[rank] = self.size.get(rank, 0) + len(text) + 1
-        self._changed.add(rank)
+        self._mark(rank, len(lines) - 1)
 
     def _render(self, rank: int) -> _Text:
         body = "\n".join(self.text.get(rank, []))
@@ -354,11 +417,16 @@ class _Blocks:
         return _Text(f"{head}\n{body}" if body else head)
 
     def _show(self, rank: int) -> None:
+        shown = self._render(rank)
         h = self.handles.get(rank)
         if h is None:
-            self.handles[rank] = display(self._render(rank), display_id=True)
+            self.handles[rank] = display(shown, display_id=True)
         else:
-            h.update(self._render(rank))
+            h.update(shown)
+        self._spent[rank] = self._spent.get(rank, 0) + len(shown.text)
+        self._changed.discard(rank)
+        self._dirty.pop(rank, None)
+        self._waiting.pop(rank, None)
 
     def value(self, rank: int, value: Any) -> None:
         """A rank's cell value: a MIME bundle (DISPLAY-1), shown as IPython shows a
@@ -373,7 +441,7 @@ class _Blocks:
             if self.group == "order":
                 print(f"[rank {rank}] Out: {text}")
             else:
-                self._show(rank)
+                self._show(rank)  # (once, as the cell ends)
             return
         self._rich_output(rank, {"data": data, "metadata": value.get("metadata", {})})
 
@@ -414,11 +482,9 @@ class _Blocks:
             print(f"[rank {rank}]")
         else:
             if rank in self._changed or rank not in self.handles:
-                self._show(rank)  # what came before, or the rank's label
-                self._changed.discard(rank)
+                self._settle(rank, time.monotonic())  # what came before, or the rank's label
             self._retire(rank)  # later lines: a block after this output
-            self.text[rank], self.size[rank] = [], 0
-            self.parts[rank] = self.parts.get(rank, 0) + 1
+            self._next_block(rank, [])
         kid = kid or uuid.uuid4().hex
         if wid:
             self.ids[(rank, wid)] = kid
@@ -439,6 +505,7 @@ class _Blocks:
             h.update(_Text(""))
         self.text[rank], self.size[rank] = [], 0
         self.open_cr.pop(rank, None)
+        self._dirty.pop(rank, None)
         if rank in self.handles:
             self._show(rank)
 
