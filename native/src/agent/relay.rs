@@ -8,7 +8,9 @@
 //! same call id, kind and payload; a worker lost on the way is a `REPLY_KIND_LOST`
 //! reply, which the caller's client turns into the connection loss a direct call
 //! would have seen). The relay reads nothing of a call but its deliveries: the
-//! worker checks the caller's epoch and pulls the call's buffers itself.
+//! worker checks the caller's epoch and pulls the call's buffers itself. A caller
+//! whose connection to the relay broke resumes it (RESUME-1, `rpc/resume.rs`); the
+//! relay's own connections to its workers resume the same way.
 
 use super::Agent;
 use crate::proto::v1::worker_server::Worker;
@@ -18,6 +20,7 @@ use crate::proto::v1::{
 };
 use crate::rpc::batch::Batched;
 use crate::rpc::client::WorkerConn;
+use crate::rpc::resume::{self, Admit, Callers};
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -36,6 +39,9 @@ type InFlight = Arc<Mutex<HashMap<u64, (usize, Vec<(u32, Arc<WorkerConn>)>)>>>;
 pub struct Relay {
     agent: Arc<Agent>,
     in_flight: InFlight,
+    /// Its callers and the deliveries they wait for (RESUME-1): a controller whose
+    /// connection to this host broke resumes here.
+    callers: Arc<Callers>,
 }
 
 impl Relay {
@@ -44,6 +50,7 @@ impl Relay {
         Relay {
             agent,
             in_flight: Arc::default(),
+            callers: Arc::default(),
         }
     }
 }
@@ -82,20 +89,35 @@ impl Worker for Relay {
         &self,
         req: Request<Streaming<Calls>>,
     ) -> Result<Response<Self::MessagesStream>, Status> {
+        let caller = match resume::caller_of(&req) {
+            0 => resume::random_id(),
+            id => id,
+        };
         let mut calls = req.into_inner();
         let (tx, rx) = mpsc::unbounded_channel::<Reply>();
         let (agent, in_flight) = (self.agent.clone(), self.in_flight.clone());
+        let callers = self.callers.clone();
+        let stream = callers.attach(caller, tx.clone());
         let rt = tokio::runtime::Handle::current();
         tokio::spawn(async move {
+            let to = To {
+                callers: &callers,
+                caller,
+                tx: &tx,
+            };
             while let Some(Ok(batch)) = calls.next().await {
+                callers.received(caller, &batch.received);
                 for call in batch.calls {
-                    deliver(&rt, &agent, &in_flight, call, &tx);
+                    deliver(&rt, &agent, &in_flight, call, &to);
                 }
             }
+            callers.detach(caller, stream);
         });
-        Ok(Response::new(Box::pin(Batched::new(rx, |replies| {
-            Ok(Replies { replies })
-        }))))
+        Ok(self
+            .callers
+            .tag(Response::new(Box::pin(Batched::new(rx, |replies| {
+                Ok(Replies { replies })
+            })))))
     }
 
     async fn cancel(&self, req: Request<CancelRequest>) -> Result<Response<CancelReply>, Status> {
@@ -127,22 +149,48 @@ impl Worker for Relay {
     }
 }
 
-/// Delivers `call` to each worker it names; replies go to `tx` as they come.
+/// Where a caller's replies go: through its remembered calls (RESUME-1), or straight
+/// on its stream for what is not remembered (a refusal of the whole call).
+struct To<'a> {
+    callers: &'a Arc<Callers>,
+    caller: u64,
+    tx: &'a mpsc::UnboundedSender<Reply>,
+}
+
+/// Delivers `call` to each worker it names; replies go to its caller as they come.
 fn deliver(
     rt: &tokio::runtime::Handle,
     agent: &Agent,
     in_flight: &InFlight,
     mut call: crate::proto::v1::Call,
-    tx: &mpsc::UnboundedSender<Reply>,
+    to: &To<'_>,
 ) {
     let (call_id, oneway) = (call.call_id, call.oneway);
     let deliveries = std::mem::take(&mut call.fan_out);
     if deliveries.is_empty() {
         if !oneway {
-            let _ = tx.send(refusal(call_id, ReplyKind::Rejected, None, ONLY.into()));
+            let _ = to
+                .tx
+                .send(refusal(call_id, ReplyKind::Rejected, None, ONLY.into()));
         }
         return;
     }
+    if !oneway {
+        let procs: Vec<Option<u32>> = deliveries.iter().map(|d| Some(d.proc)).collect();
+        match to.callers.admit(to.caller, call_id, &procs, call.resent) {
+            Admit::Run => {}
+            Admit::Known => return,
+            Admit::Forgotten => {
+                for p in procs {
+                    let _ = to.tx.send(resume::forgotten(call_id, p));
+                }
+                return;
+            }
+        }
+    }
+    // A delivery is a new call to its worker (RESUME-1 is per connection).
+    call.resent = false;
+    let (callers, caller) = (to.callers.clone(), to.caller);
     let mut targets = Vec::new();
     for d in &deliveries {
         let conn = match agent.workers.addr_of(d.proc) {
@@ -157,7 +205,7 @@ fn deliver(
         match conn {
             Ok(c) => targets.push((d.proc, d.rank, c)),
             Err(why) if !oneway => {
-                let _ = tx.send(refusal(call_id, ReplyKind::Lost, Some(d.proc), why));
+                callers.reply(caller, refusal(call_id, ReplyKind::Lost, Some(d.proc), why));
             }
             Err(_) => {}
         }
@@ -173,7 +221,7 @@ fn deliver(
         let Some(slot) = conn.forward(one) else {
             continue; // oneway
         };
-        let (tx, slot2, in_flight) = (tx.clone(), slot.clone(), in_flight.clone());
+        let (callers, slot2, in_flight) = (callers.clone(), slot.clone(), in_flight.clone());
         slot.on_done(Box::new(move || {
             let reply = match slot2.wait(Some(Duration::ZERO)) {
                 Some(Ok(mut r)) => {
@@ -183,7 +231,7 @@ fn deliver(
                 Some(Err(e)) => refusal(call_id, ReplyKind::Lost, Some(proc), e.to_string()),
                 None => return,
             };
-            let _ = tx.send(reply);
+            callers.reply(caller, reply);
             let mut map = lock(&in_flight);
             if let Some((left, _)) = map.get_mut(&call_id) {
                 *left -= 1;

@@ -514,6 +514,18 @@ fn set_epoch(token: &str, epoch: u64) {
     crate::rpc::client::epoch_cell(token).store(epoch, std::sync::atomic::Ordering::SeqCst);
 }
 
+/// Fails every call this process waits for from the worker (or relay) at `addr` of
+/// the mesh with `token`, with `reason`, and stops resuming its connection (RESUME-1):
+/// supervision declared it gone while it cannot be reached. Whether there was one.
+#[pyfunction]
+fn abandon_calls(addr: &str, token: &str, reason: &str) -> bool {
+    let err = crate::rpc::RpcError::ConnectionLost {
+        addr: addr.to_string(),
+        reason: reason.to_string(),
+    };
+    crate::rpc::client::WorkerConn::abandon_at(addr, token, err)
+}
+
 /// Pings every connection at once (heartbeats): for each, `(pid, epoch)`, `None` if
 /// it did not answer within `timeout` seconds, or the exception that says why it failed.
 #[pyfunction]
@@ -557,6 +569,7 @@ fn ping_all(
 pub fn register_python_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ping_all, m)?)?;
     m.add_function(wrap_pyfunction!(set_epoch, m)?)?;
+    m.add_function(wrap_pyfunction!(abandon_calls, m)?)?;
     m.add_class::<PyWorkerConn>()?;
     m.add_class::<PendingCall>()?;
     m.add_class::<PyReply>()?;

@@ -12,19 +12,19 @@ use tokio_stream::Stream;
 pub const MAX_BATCH: usize = 512;
 
 /// Turns a channel of items into a stream of batches, built by `wrap`.
-pub struct Batched<T, B> {
+pub struct Batched<T, F> {
     rx: UnboundedReceiver<T>,
-    wrap: fn(Vec<T>) -> B,
+    wrap: F,
 }
 
-impl<T, B> Batched<T, B> {
+impl<T, B, F: FnMut(Vec<T>) -> B> Batched<T, F> {
     /// Batches what `rx` receives.
-    pub fn new(rx: UnboundedReceiver<T>, wrap: fn(Vec<T>) -> B) -> Self {
+    pub fn new(rx: UnboundedReceiver<T>, wrap: F) -> Self {
         Batched { rx, wrap }
     }
 }
 
-impl<T, B> Stream for Batched<T, B> {
+impl<T, B, F: FnMut(Vec<T>) -> B + Unpin> Stream for Batched<T, F> {
     type Item = B;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<B>> {

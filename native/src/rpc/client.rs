@@ -4,23 +4,31 @@
 //!
 //! CLIENT-1: once a connection is lost, every pending call on it fails with
 //! [`RpcError::ConnectionLost`] and so does every later call: nothing waits forever
-//! on a dead worker. CLIENT-2: one connection per (address, token) per process, so
-//! actor meshes unpickled many times share it. CLIENT-3: a lost connection is never
-//! used for a new command: [`WorkerConn::current`] opens the next one to the same
-//! worker, so a worker that was stopped (SIGSTOP) and resumed answers the first call
-//! after, and a dead one refuses the connection at once.
+//! on a dead worker. A connection is lost when the worker is known to be gone: its
+//! address refuses connections, it closed the stream, it is another process than the
+//! one the connection opened to, or the server refused the caller (its token, TLS).
+//! RESUME-1 (`resume.rs`): any other break (a partition, a stopped process, a
+//! dropped keepalive) is not a loss: the connection opens the stream again, with
+//! backoff, for as long as it takes, and sends every call still waiting again
+//! (marked `resent`); the worker runs each call once and answers it once more if its
+//! reply was lost on the way. Such calls wait, and fail only when the worker is
+//! declared gone ([`WorkerConn::abandon`], from supervision). CLIENT-2: one
+//! connection per (address, token) per process, so actor meshes unpickled many times
+//! share it. CLIENT-3: a lost connection is never used for a new command:
+//! [`WorkerConn::current`] opens the next one to the same worker.
 //!
 //! A connection is TLS when this process knows the mesh's CA (TLS-2, `tls.rs`); the
 //! choice is made once, when it opens, so calls cost the same as before.
 
 use super::auth::TokenAttach;
 use super::batch::Batched;
+use super::resume::{self, CALLER_HEADER, INCARNATION_HEADER};
 use super::slot::{Outcome, Slot};
 use super::{RpcError, MAX_MESSAGE_BYTES};
 use crate::proto::v1::worker_client::WorkerClient;
 use crate::proto::v1::{
-    Call, Calls, CancelRequest, Delivery, PingRequest, Reply, ReplyKind, SpawnActorRequest,
-    StatsReply, StatsRequest, StopActorRequest,
+    Call, Calls, CancelRequest, Delivery, PingRequest, Received, Reply, ReplyKind,
+    SpawnActorRequest, StatsReply, StatsRequest, StopActorRequest,
 };
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -28,7 +36,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::runtime::Handle;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
@@ -37,24 +45,45 @@ type Client = WorkerClient<InterceptedService<Channel, TokenAttach>>;
 /// Calls waiting for replies, and whether the connection is gone (CLIENT-1).
 #[derive(Default)]
 struct Pending {
-    calls: HashMap<u64, Arc<Slot>>,
+    /// Each call with the message it went as, to send again on a resumed stream.
+    calls: HashMap<u64, (Arc<Slot>, Call)>,
     /// Calls fanned out by a relay (a host agent): one slot per worker, by proc.
-    fanned: HashMap<u64, HashMap<u32, Arc<Slot>>>,
+    fanned: HashMap<u64, (HashMap<u32, Arc<Slot>>, Call)>,
     lost: Option<RpcError>,
+    /// Replies received since the last message went out: the next one says so, and
+    /// the worker forgets them (RESUME-1).
+    received: Vec<Received>,
 }
 
 impl Pending {
     /// The slot a reply completes (a fanned-out call's by the proc it names).
     fn take(&mut self, call_id: u64, proc: Option<u32>) -> Option<Arc<Slot>> {
+        self.received.push(Received { call_id, proc });
         let Some(proc) = proc else {
-            return self.calls.remove(&call_id);
+            return self.calls.remove(&call_id).map(|(slot, _)| slot);
         };
-        let slots = self.fanned.get_mut(&call_id)?;
+        let (slots, _) = self.fanned.get_mut(&call_id)?;
         let slot = slots.remove(&proc);
         if slots.is_empty() {
             self.fanned.remove(&call_id);
         }
         slot
+    }
+
+    /// Every call still waiting, in the order sent, marked as sent again (RESUME-1).
+    fn to_resend(&self) -> Vec<Call> {
+        let mut msgs: Vec<Call> = self
+            .calls
+            .values()
+            .map(|(_, m)| m)
+            .chain(self.fanned.values().map(|(_, m)| m))
+            .cloned()
+            .collect();
+        msgs.sort_by_key(|m| m.call_id);
+        for m in &mut msgs {
+            m.resent = true;
+        }
+        msgs
     }
 }
 
@@ -76,6 +105,8 @@ pub struct WorkerConn {
     /// Set once the worker has answered on it: a failure before that, on a
     /// plaintext connection, may be a TLS server's refusal ([`error_of`]).
     answered: Arc<AtomicBool>,
+    /// Wakes the connection task when the calls are abandoned ([`WorkerConn::abandon`]).
+    abandoned: Arc<Notify>,
 }
 
 /// [`RpcError::from_status`] for a connection: a plaintext one that fails before the
@@ -140,21 +171,257 @@ fn fail_all(pending: &Mutex<Pending>, err: RpcError) {
             cause,
         )
     };
-    let fanned = fanned.into_values().flat_map(|m| m.into_values());
-    for slot in calls.into_values().chain(fanned) {
+    let fanned = fanned.into_values().flat_map(|(m, _)| m.into_values());
+    for slot in calls.into_values().map(|(s, _)| s).chain(fanned) {
         slot.complete(Err(cause.clone()));
+    }
+}
+
+/// Whether the connection to `addr` was refused: nothing listens there (the worker
+/// is gone), as opposed to a peer that does not answer.
+fn refused(s: &tonic::Status) -> bool {
+    use std::error::Error;
+    let mut cause: Option<&(dyn Error + 'static)> = s.source();
+    while let Some(e) = cause {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::ConnectionRefused {
+                return true;
+            }
+        }
+        cause = e.source();
+    }
+    false
+}
+
+/// Whether a failed stream means the worker is gone or refuses this caller
+/// (CLIENT-1), rather than a break that resuming mends (RESUME-1).
+fn is_loss(s: &tonic::Status, err: &RpcError) -> bool {
+    use std::error::Error;
+    match err {
+        RpcError::Auth(_) | RpcError::Tls { .. } | RpcError::TlsConfig(_) => return true,
+        RpcError::Status { .. } if s.source().is_none() => return true, // the worker said so
+        _ => {}
+    }
+    refused(s)
+}
+
+/// How long to wait before opening the stream again after `attempt` failed tries: the
+/// first at once (a dead worker's refusal is then known without delay).
+fn backoff(attempt: u32) -> Duration {
+    match attempt {
+        0 => Duration::ZERO,
+        n => Duration::from_millis((50u64 << n.min(5)).min(1000)),
+    }
+}
+
+/// What the connection task needs to run and resume the `Messages` stream.
+struct Link {
+    addr: String,
+    client: Client,
+    pending: Arc<Mutex<Pending>>,
+    answered: Arc<AtomicBool>,
+    plaintext: bool,
+    prefetch: bool,
+    token: Arc<str>,
+    /// This connection's caller id (RESUME-1).
+    caller: u64,
+    abandoned: Arc<Notify>,
+}
+
+/// How one stream ended.
+enum Ended {
+    /// Open it again (RESUME-1).
+    Broken,
+    /// The connection is lost (CLIENT-1), or nobody holds it any more.
+    Done,
+}
+
+impl Link {
+    /// Runs the `Messages` stream, opening it again after every break, until the
+    /// connection is lost or dropped.
+    async fn run(self, mut rx: mpsc::UnboundedReceiver<Call>) {
+        let mut incarnation: Option<String> = None;
+        let (mut attempt, mut streams) = (0u32, 0u32);
+        loop {
+            if lock(&self.pending).lost.is_some() {
+                return;
+            }
+            match self.stream(&mut rx, &mut incarnation, streams > 0).await {
+                Ended::Done => return,
+                Ended::Broken => {}
+            }
+            streams += 1;
+            let wait = backoff(attempt);
+            attempt += 1;
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = self.abandoned.notified() => return,
+            }
+        }
+    }
+
+    /// One `Messages` stream: opened (with the calls still waiting sent again when
+    /// `resuming`), then replies read until it ends.
+    async fn stream(
+        &self,
+        rx: &mut mpsc::UnboundedReceiver<Call>,
+        incarnation: &mut Option<String>,
+        resuming: bool,
+    ) -> Ended {
+        let (gtx, grx) = mpsc::unbounded_channel::<Call>();
+        let p = self.pending.clone();
+        let out = Batched::new(grx, move |calls| Calls {
+            calls,
+            received: std::mem::take(&mut lock(&p).received),
+        });
+        let mut req = tonic::Request::new(out);
+        if let Ok(v) = format!("{:x}", self.caller).parse() {
+            req.metadata_mut().insert(CALLER_HEADER, v);
+        }
+        let mut c = self.client.clone();
+        let opening = c.messages(req);
+        tokio::pin!(opening);
+        // A first stream sends calls as they come, with its opening; a resumed one only
+        // once the worker is known to be the same process (RESUME-2).
+        let resp = loop {
+            tokio::select! {
+                r = &mut opening => break r,
+                m = rx.recv(), if !resuming => match m {
+                    Some(call) => { let _ = gtx.send(call); }
+                    None => return Ended::Done,
+                },
+                _ = self.abandoned.notified() => return Ended::Done,
+            }
+        };
+        let mut inbound = match resp {
+            Ok(r) => {
+                self.answered.store(true, Ordering::Relaxed);
+                let theirs = r
+                    .metadata()
+                    .get(INCARNATION_HEADER)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string);
+                match (incarnation.as_deref(), theirs.as_deref()) {
+                    (Some(was), Some(now)) if was != now => {
+                        fail_all(
+                            &self.pending,
+                            RpcError::ConnectionLost {
+                                addr: self.addr.clone(),
+                                reason: "the worker there now is another process: the one \
+                                         these calls went to is gone"
+                                    .into(),
+                            },
+                        );
+                        return Ended::Done;
+                    }
+                    _ => *incarnation = theirs.or(incarnation.take()),
+                }
+                r.into_inner()
+            }
+            Err(s) => return self.broke(&s).await,
+        };
+        if resuming {
+            let again = lock(&self.pending).to_resend();
+            for m in again {
+                let _ = gtx.send(m);
+            }
+        }
+        loop {
+            tokio::select! {
+                m = rx.recv() => match m {
+                    Some(call) => { let _ = gtx.send(call); }
+                    None => return Ended::Done,
+                },
+                r = inbound.message() => match r {
+                    Ok(Some(batch)) => self.replies(batch.replies),
+                    Ok(None) => {
+                        let reason = "the worker closed the stream".to_string();
+                        let err = RpcError::ConnectionLost {
+                            addr: self.addr.clone(),
+                            reason,
+                        };
+                        fail_all(&self.pending, err);
+                        return Ended::Done;
+                    }
+                    Err(s) => return self.broke(&s).await,
+                },
+                _ = self.abandoned.notified() => return Ended::Done,
+            }
+        }
+    }
+
+    /// A stream failed with `s`: a loss fails every call (CLIENT-1), a break resumes.
+    async fn broke(&self, s: &tonic::Status) -> Ended {
+        let unanswered = self.plaintext && !self.answered.load(Ordering::Relaxed);
+        let err = error_of(&self.addr, s, unanswered).await;
+        if is_loss(s, &err) {
+            fail_all(&self.pending, err);
+            return Ended::Done;
+        }
+        Ended::Broken
+    }
+
+    /// Completes the slots of a batch of replies.
+    fn replies(&self, replies: Vec<Reply>) {
+        for reply in replies {
+            let slot = lock(&self.pending).take(reply.call_id, reply.proc);
+            let Some(slot) = slot else { continue };
+            if reply.kind == ReplyKind::Lost as i32 {
+                // (fan-out) the relay lost the worker, as a direct call would have; or
+                // the worker forgot a resent call (RESUME-2).
+                let addr = match reply.proc {
+                    Some(proc) => format!("proc {proc} (through {})", self.addr),
+                    None => self.addr.clone(),
+                };
+                slot.complete(Err(RpcError::ConnectionLost {
+                    addr,
+                    reason: String::from_utf8_lossy(&reply.payload).into_owned(),
+                }));
+                continue;
+            }
+            if !self.prefetch || !reply.payload.starts_with(crate::transfer::HEADER) {
+                slot.complete(Ok(reply));
+                continue;
+            }
+            // XFER-2: the reply's buffers now, not when it is unpickled.
+            let t = self.token.clone();
+            tokio::task::spawn_blocking(move || {
+                crate::transfer::prefetch(&reply.payload, &reply.buffers, t.as_bytes());
+                let (payload, buffers) = (reply.payload.clone(), reply.buffers.clone());
+                slot.complete(Ok(reply));
+                if Arc::strong_count(&slot) == 1 {
+                    // Nobody holds the call any more: nobody will unpickle it.
+                    crate::transfer::discard_message(&payload, &buffers);
+                }
+            });
+        }
     }
 }
 
 /// This process's open connections, by address and token (CLIENT-2).
 type ConnTable = Mutex<HashMap<(String, String), Arc<WorkerConn>>>;
 
+/// The connections of [`WorkerConn::get`].
+static CONNS: OnceLock<ConnTable> = OnceLock::new();
+
 impl WorkerConn {
     /// Returns this process's connection to `addr`, opening it (lazily) if needed, if
     /// the previous one was lost (CLIENT-2), or if the mesh's CA changed since (TLS-2).
     pub fn get(rt: &Handle, addr: &str, token: &str) -> Result<Arc<WorkerConn>, RpcError> {
-        static CONNS: OnceLock<ConnTable> = OnceLock::new();
         Self::shared(&CONNS, rt, addr, token, true)
+    }
+
+    /// [`WorkerConn::abandon`]s this process's connection to `addr` (CLIENT-2), if it
+    /// has one; whether it had.
+    pub fn abandon_at(addr: &str, token: &str, err: RpcError) -> bool {
+        let conns = CONNS.get_or_init(Default::default);
+        let key = (addr.to_string(), token.to_string());
+        let conn = conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .cloned();
+        conn.map(|c| c.abandon(err)).is_some()
     }
 
     /// A relay's connection to a worker of its host (shared like [`WorkerConn::get`]):
@@ -217,7 +484,7 @@ impl WorkerConn {
             .tcp_nodelay(true)
             .initial_stream_window_size(super::STREAM_WINDOW)
             .initial_connection_window_size(super::CONNECTION_WINDOW)
-            .connect_timeout(Duration::from_secs(10))
+            .connect_timeout(Duration::from_secs(3))
             // The gRPC default never notices a silent peer (docs/architecture.md, "Supervision").
             .http2_keep_alive_interval(Duration::from_secs(1))
             .keep_alive_timeout(Duration::from_secs(3))
@@ -229,71 +496,20 @@ impl WorkerConn {
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
         let (tx, rx) = mpsc::unbounded_channel::<Call>();
         let pending = Arc::new(Mutex::new(Pending::default()));
-        let (mut c2, p2, addr2) = (client.clone(), pending.clone(), addr.to_string());
-        let token2: Arc<str> = Arc::from(token);
         let answered = Arc::new(AtomicBool::new(false));
-        let (answered2, plaintext) = (answered.clone(), ca.is_none());
-        rt.spawn(async move {
-            let resp = c2.messages(Batched::new(rx, |calls| Calls { calls })).await;
-            let mut inbound = match resp {
-                Ok(r) => {
-                    answered2.store(true, Ordering::Relaxed);
-                    r.into_inner()
-                }
-                Err(s) => {
-                    let unanswered = plaintext && !answered2.load(Ordering::Relaxed);
-                    return fail_all(&p2, error_of(&addr2, &s, unanswered).await);
-                }
-            };
-            loop {
-                match inbound.message().await {
-                    Ok(Some(batch)) => {
-                        for reply in batch.replies {
-                            let slot = lock(&p2).take(reply.call_id, reply.proc);
-                            let Some(slot) = slot else { continue };
-                            if reply.kind == ReplyKind::Lost as i32 {
-                                // (fan-out) the relay lost the worker: as a direct call would.
-                                let proc = reply.proc.unwrap_or_default();
-                                slot.complete(Err(RpcError::ConnectionLost {
-                                    addr: format!("proc {proc} (through {addr2})"),
-                                    reason: String::from_utf8_lossy(&reply.payload).into_owned(),
-                                }));
-                                continue;
-                            }
-                            if !prefetch || !reply.payload.starts_with(crate::transfer::HEADER) {
-                                slot.complete(Ok(reply));
-                                continue;
-                            }
-                            // XFER-2: the reply's buffers now, not when it is unpickled.
-                            let t = token2.clone();
-                            tokio::task::spawn_blocking(move || {
-                                crate::transfer::prefetch(
-                                    &reply.payload,
-                                    &reply.buffers,
-                                    t.as_bytes(),
-                                );
-                                let (payload, buffers) =
-                                    (reply.payload.clone(), reply.buffers.clone());
-                                slot.complete(Ok(reply));
-                                if Arc::strong_count(&slot) == 1 {
-                                    // Nobody holds the call any more: nobody will unpickle it.
-                                    crate::transfer::discard_message(&payload, &buffers);
-                                }
-                            });
-                        }
-                    }
-                    Ok(None) => {
-                        let reason = "the worker closed the stream".to_string();
-                        let err = RpcError::ConnectionLost {
-                            addr: addr2.clone(),
-                            reason,
-                        };
-                        return fail_all(&p2, err);
-                    }
-                    Err(s) => return fail_all(&p2, RpcError::from_status(&addr2, &s)),
-                }
-            }
-        });
+        let abandoned = Arc::new(Notify::new());
+        let link = Link {
+            addr: addr.to_string(),
+            client: client.clone(),
+            pending: pending.clone(),
+            answered: answered.clone(),
+            plaintext: ca.is_none(),
+            prefetch,
+            token: Arc::from(token),
+            caller: resume::random_id(),
+            abandoned: abandoned.clone(),
+        };
+        rt.spawn(link.run(rx));
         Ok(WorkerConn {
             addr: addr.to_string(),
             token: token.to_string(),
@@ -303,11 +519,13 @@ impl WorkerConn {
             epoch: epoch_cell(token),
             ca,
             answered,
+            abandoned,
         })
     }
 
-    /// This connection while it is up, else this process's next one to the same
-    /// worker (CLIENT-3); commands already sent on a lost one have failed (CLIENT-1).
+    /// This connection unless it is lost (a broken one resumes: RESUME-1), else this
+    /// process's next one to the same worker (CLIENT-3); commands already sent on a
+    /// lost one have failed (CLIENT-1).
     pub fn current(self: &Arc<Self>, rt: &Handle) -> Result<Arc<WorkerConn>, RpcError> {
         if self.lost().is_none() {
             return Ok(self.clone());
@@ -338,6 +556,14 @@ impl WorkerConn {
     /// Why the connection is gone, if it is.
     pub fn lost(&self) -> Option<RpcError> {
         lock(&self.pending).lost.clone()
+    }
+
+    /// Fails every call waiting on this connection with `err` and stops resuming it
+    /// (CLIENT-1): the worker is declared gone (its host lost, its job ended) while
+    /// it cannot be reached to tell.
+    pub fn abandon(&self, err: RpcError) {
+        fail_all(&self.pending, err);
+        self.abandoned.notify_one();
     }
 
     /// Sends an endpoint call. Returns the call id and, unless `oneway`, the slot
@@ -396,7 +622,7 @@ impl WorkerConn {
                 .map(|d| d.0)
                 .zip(slots.iter().cloned())
                 .collect();
-            p.fanned.insert(call_id, by_proc);
+            p.fanned.insert(call_id, (by_proc, msg.clone()));
         }
         self.send(msg);
         (call_id, slots)
@@ -413,7 +639,7 @@ impl WorkerConn {
             if let Some(err) = &p.lost {
                 return Some(Slot::done_with(Err(err.clone())));
             }
-            p.calls.insert(msg.call_id, slot.clone());
+            p.calls.insert(msg.call_id, (slot.clone(), msg.clone()));
             Some(slot)
         };
         self.send(msg);
@@ -450,6 +676,7 @@ impl WorkerConn {
             epoch: self.epoch(),
             origin: origin.to_string(),
             fan_out,
+            resent: false,
         }
     }
 

@@ -7,6 +7,7 @@
 //! INBOX-2: each queued item that expects an answer holds a reply token; answering a
 //! token whose caller has gone is not an error (the reply is dropped).
 
+use super::resume::Callers;
 use super::RpcError;
 use crate::proto::v1::{Reply, ReplyKind};
 use bytes::Bytes;
@@ -15,7 +16,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 
 /// What an inbox item asks the dispatcher to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,8 +61,9 @@ pub struct Incoming {
 
 /// Where a reply goes.
 pub(crate) enum Sink {
-    /// Back on a `Messages` stream, tagged with the caller's call id.
-    Stream(mpsc::UnboundedSender<Reply>, u64),
+    /// Back on the newest `Messages` stream of a caller (by its id), tagged with the
+    /// caller's call id (RESUME-1).
+    Stream(u64, u64),
     /// As the answer of a unary RPC.
     Unary(oneshot::Sender<Reply>),
 }
@@ -155,6 +157,8 @@ pub struct Inbox {
     routes: Mutex<HashMap<String, usize>>,
     /// Reply sinks by token (INBOX-2).
     sinks: Mutex<HashMap<u64, Sink>>,
+    /// The `Messages` streams' callers and what they wait for (RESUME-1).
+    pub(crate) callers: Callers,
     next_token: AtomicU64,
     /// Calls received, for `Stats`.
     pub(crate) received: AtomicU64,
@@ -183,6 +187,7 @@ impl Inbox {
             lanes: RwLock::new(vec![Some(Arc::new(Lane::new()?))]),
             routes: Mutex::new(HashMap::new()),
             sinks: Mutex::new(HashMap::new()),
+            callers: Callers::default(),
             next_token: AtomicU64::new(1),
             received: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
@@ -273,9 +278,9 @@ impl Inbox {
             proc: None,
         };
         match sink {
-            Some(Sink::Stream(tx, call_id)) => {
+            Some(Sink::Stream(caller, call_id)) => {
                 reply.call_id = call_id;
-                let _ = tx.send(reply);
+                self.callers.reply(caller, reply);
             }
             Some(Sink::Unary(tx)) => {
                 let _ = tx.send(reply);
@@ -304,6 +309,11 @@ impl Inbox {
     /// The highest controller epoch seen.
     pub fn epoch(&self) -> u64 {
         self.epoch.load(Ordering::SeqCst)
+    }
+
+    /// Calls its callers have not yet said they received (RESUME-1).
+    pub fn remembered(&self) -> usize {
+        self.callers.remembered()
     }
 
     /// Items answered by nobody yet (in flight).

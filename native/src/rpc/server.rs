@@ -7,6 +7,7 @@ use super::inbox::{Inbox, Incoming, Kind};
 use super::auth::TokenCheck;
 use super::batch::Batched;
 use super::inbox::Sink;
+use super::resume::{self, Admit};
 use super::tls::ServerIdentity;
 use super::{RpcError, MAX_MESSAGE_BYTES};
 use crate::proto::v1::worker_server::{Worker, WorkerServer};
@@ -96,10 +97,17 @@ impl Worker for Service {
         &self,
         req: Request<Streaming<Calls>>,
     ) -> Result<Response<Self::MessagesStream>, Status> {
+        // RESUME-1: a caller that names itself can resume; one that does not gets an
+        // id of its own stream (never resumed).
+        let caller = match resume::caller_of(&req) {
+            0 => resume::random_id(),
+            id => id,
+        };
         let mut calls = req.into_inner();
         let (tx, rx) = mpsc::unbounded_channel();
         let inbox = self.inbox.clone();
         let token = self.token.clone();
+        let stream = inbox.callers.attach(caller, tx.clone());
         tokio::spawn(async move {
             loop {
                 let batch = tokio::select! {
@@ -109,6 +117,7 @@ impl Worker for Service {
                     },
                     _ = inbox.stopped() => break,
                 };
+                inbox.callers.received(caller, &batch.received);
                 for c in batch.calls {
                     inbox.received.fetch_add(1, Ordering::Relaxed);
                     if let Err(m) = inbox.admit(c.epoch) {
@@ -116,6 +125,16 @@ impl Worker for Service {
                             let _ = tx.send(fenced(c.call_id, m));
                         }
                         continue;
+                    }
+                    if !c.oneway {
+                        match inbox.callers.admit(caller, c.call_id, &[None], c.resent) {
+                            Admit::Run => {}
+                            Admit::Known => continue,
+                            Admit::Forgotten => {
+                                let _ = tx.send(resume::forgotten(c.call_id, None));
+                                continue;
+                            }
+                        }
                     }
                     if c.payload.starts_with(crate::transfer::HEADER) {
                         // XFER-2: its buffers now, in arrival order, before it queues.
@@ -125,7 +144,7 @@ impl Worker for Service {
                         })
                         .await;
                     }
-                    let sink = (!c.oneway).then(|| Sink::Stream(tx.clone(), c.call_id));
+                    let sink = (!c.oneway).then_some(Sink::Stream(caller, c.call_id));
                     let it = Incoming {
                         token: 0,
                         kind: Kind::Call,
@@ -142,9 +161,10 @@ impl Worker for Service {
                     inbox.push(it, sink);
                 }
             }
+            inbox.callers.detach(caller, stream);
         });
         let replies = Batched::new(rx, |replies| Ok(Replies { replies }));
-        Ok(Response::new(Box::pin(replies)))
+        Ok(self.inbox.callers.tag(Response::new(Box::pin(replies))))
     }
 
     async fn cancel(&self, req: Request<CancelRequest>) -> Result<Response<CancelReply>, Status> {

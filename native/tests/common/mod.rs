@@ -1,5 +1,7 @@
 //! What the native integration tests share: a runtime, a thread that plays the
 //! dispatcher (echoes what it takes from the inbox), and a call to echo.
+// Each test file compiles this module on its own and uses part of it.
+#![allow(dead_code)]
 
 use bytes::Bytes;
 use monarch_kernel_native::proto::v1::ReplyKind;

@@ -1,0 +1,356 @@
+//! What a server of the `Messages` stream remembers of its callers' calls, so that a
+//! caller whose connection broke (a partition, a stopped process, a dropped
+//! keepalive) can open it again and lose nothing (RESUME-1, worker.proto "Resuming").
+//!
+//! RESUME-1: each call a server admits is remembered, by caller id and call id (and
+//! proc, for a relay), from its arrival until the caller says it received the reply;
+//! a reply goes to the caller's newest stream. A resent call is run only if it never
+//! arrived: answered, its reply is sent again; running, its reply goes to the new
+//! stream when it comes; one the server never received runs now (its caller is known,
+//! and a caller's calls are remembered until received, so an unknown call id of a
+//! known caller never arrived). RESUME-2: a resent call of a caller the server has
+//! forgotten is answered `REPLY_KIND_LOST` and never run, so no call runs twice,
+//! whatever the server forgot (a new process at the same address is caught by its
+//! client, from the incarnation it answers with, before anything is resent).
+//! RESUME-3: a caller with no stream open for [`FORGET_AFTER`] is forgotten (its
+//! remembered replies freed; its id kept in a bounded list for RESUME-2).
+
+use crate::proto::v1::{Received, Reply, ReplyKind};
+use bytes::Bytes;
+use std::collections::hash_map::Entry as MapEntry;
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc::UnboundedSender;
+
+/// The request metadata that names the caller (a [`WorkerConn`](super::client::WorkerConn)).
+pub const CALLER_HEADER: &str = "x-monarch-caller";
+/// The response metadata that names the server's process (its incarnation).
+pub const INCARNATION_HEADER: &str = "x-monarch-incarnation";
+
+/// RESUME-3: how long a caller with no stream is remembered. A partition longer than
+/// this ends its calls with `REPLY_KIND_LOST` (never a second run).
+pub const FORGET_AFTER: Duration = Duration::from_secs(30 * 60);
+
+/// The proc key of a call that is not fanned out (a worker's own calls).
+const DIRECT: u32 = u32::MAX;
+
+/// How many forgotten callers are kept (RESUME-2): a caller forgotten longer ago
+/// than that many others is taken for a new one.
+const FORGOTTEN_KEPT: usize = 4096;
+
+/// A random 64-bit id: unique, not secret (caller ids, incarnations).
+pub fn random_id() -> u64 {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(N.fetch_add(1, Ordering::Relaxed));
+    h.write_u32(std::process::id());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    h.write_u128(now.as_nanos());
+    h.finish().max(1)
+}
+
+enum Entry {
+    Running,
+    Done(Reply),
+}
+
+/// One caller: where its replies go now, and its calls not yet received.
+struct Caller {
+    /// The newest stream's sender and its number; None while no stream is open.
+    tx: Option<(u64, UnboundedSender<Reply>)>,
+    /// Calls admitted and not yet received, by (call id, proc).
+    calls: HashMap<(u64, u32), Entry>,
+    /// Since when no stream has been open (RESUME-3).
+    idle_since: Option<Instant>,
+}
+
+/// What to do with an arriving call.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Admit {
+    /// New: run it.
+    Run,
+    /// Known (a resent call that arrived before): done here, nothing to run.
+    Known,
+    /// A resent call this server does not know: answer `REPLY_KIND_LOST` (RESUME-2).
+    Forgotten,
+}
+
+/// The callers of one server (RESUME-1).
+pub struct Callers {
+    map: Mutex<Table>,
+    streams: AtomicU64,
+    /// The server's incarnation, told to its callers: another server at the same
+    /// address (a restarted process) has another (RESUME-2).
+    incarnation: u64,
+}
+
+impl Default for Callers {
+    fn default() -> Self {
+        Callers {
+            map: Mutex::default(),
+            streams: AtomicU64::new(0),
+            incarnation: random_id(),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Table {
+    callers: HashMap<u64, Caller>,
+    /// Callers forgotten (RESUME-3), oldest first (RESUME-2).
+    forgotten: std::collections::VecDeque<u64>,
+}
+
+fn key(call_id: u64, proc: Option<u32>) -> (u64, u32) {
+    (call_id, proc.unwrap_or(DIRECT))
+}
+
+impl Callers {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A new stream of `caller`: its replies go to `tx` from now on. Returns the
+    /// stream's number, for [`Callers::detach`]. Forgets callers silent too long.
+    pub fn attach(&self, caller: u64, tx: UnboundedSender<Reply>) -> u64 {
+        let n = self.streams.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut t = self.lock();
+        let stale: Vec<u64> = t
+            .callers
+            .iter()
+            .filter(|(_, c)| c.idle_since.is_some_and(|i| i.elapsed() >= FORGET_AFTER))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in stale {
+            t.callers.remove(&id);
+            t.forgotten.push_back(id);
+            if t.forgotten.len() > FORGOTTEN_KEPT {
+                t.forgotten.pop_front();
+            }
+        }
+        let c = t.callers.entry(caller).or_insert_with(|| Caller {
+            tx: None,
+            calls: HashMap::new(),
+            idle_since: None,
+        });
+        c.tx = Some((n, tx));
+        c.idle_since = None;
+        n
+    }
+
+    /// Stream `n` of `caller` ended; if it was the newest, replies wait for the next.
+    pub fn detach(&self, caller: u64, n: u64) {
+        let mut t = self.lock();
+        let Some(c) = t.callers.get_mut(&caller) else {
+            return;
+        };
+        if c.tx.as_ref().is_some_and(|(m, _)| *m == n) {
+            c.tx = None;
+            c.idle_since = Some(Instant::now());
+        }
+    }
+
+    /// Admits call `call_id` of `caller` for `procs` (None: a direct call). A known
+    /// call's replies that are done are sent again on the caller's stream.
+    pub fn admit(&self, caller: u64, call_id: u64, procs: &[Option<u32>], resent: bool) -> Admit {
+        let mut t = self.lock();
+        if resent && t.forgotten.contains(&caller) {
+            return Admit::Forgotten;
+        }
+        let Some(c) = t.callers.get_mut(&caller) else {
+            return Admit::Run; // (a stream's calls can be read before its attach: none here)
+        };
+        let known: Vec<&Entry> = procs
+            .iter()
+            .filter_map(|p| c.calls.get(&key(call_id, *p)))
+            .collect();
+        if !known.is_empty() {
+            if let Some((_, tx)) = &c.tx {
+                for e in known {
+                    if let Entry::Done(r) = e {
+                        let _ = tx.send(r.clone());
+                    }
+                }
+            }
+            return Admit::Known;
+        }
+        for p in procs {
+            c.calls.insert(key(call_id, *p), Entry::Running);
+        }
+        Admit::Run
+    }
+
+    /// `reply` for a call of `caller`: remembered until received, and sent on the
+    /// caller's newest stream.
+    pub fn reply(&self, caller: u64, reply: Reply) {
+        let mut t = self.lock();
+        let Some(c) = t.callers.get_mut(&caller) else {
+            return; // forgotten (RESUME-3): nobody waits for it
+        };
+        if let MapEntry::Occupied(mut e) = c.calls.entry(key(reply.call_id, reply.proc)) {
+            e.insert(Entry::Done(reply.clone()));
+        }
+        if let Some((_, tx)) = &c.tx {
+            let _ = tx.send(reply);
+        }
+    }
+
+    /// `caller` received these replies: forget them.
+    pub fn received(&self, caller: u64, got: &[Received]) {
+        if got.is_empty() {
+            return;
+        }
+        let mut t = self.lock();
+        let Some(c) = t.callers.get_mut(&caller) else {
+            return;
+        };
+        for r in got {
+            if let MapEntry::Occupied(e) = c.calls.entry(key(r.call_id, r.proc)) {
+                if matches!(e.get(), Entry::Done(_)) {
+                    e.remove();
+                }
+            }
+        }
+    }
+
+    /// Calls remembered, across callers (running or answered, not yet received).
+    pub fn remembered(&self) -> usize {
+        self.lock().callers.values().map(|c| c.calls.len()).sum()
+    }
+}
+
+/// The answer to a resent call the server does not know (RESUME-2).
+pub fn forgotten(call_id: u64, proc: Option<u32>) -> Reply {
+    Reply {
+        call_id,
+        kind: ReplyKind::Lost as i32,
+        payload: Bytes::from(
+            "the server forgot this caller after a long silence (RESUME-3), so it cannot tell \
+             whether this call, sent again after its connection broke, ran before the break; \
+             it did not run it again",
+        ),
+        buffers: Vec::new(),
+        proc,
+    }
+}
+
+/// The caller id a request names (0: none, so nothing is resumed).
+pub fn caller_of<T>(req: &tonic::Request<T>) -> u64 {
+    req.metadata()
+        .get(CALLER_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|s| u64::from_str_radix(s, 16).ok())
+        .unwrap_or(0)
+}
+
+impl Callers {
+    /// Adds the server's incarnation to a `Messages` response (RESUME-1).
+    pub fn tag<T>(&self, mut resp: tonic::Response<T>) -> tonic::Response<T> {
+        if let Ok(v) = format!("{:x}", self.incarnation).parse() {
+            resp.metadata_mut().insert(INCARNATION_HEADER, v);
+        }
+        resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::sync::mpsc;
+
+    fn reply(call_id: u64, proc: Option<u32>) -> Reply {
+        Reply {
+            call_id,
+            kind: ReplyKind::Result as i32,
+            proc,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_resent_call_runs_once_and_its_reply_comes_again_on_the_new_stream() {
+        let c = Callers::default();
+        let (tx1, mut rx1) = mpsc::unbounded_channel();
+        let s1 = c.attach(7, tx1);
+        assert_eq!(c.admit(7, 1, &[None], false), Admit::Run);
+        assert_eq!(c.admit(7, 2, &[None], false), Admit::Run);
+        c.detach(7, s1); // the connection broke
+        c.reply(7, reply(1, None)); // answered while nobody listened
+        let (tx2, mut rx2) = mpsc::unbounded_channel();
+        c.attach(7, tx2);
+        assert_eq!(c.admit(7, 1, &[None], true), Admit::Known);
+        assert_eq!(rx2.try_recv().unwrap().call_id, 1);
+        assert_eq!(c.admit(7, 2, &[None], true), Admit::Known); // still running
+        c.reply(7, reply(2, None));
+        assert_eq!(rx2.try_recv().unwrap().call_id, 2);
+        assert!(rx1.try_recv().is_err());
+        c.received(
+            7,
+            &[
+                Received {
+                    call_id: 1,
+                    proc: None,
+                },
+                Received {
+                    call_id: 2,
+                    proc: None,
+                },
+            ],
+        );
+        assert_eq!(c.remembered(), 0);
+    }
+
+    #[test]
+    fn a_resent_call_that_never_arrived_runs_once() {
+        let c = Callers::default();
+        let (tx, _rx) = mpsc::unbounded_channel();
+        c.attach(7, tx);
+        assert_eq!(c.admit(7, 5, &[None], true), Admit::Run);
+        assert_eq!(c.admit(7, 5, &[None], true), Admit::Known);
+        assert_eq!(c.admit(7, 6, &[None], false), Admit::Run);
+        assert_eq!(c.admit(7, 6, &[None], false), Admit::Known);
+    }
+
+    #[test]
+    fn a_resent_call_of_a_forgotten_caller_never_runs() {
+        let c = Callers::default();
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let s = c.attach(4, tx);
+        assert_eq!(c.admit(4, 1, &[None], false), Admit::Run);
+        c.detach(4, s);
+        {
+            let mut t = c.lock();
+            let idle = t.callers.get_mut(&4).unwrap();
+            idle.idle_since = Instant::now().checked_sub(FORGET_AFTER);
+        }
+        let (tx, _rx) = mpsc::unbounded_channel();
+        c.attach(5, tx); // any attach forgets the stale
+        assert_eq!(c.admit(4, 1, &[None], true), Admit::Forgotten);
+        assert_eq!(c.remembered(), 0);
+    }
+
+    #[test]
+    fn a_fanned_call_is_remembered_per_proc() {
+        let c = Callers::default();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        c.attach(3, tx);
+        assert_eq!(c.admit(3, 9, &[Some(0), Some(1)], false), Admit::Run);
+        c.reply(3, reply(9, Some(1)));
+        assert_eq!(rx.try_recv().unwrap().proc, Some(1));
+        c.received(
+            3,
+            &[Received {
+                call_id: 9,
+                proc: Some(1),
+            }],
+        );
+        assert_eq!(c.remembered(), 1); // proc 0 still runs
+        assert_eq!(c.admit(3, 9, &[Some(0), Some(1)], true), Admit::Known);
+        assert!(rx.try_recv().is_err());
+    }
+}

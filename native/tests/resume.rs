@@ -1,0 +1,237 @@
+//! RESUME-1 end to end, without Python: a client talks to a worker through a TCP
+//! proxy on loopback that can stall every byte (a partition: nothing is refused,
+//! nothing arrives) and heal, or close for good (the worker's host refusing).
+
+use bytes::Bytes;
+use monarch_kernel_native::proto::v1::ReplyKind;
+use monarch_kernel_native::rpc::client::{reply_kind, WorkerConn};
+use monarch_kernel_native::rpc::inbox::LANE_LOOP;
+use monarch_kernel_native::rpc::server::WorkerHost;
+use monarch_kernel_native::rpc::RpcError;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+mod common;
+
+use common::{runtime, target};
+
+/// A loopback proxy to `upstream` whose link can be cut (bytes stall both ways, new
+/// connections hang) and healed.
+struct Proxy {
+    addr: String,
+    cut: Arc<AtomicBool>,
+    /// Set: every connection closes, and the port refuses (the worker's process gone).
+    dead: Arc<AtomicBool>,
+    /// Where new connections go.
+    upstream: Arc<Mutex<String>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    fn start(rt: &tokio::runtime::Runtime, upstream: String) -> Proxy {
+        let listener = rt.block_on(TcpListener::bind("127.0.0.1:0")).unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let cut = Arc::new(AtomicBool::new(false));
+        let upstream = Arc::new(Mutex::new(upstream));
+        let dead = Arc::new(AtomicBool::new(false));
+        let (c2, u2, d2) = (cut.clone(), upstream.clone(), dead.clone());
+        let task = rt.spawn(async move {
+            while let Ok((down, _)) = listener.accept().await {
+                let (cut, upstream, dead) = (c2.clone(), u2.clone(), d2.clone());
+                tokio::spawn(async move {
+                    while cut.load(Ordering::SeqCst) {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    let to = upstream.lock().unwrap().clone();
+                    let Ok(up) = TcpStream::connect(&to).await else {
+                        return;
+                    };
+                    let (dr, dw) = down.into_split();
+                    let (ur, uw) = up.into_split();
+                    tokio::spawn(pump(dr, uw, cut.clone(), dead.clone()));
+                    tokio::spawn(pump(ur, dw, cut, dead));
+                });
+            }
+        });
+        Proxy {
+            addr,
+            cut,
+            dead,
+            upstream,
+            task,
+        }
+    }
+
+    fn set_cut(&self, cut: bool) {
+        self.cut.store(cut, Ordering::SeqCst);
+    }
+
+    /// Closes every connection and the port, as a worker's process that exits does.
+    fn kill(&self) {
+        self.dead.store(true, Ordering::SeqCst);
+        self.task.abort();
+    }
+}
+
+/// Copies `from` to `to`, holding every byte while the link is cut; returns (closing
+/// both) once `dead`.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    cut: Arc<AtomicBool>,
+    dead: Arc<AtomicBool>,
+) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        while cut.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let n = tokio::select! {
+            r = from.read(&mut buf) => match r {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            },
+            _ = async { while !dead.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            } } => return,
+        };
+        while cut.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A dispatcher that runs each call it takes (counting runs by payload), replying
+/// after `delay` and only once `gate` is open.
+fn counting_dispatcher(
+    host: &WorkerHost,
+    runs: Arc<Mutex<HashMap<Bytes, usize>>>,
+    gate: Arc<AtomicBool>,
+) {
+    let inbox = host.inbox.clone();
+    std::thread::spawn(move || {
+        let Some(lane) = inbox.lane(LANE_LOOP) else {
+            return;
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            for item in lane.take_wait(Duration::from_millis(100)) {
+                *runs
+                    .lock()
+                    .unwrap()
+                    .entry(item.payload.clone())
+                    .or_default() += 1;
+                while !gate.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                inbox.reply(item.token, ReplyKind::Result, item.payload.clone(), vec![]);
+            }
+        }
+    });
+}
+
+#[test]
+fn calls_across_a_partition_wait_then_complete_once_each() {
+    let rt = runtime();
+    let host = WorkerHost::bind(rt.handle(), "127.0.0.1:0", "tok").unwrap();
+    let runs = Arc::new(Mutex::new(HashMap::new()));
+    let gate = Arc::new(AtomicBool::new(false));
+    counting_dispatcher(&host, runs.clone(), gate.clone());
+    let proxy = Proxy::start(&rt, host.addr.clone());
+    let conn = WorkerConn::open(rt.handle(), &proxy.addr, "tok").unwrap();
+
+    // `a` arrives and runs; the link is cut before its reply can come back.
+    let a = Bytes::from_static(b"a");
+    let slot_a = conn.call(&target(&a), 0).1.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !runs.lock().unwrap().contains_key(&a) {
+        assert!(Instant::now() < deadline, "call a never arrived");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    proxy.set_cut(true);
+    gate.store(true, Ordering::SeqCst); // a's reply is made while nothing gets through
+                                        // `b` is sent into the partition.
+    let b = Bytes::from_static(b"b");
+    let slot_b = conn.call(&target(&b), 0).1.unwrap();
+    // Longer than the keepalive (1 s + 3 s): the client drops the connection.
+    std::thread::sleep(Duration::from_secs(6));
+    assert!(!slot_a.is_done(), "call a ended during the partition");
+    assert!(!slot_b.is_done(), "call b ended during the partition");
+    assert!(conn.lost().is_none(), "{:?}", conn.lost());
+    proxy.set_cut(false);
+
+    for (slot, p) in [(slot_a, &a), (slot_b, &b)] {
+        let r = slot
+            .wait(Some(Duration::from_secs(30)))
+            .expect("no reply after the partition");
+        let r = r.unwrap_or_else(|e| panic!("call {p:?} failed: {e}"));
+        assert_eq!(reply_kind(&r), ReplyKind::Result);
+        assert_eq!(&r.payload, p);
+    }
+    let runs = runs.lock().unwrap().clone();
+    assert_eq!(runs.get(&a), Some(&1), "{runs:?}");
+    assert_eq!(runs.get(&b), Some(&1), "{runs:?}");
+    // The worker forgets a reply once the client says it has it (RESUME-1).
+    let c = Bytes::from_static(b"c");
+    let slot_c = conn.call(&target(&c), 0).1.unwrap();
+    assert!(slot_c.wait(Some(Duration::from_secs(30))).unwrap().is_ok());
+    let d = Bytes::from_static(b"d");
+    let slot_d = conn.call(&target(&d), 0).1.unwrap();
+    assert!(slot_d.wait(Some(Duration::from_secs(30))).unwrap().is_ok());
+    assert!(host.inbox.remembered() <= 1);
+    proxy.task.abort();
+}
+
+#[test]
+fn a_call_to_a_worker_that_is_gone_after_a_break_fails_at_once() {
+    let rt = runtime();
+    let host = WorkerHost::bind(rt.handle(), "127.0.0.1:0", "tok").unwrap();
+    let proxy = Proxy::start(&rt, host.addr.clone());
+    let conn = WorkerConn::open(rt.handle(), &proxy.addr, "tok").unwrap();
+    let p = Bytes::from_static(b"x");
+    let pending = conn.call(&target(&p), 0).1.unwrap();
+    let lane = host.inbox.lane(LANE_LOOP).unwrap();
+    assert!(!lane.take_wait(Duration::from_secs(10)).is_empty());
+    // The process is gone without ending its streams: they break, the port refuses.
+    proxy.kill();
+    let out = pending.wait(Some(Duration::from_secs(20)));
+    assert!(out.is_some(), "the call waits on a worker that is gone");
+    let err = out.unwrap().unwrap_err();
+    assert!(matches!(err, RpcError::ConnectionLost { .. }), "{err}");
+    assert!(conn.lost().is_some());
+}
+
+#[test]
+fn a_new_process_at_the_address_fails_the_calls_and_never_runs_them() {
+    let rt = runtime();
+    let first = WorkerHost::bind(rt.handle(), "127.0.0.1:0", "tok").unwrap();
+    let proxy = Proxy::start(&rt, first.addr.clone());
+    let conn = WorkerConn::open(rt.handle(), &proxy.addr, "tok").unwrap();
+    let p = Bytes::from_static(b"x");
+    let pending = conn.call(&target(&p), 0).1.unwrap();
+    let lane = first.inbox.lane(LANE_LOOP).unwrap();
+    assert!(!lane.take_wait(Duration::from_secs(10)).is_empty());
+    // A partition; when it heals, another worker answers behind the same address.
+    proxy.set_cut(true);
+    let second = WorkerHost::bind(rt.handle(), "127.0.0.1:0", "tok").unwrap();
+    *proxy.upstream.lock().unwrap() = second.addr.clone();
+    std::thread::sleep(Duration::from_secs(6)); // the client drops the connection
+    proxy.set_cut(false);
+    let err = match pending.wait(Some(Duration::from_secs(30))) {
+        Some(Err(e)) => e,
+        other => panic!("the call did not fail as lost: {other:?}"),
+    };
+    assert!(matches!(err, RpcError::ConnectionLost { .. }), "{err}");
+    assert!(err.to_string().contains("another process"), "{err}");
+    let lane2 = second.inbox.lane(LANE_LOOP).unwrap();
+    assert!(lane2.take().is_empty(), "the new process ran the call");
+    proxy.task.abort();
+    drop(first);
+}
