@@ -5,6 +5,7 @@ then each rank's value or the ranks' remote tracebacks."""
 from __future__ import annotations
 
 import hashlib
+import os
 import queue
 import time
 import uuid
@@ -15,7 +16,7 @@ from IPython.display import display, update_display
 
 from monarch_kernel import Shape, _origin, controller
 from monarch_kernel._wire import DISPLAY_MARK
-from monarch_kernel.errors import ActorError, MonarchKernelError, SupervisionError
+from monarch_kernel.errors import FULL_TRACEBACK_ENV, ActorError, MonarchKernelError, SupervisionError
 from monarch_kernel.kernel._progress import EVERY, Bar, answer_prompts, say_what_it_waits_for
 from monarch_kernel.kernel._router import decode_display, without_widgets
 
@@ -79,6 +80,27 @@ class MeshCellRun:
     def cancel(self) -> None:
         controller.interrupt(self.futures)  # one interrupt for all ranks
 
+    def interrupted(self) -> KeyboardInterrupt:
+        """What an interrupted cell raises (after ``cancel``): one line naming the ranks
+        and whether their code stopped, not a traceback through the kernel's code."""
+        running = [r for r, f in zip(self.ranks, self.futures) if not f.done()]
+        stopped = [r for r in self.ranks if r not in running]
+        where = f"{_ranks_text(self.ranks)} of mesh {self.mesh!r}"
+        if not running:
+            what = "the remote code stopped"
+        elif not stopped:
+            what = "the remote code still runs (see above)"
+        else:
+            what = (
+                f"the remote code stopped on {_ranks_text(stopped)} and still runs on {_ranks_text(running)}"
+            )
+        exc = KeyboardInterrupt(f"%%mesh cell interrupted on {where}; {what}")
+        if os.environ.get(FULL_TRACEBACK_ENV) != "1":
+            # (IPython asks the exception how to show itself; an attribute keeps the type
+            # KeyboardInterrupt, which front ends and tools look for.)
+            exc._render_traceback_ = lambda: [f"KeyboardInterrupt: {exc}"]  # type: ignore[attr-defined]
+        return exc
+
     def follow(self, q: Any, origin: str, router: Any, group: str, timeout: float | None) -> None:
         """Shows the cell's output live until every rank is done, then its values (or
         raises ``MeshCellError`` with the ranks' tracebacks).
@@ -127,7 +149,7 @@ class MeshCellRun:
         except KeyboardInterrupt:
             run.cancel()
             blocks.drain(q, force=True)
-            raise
+            raise run.interrupted() from None
         finally:
             if bar is not None:
                 bar.close()
@@ -168,6 +190,10 @@ class MeshCellRun:
 
     def __repr__(self) -> str:
         return f"<%%mesh run on {self.mesh!r} ranks {self.ranks}: {'done' if self.done() else 'running'}>"
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
 
 
 def _parse_ranks(spec: str, n: int) -> list[int]:

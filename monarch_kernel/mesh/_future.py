@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import math
+import os
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, Generic, TypeVar
 
 from monarch_kernel import _native
+from monarch_kernel.errors import FULL_TRACEBACK_ENV
 
 R = TypeVar("R")
 
@@ -83,8 +87,9 @@ def interrupt(futures: Sequence[Future[Any]]) -> None:
     say_still_running([c for f in futures for c in f._calls], [lb for f in futures for lb in f._labels])
 
 
-#: How long an interrupt gives the remote calls to stop before it says which did not.
-STOP_GRACE_S = 0.3
+#: How long an interrupt gives the remote calls to stop before it says which did not
+#: (the wait ends as soon as they have: a loaded machine may take longer than usual).
+STOP_GRACE_S = 1.0
 
 
 def say_still_running(calls: Sequence[Any], labels: Sequence[str]) -> None:
@@ -98,6 +103,8 @@ def say_still_running(calls: Sequence[Any], labels: Sequence[str]) -> None:
         _native.wait_all(pending, STOP_GRACE_S)
     except TimeoutError:
         pass
+    except KeyboardInterrupt:  # stop pressed again meanwhile: a second interrupt (INTERRUPT-2)
+        cancel_calls(pending)
     still = [label for c, label in zip(calls, labels) if not c.done()]
     if still:
         print(
@@ -108,6 +115,47 @@ def say_still_running(calls: Sequence[Any], labels: Sequence[str]) -> None:
             file=sys.stderr,
             flush=True,
         )
+
+
+#: monarch-kernel's own code: an interrupt's notebook rendering leaves its frames out.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def interrupted(message: str) -> KeyboardInterrupt:
+    """The KeyboardInterrupt that an interrupted wait raises: ``message`` says what the
+    interrupt stopped. A notebook shows it as the user's own frames and that line, as
+    it shows a local interrupt, not the frames of monarch's wait machinery;
+    ``MONARCH_FULL_TRACEBACK=1`` shows everything."""
+    exc = KeyboardInterrupt(message)
+    # (IPython asks the exception itself; an attribute keeps the type KeyboardInterrupt,
+    # which is what front ends and tools look for.)
+    exc._render_traceback_ = functools.partial(_render_interrupt, exc)  # type: ignore[attr-defined]
+    return exc
+
+
+def _render_interrupt(exc: KeyboardInterrupt) -> list[str]:
+    if os.environ.get(FULL_TRACEBACK_ENV) == "1":
+        return "".join(traceback.format_exception(exc)).rstrip("\n").splitlines()
+    own = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if not f.filename.startswith(_PACKAGE_DIR) and f"{os.sep}IPython{os.sep}" not in f.filename
+    ]
+    lines = ["Traceback (most recent call last):"] if own else []
+    lines += "".join(traceback.format_list(own)).rstrip("\n").splitlines()
+    return [*lines, f"KeyboardInterrupt: {exc}"]
+
+
+def what_stopped(calls: Sequence[Any], labels: Sequence[str]) -> str:
+    """After an interrupt (and ``say_still_running``): which remote calls stopped and
+    which still run, in words."""
+    stopped = [label for c, label in zip(calls, labels) if c.done()]
+    running = [label for c, label in zip(calls, labels) if not c.done()]
+    if not running:
+        return f"interrupted; the remote calls stopped: {', '.join(stopped)}"
+    if not stopped:
+        return f"interrupted; the remote calls still run (see above): {', '.join(running)}"
+    return f"interrupted; the remote calls stopped: {', '.join(stopped)}; still running (see above): {', '.join(running)}"
 
 
 def escalate_interrupted() -> int:
@@ -202,10 +250,11 @@ class Future(Generic[R]):
         except concurrent.futures.TimeoutError:
             raise TimeoutError(f"the value did not arrive within {timeout} s") from None
         except KeyboardInterrupt as e:
-            if self._calls:
-                self._cancel_remote()
-                say_still_running(self._calls, self._labels)
-            raise e.with_traceback(None) from None
+            if not self._calls:
+                raise e.with_traceback(None) from None
+            self._cancel_remote()
+            say_still_running(self._calls, self._labels)
+            raise interrupted(what_stopped(self._calls, self._labels)) from None
         except BaseException as e:  # cached and re-raised by every get()
             self._error = e
             self._value = None
@@ -224,10 +273,10 @@ class Future(Generic[R]):
         elif self._value is _UNSET:
             try:
                 replies = wait_calls(self._calls, timeout, f"{len(self._calls)} call(s)")
-            except KeyboardInterrupt as e:  # the remote code gets it too, then we stop waiting
+            except KeyboardInterrupt:  # the remote code gets it too, then we stop waiting
                 self._cancel_remote()
                 say_still_running(self._calls, self._labels)
-                raise e.with_traceback(None) from None  # from the caller's frame, not the wait machinery's
+                raise interrupted(what_stopped(self._calls, self._labels)) from None
             self._settle(replies)
         if self._error is not None:
             raise self._error

@@ -35,6 +35,11 @@ def test_the_stop_button_interrupts_a_mesh_cell_on_every_worker(kernel, mesh):
     kernel.collect(out)
     took = time.monotonic() - t
     assert out.error is not None and out.error["ename"] == "KeyboardInterrupt"
+    # One line, as for a local interrupt, saying where and that the remote code stopped;
+    # not a traceback through the kernel's own code.
+    assert out.error["traceback"] == [
+        f"KeyboardInterrupt: %%mesh cell interrupted on ranks 0, 1 of mesh {mesh!r}; the remote code stopped"
+    ], out.error["traceback"]
     assert took < 30  # sanity only: the figure goes in the closing note, not an assert
     check = kernel.run("%%mesh\ninterrupted")
     assert check.error is None, check.traceback
@@ -92,11 +97,18 @@ def test_the_stop_button_interrupts_a_blocking_get_on_the_workers(kernel, mesh):
         "spinner = procs.spawn('spinner', Spinner)"
     )
     assert define.error is None, define.traceback
-    out = kernel.run("spinner.spin.call().get()", wait=False)
+    out = kernel.run("first = 1\nspinner.spin.call().get()", wait=False)
     time.sleep(1.5)
     kernel.km.interrupt_kernel()
     kernel.collect(out)
     assert out.error is not None and out.error["ename"] == "KeyboardInterrupt"
+    # The user's own line and what stopped, not monarch's wait machinery.
+    tb = "\n".join(out.error["traceback"])
+    assert "spinner.spin.call().get()" in tb and "monarch_kernel/" not in tb, tb
+    assert out.error["traceback"][-1] == (
+        f"KeyboardInterrupt: interrupted; the remote calls stopped: rank 0 of mesh {mesh!r} "
+        f"(spinner.spin), rank 1 of mesh {mesh!r} (spinner.spin)"
+    ), tb
     why = kernel.run("sorted(spinner.why.call().get().values())")
     assert why.result == "['KeyboardInterrupt', 'KeyboardInterrupt']"
 
