@@ -8,6 +8,7 @@
     │   ├── MeshStoppedError       the mesh or actor mesh was stopped
     │   ├── MeshOwnershipError     another controller attached to the mesh since (fencing)
     │   └── AgentUnresponsiveError a mesh's host agent runs but does not answer
+    │       └── MeshUnreachableError   its agents cannot be reached from here (another host)
     ├── MessageTooLargeError       a message is above the control plane's limit (also ValueError)
     ├── SerializationError         arguments or results cannot be pickled (also TypeError)
     ├── MeshAuthError              a peer rejected the mesh token
@@ -53,6 +54,7 @@ __all__ = [
     "MeshStateError",
     "MeshStoppedError",
     "MeshTLSError",
+    "MeshUnreachableError",
     "MessageTooLargeError",
     "MonarchKernelError",
     "NativeError",
@@ -168,6 +170,15 @@ class MeshOwnershipError(SupervisionError):
 class AgentUnresponsiveError(SupervisionError):
     """A mesh's host agent runs but does not answer (stopped, hung, or overloaded);
     ``monarch-kernel down NAME`` ends it."""
+
+
+class MeshUnreachableError(AgentUnresponsiveError):
+    """A mesh's state file names agents that cannot be reached from this process (it
+    runs on another host, another login node or network namespace, or a partition
+    lies between), and nothing here can tell that they are gone: the mesh may well
+    run, so its state file stays and no second mesh of its name is made. The message
+    names the mesh, its hosts and where to act on it (``monarch-kernel down NAME``
+    there)."""
 
 
 class MeshNotFoundError(MonarchKernelError, LookupError):

@@ -83,15 +83,24 @@ class JobTrait(ABC):
         return self._state()
 
     def kill(self) -> None:
-        """Ends the job: stops every mesh spawned from it (from any process)."""
+        """Ends the job: stops every mesh spawned from it (from any process). A mesh
+        whose agents cannot be reached from here is left running, and once the others
+        are stopped its ``MeshUnreachableError`` says where it runs."""
         from monarch_kernel.controller._lifecycle import stop_record
+        from monarch_kernel.errors import MeshUnreachableError
         from monarch_kernel.hosts import _registry
 
+        unreached: list[MeshUnreachableError] = []
         for name in _registry.names():
             rec = _registry.read(name)
             if rec is not None and rec.job.get("tag") == self._tag:
-                stop_record(rec)
+                try:
+                    stop_record(rec)
+                except MeshUnreachableError as e:
+                    unreached.append(e)
         self._applied = False
+        if unreached:
+            raise unreached[0]
 
     def can_run(self, spec: JobTrait) -> bool:
         """Whether this job can stand in for ``spec`` (same kind and specification)."""

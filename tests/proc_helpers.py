@@ -3,8 +3,11 @@ module: pytest puts this folder on sys.path for the root conftest)."""
 
 from __future__ import annotations
 
+import subprocess
 import time
-from collections.abc import Callable, Iterable
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -79,3 +82,39 @@ class Failures:
     def kinds(self) -> list[str]:
         with self.changed:
             return [f.kind for f in self.got]
+
+
+#: The ``host_id`` of a host that is not this one (``hosts/_host_id.py``).
+ANOTHER_HOST = "login/00000000-0000-0000-0000-000000000000/net:1/pid:1"
+
+
+@contextmanager
+def mesh_of_another_host(procs: int = 2) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """The state file of a named mesh started on host "login" (another host: another
+    network namespace and hostname), as (name, sleeper): its agent's address refuses
+    here, and its pid is a live process here (``sleeper``, a sleep): neither says
+    anything of that agent. The file is removed at the end."""
+    from monarch_kernel.hosts import _registry
+
+    name = f"far-{uuid.uuid4().hex[:6]}"
+    sleeper = subprocess.Popen(["sleep", "300"])
+    _registry.write(
+        _registry.MeshRecord(
+            name=name,
+            token="x" * 43,
+            agent_addr="127.0.0.1:1",  # refused here: this loopback is not login's
+            agent_pid=sleeper.pid,
+            host="login",
+            spec={"per_host": {"procs": procs}, "env": {}},
+            idle_timeout=60.0,
+            ephemeral=False,
+            host_id=ANOTHER_HOST,
+            started_from=ANOTHER_HOST,
+        )
+    )
+    try:
+        yield name, sleeper
+    finally:
+        _registry.discard(name)
+        sleeper.kill()
+        sleeper.wait()

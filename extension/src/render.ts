@@ -44,7 +44,11 @@ export interface IOwner {
 
 export interface IMesh {
   name: string;
-  state: 'alive' | 'degraded' | 'lost';
+  /** "unreachable": its agents do not answer this server (another host or network
+   * namespace); it may run, `why` says where, and it has no ranks to show. */
+  state: 'alive' | 'degraded' | 'lost' | 'unreachable';
+  /** Why the mesh is unreachable from here, where it runs and what to do; else null. */
+  why?: string | null;
   procs: number;
   alive: number;
   unresponsive: number;
@@ -217,6 +221,7 @@ export function meshHtml(mesh: IMesh, now: number, note = ''): string {
     `${escapeHtml(ownerText(mesh.owner))}</span> ` +
     `<span class="monarch-idle">${escapeHtml(idleText(mesh, now))}</span></div>` +
     `<div class="monarch-hosts">hosts: ${hosts}</div>` +
+    (mesh.why ? `<div class="monarch-why">${escapeHtml(mesh.why)}</div>` : '') +
     `<table>${head}${mesh.ranks.map(r => rankRow(r, gpu, restarts)).join('')}</table>` +
     (note ? `<div class="monarch-note">${escapeHtml(note)}</div>` : '') +
     '<div class="monarch-actions">' +

@@ -13,7 +13,7 @@ front ends:
 - ``run_cell(...)``: a ``%%mesh`` cell on ranks of a mesh, one native call;
 - ``interrupt(futures)``, ``escalate_interrupted()``: the stop button;
 - ``describe_wait(calls)``: what a long wait waits behind (a busy or silent rank);
-- ``mesh_table()``, ``down(names)``, ``plan_down_all(force)``, ``left_running(names)``:
+- ``mesh_table()``, ``down(names)``, ``plan_down_all(force)``, ``left_running(keep)``:
   ``ls`` and ``down``;
 - ``TORCH_BACKENDS``, ``prefer_huge_pages()``.
 

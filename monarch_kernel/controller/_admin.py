@@ -10,7 +10,7 @@ from typing import Any
 from monarch_kernel.controller._lifecycle import attach_session, stop_record
 from monarch_kernel.controller._session import sessions
 from monarch_kernel.controller._view import mesh_view
-from monarch_kernel.errors import MeshNotFoundError, MeshOwnershipError
+from monarch_kernel.errors import MeshNotFoundError, MeshOwnershipError, MeshUnreachableError
 from monarch_kernel.hosts import _registry
 from monarch_kernel.hosts._admin import MeshInfo, list_meshes, mesh_info
 from monarch_kernel.mesh._proc_mesh import SPAWN_TIMEOUT
@@ -53,13 +53,29 @@ def owner_text(owner: dict[str, Any] | None) -> str:
 
 def mesh_table(meshes: list[MeshInfo] | None = None) -> list[str]:
     """The running meshes (``list_meshes()`` unless given) as aligned text lines: the
-    picture the Meshes panel shows (VIEW-1)."""
+    picture the Meshes panel shows (VIEW-1). A mesh whose agents cannot be reached
+    from here shows its hosts "unreachable from here" and "?" for what only they know."""
     meshes = list_meshes() if meshes is None else meshes
     if not meshes:
         return ["no running meshes"]
     rows = [_COLUMNS]
     now = time.time()
     for m in meshes:
+        if m.unreachable is not None:
+            rows.append(
+                (
+                    m.name,
+                    str(m.procs),
+                    "?",
+                    "?",
+                    str(m.owner_epoch),
+                    "ephemeral" if m.ephemeral else _age(m.idle_timeout),
+                    _age(now - m.created),
+                    str(m.agent_pid) if len(m.hosts) <= 1 else "(per host)",
+                    ", ".join(f"{h['host']} unreachable from here" for h in m.hosts),
+                )
+            )
+            continue
         view = mesh_view(m)
         rows.append(
             (
@@ -82,17 +98,26 @@ def mesh_table(meshes: list[MeshInfo] | None = None) -> list[str]:
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
 
 
+def down_one(name: str) -> str:
+    """Stops the mesh ``name`` as an administrator; what happened. Raises
+    ``MeshNotFoundError`` when it does not run, and ``MeshUnreachableError`` when its
+    agents cannot be reached from here (it is left running, with its state file)."""
+    rec = _registry.read(name)
+    if rec is None:
+        raise MeshNotFoundError(f"no mesh named {name!r} is running (see monarch-kernel ls)")
+    if stop_record(rec):
+        return f"stopped {name}"
+    return f"{name} was not running (its host agent was gone); removed its state file"
+
+
 def down(names: list[str]) -> list[tuple[bool, str]]:
     """Stops the meshes ``names`` as an administrator; for each, (ok, what happened)."""
     out = []
     for name in names:
-        rec = _registry.read(name)
-        if rec is None:
-            out.append((False, f"no mesh named {name!r} is running (see monarch-kernel ls)"))
-        elif stop_record(rec):
-            out.append((True, f"stopped {name}"))
-        else:
-            out.append((True, f"{name} was not running (its host agent was gone); removed its state file"))
+        try:
+            out.append((True, down_one(name)))
+        except (MeshNotFoundError, MeshUnreachableError) as e:
+            out.append((False, str(e)))
     return out
 
 
@@ -107,6 +132,8 @@ def respawn(name: str) -> list[int]:
     info = mesh_info(name)
     if info is None:
         raise MeshNotFoundError(f"no mesh named {name!r} is running (see monarch-kernel ls)")
+    if info.unreachable is not None:
+        raise MeshUnreachableError(info.unreachable, mesh=name)
     if info.attached:
         raise MeshOwnershipError(
             f"mesh {name!r} is held by {owner_text(info.owner)} (epoch {info.owner_epoch}): respawn its "
@@ -125,21 +152,38 @@ def all_names() -> list[str]:
     return _registry.names()
 
 
-def plan_down_all(force: bool) -> tuple[list[str], list[str]]:
-    """What ``down --all`` stops and what it leaves running: a mesh another controller
-    is attached to (a kernel in use) is left, unless ``force``; this process's own
-    meshes and meshes nobody is attached to are stopped."""
+def plan_down_all(force: bool) -> tuple[list[str], list[tuple[str, str]]]:
+    """What ``down --all`` stops, and what it leaves running with why: a mesh another
+    controller is attached to (a kernel in use) is left, unless ``force``, and so is
+    one whose agents cannot be reached from here (only where they can is it
+    stopped); this process's own meshes and meshes nobody is attached to are stopped."""
     ours = {s.name for s in sessions.values() if not s.closed}
     stop: list[str] = []
-    keep: list[str] = []
+    keep: list[tuple[str, str]] = []
     for m in list_meshes():
-        (keep if m.attached and m.name not in ours and not force else stop).append(m.name)
+        if m.unreachable is not None:
+            keep.append(
+                (m.name, "its agents cannot be reached from here; monarch-kernel ls says where it runs")
+            )
+        elif m.attached and m.name not in ours and not force:
+            keep.append((m.name, "another controller is attached to it; --force stops it too"))
+        else:
+            stop.append(m.name)
     return stop, keep
 
 
-def left_running(names: list[str]) -> list[str]:
-    """What ``down --all`` says of the meshes it left running."""
-    return [f"left running: {n} (another controller is attached to it; --force stops it too)" for n in names]
+def left_running(keep: list[tuple[str, str]]) -> list[str]:
+    """What ``down --all`` says of the meshes it left running (``plan_down_all``)."""
+    return [f"left running: {name} ({why})" for name, why in keep]
 
 
-__all__ = ["all_names", "down", "left_running", "mesh_table", "owner_text", "plan_down_all", "respawn"]
+__all__ = [
+    "all_names",
+    "down",
+    "down_one",
+    "left_running",
+    "mesh_table",
+    "owner_text",
+    "plan_down_all",
+    "respawn",
+]

@@ -32,6 +32,7 @@ from monarch_kernel.errors import (
 )
 from monarch_kernel.hosts import AgentProcess, _registry, start_local_agent
 from monarch_kernel.hosts._admin import connect, group_of, stop_unowned
+from monarch_kernel.hosts._host_id import host_id
 from monarch_kernel.hosts._local import check_room
 from monarch_kernel.hosts._placement import HOSTS_DIM, placement_env
 from monarch_kernel.hosts._registry import MeshRecord
@@ -146,6 +147,8 @@ def create(
         spec=spec,
         idle_timeout=idle_timeout,
         ephemeral=ephemeral,
+        host_id=host_id(),  # (the agent is a child of this process: its host)
+        started_from=host_id(),
     )
     agent = start_local_agent(
         mesh_name,
@@ -195,7 +198,14 @@ def create_across(
     _transfer_host_facing(agents[0].addr)  # (before this process's servers start: they face the hosts)
     per = math.prod(per_host.values())
     entries = [
-        {"host": a.host, "agent_addr": a.addr, "agent_pid": a.pid, "first_rank": i * per, "procs": per}
+        {
+            "host": a.host,
+            "agent_addr": a.addr,
+            "agent_pid": a.pid,
+            "first_rank": i * per,
+            "procs": per,
+            "host_id": a.host_id,
+        }
         for i, a in enumerate(agents)
     ]
     rec = MeshRecord(
@@ -210,6 +220,8 @@ def create_across(
         hosts=entries,
         job=job,
         ca=tls["ca"],
+        host_id=agents[0].host_id,
+        started_from=host_id(),
     )
 
     def listed() -> None:

@@ -13,6 +13,10 @@ rank is
 - ``dead``: its worker exited (``why``: the signal, or the exit code);
 - ``lost``: its host's agent is gone.
 
+A mesh whose agents cannot be reached from this process (another host, another
+network namespace: REGISTRY-3) is pictured from its state file: state
+``unreachable``, its hosts, ``why`` (where it runs and what to do), and no ranks.
+
 It needs no controller: an administrator's reading, for a mesh nobody holds too.
 """
 
@@ -75,6 +79,8 @@ def _why(w: dict[str, Any]) -> str:
 
 def mesh_view(info: _admin.MeshInfo) -> dict[str, Any]:
     """The picture of one mesh (see the module docstring), as JSON-ready data."""
+    if info.unreachable is not None:
+        return _unreachable_view(info)
     rec = info.record
     states = {r: h["state"] for h in info.hosts for r in h.get("ranks", ())}
 
@@ -110,6 +116,7 @@ def mesh_view(info: _admin.MeshInfo) -> dict[str, Any]:
     return {
         "name": info.name,
         "state": state,
+        "why": None,
         "procs": info.procs,
         "alive": alive,
         "unresponsive": sum(r["state"] == "unresponsive" for r in ranks),
@@ -123,6 +130,27 @@ def mesh_view(info: _admin.MeshInfo) -> dict[str, Any]:
         "idle_deadline": None if info.idle_left is None else round(time.time() + info.idle_left),
         "created": info.created,
         "ranks": ranks,
+    }
+
+
+def _unreachable_view(info: _admin.MeshInfo) -> dict[str, Any]:
+    """A mesh whose agents do not answer here: what its state file says, and why."""
+    return {
+        "name": info.name,
+        "state": "unreachable",
+        "why": info.unreachable,
+        "procs": info.procs,
+        "alive": 0,
+        "unresponsive": 0,
+        "hosts": info.hosts,
+        "epoch": info.owner_epoch,
+        "attached": False,
+        "owner": None,
+        "ephemeral": info.ephemeral,
+        "idle_timeout": info.idle_timeout,
+        "idle_deadline": None,
+        "created": info.created,
+        "ranks": [],
     }
 
 

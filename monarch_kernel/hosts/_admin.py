@@ -1,49 +1,73 @@
 """Administering a mesh through its state file and its host agent, without being its
 controller: is its agent alive, connect to it, stop it, list every running mesh.
 
-This is what ``monarch-kernel ls``/``down``, ``%mesh ls``/``down`` and a process that
-holds a ``ProcMesh`` it does not control use; a controller's own session
-(``controller``) stops its mesh through its lease first.
+This is what ``monarch-kernel ls``/``down``, ``%mesh ls``/``down``, the Meshes panel
+and a process that holds a ``ProcMesh`` it does not control use; a controller's own
+session (``controller``) stops its mesh through its lease first.
 
-REGISTRY-3: a state file is removed only when its agent is gone, never while the
-agent runs (busy, stopped or hung).
+REGISTRY-3: a state file is removed only when its mesh is known to be gone, never
+because its agents cannot be reached from here, and never while they run (busy,
+stopped or hung). Each host's agent is known gone when this process runs on that
+host (``_host_id``: same hostname, machine, network and pid namespaces) and no agent
+runs at its pid, or when this process runs where the mesh was started from and the
+agent's (not loopback) address refuses the connection or is another mesh's; the
+whole mesh is gone when every host's agent is, or when its SLURM job has ended.
+Anything else (no answer, a refused connection in another network namespace, a pid
+seen from another host) proves nothing: the mesh is listed as unreachable from here,
+with its hosts, and ``connect`` raises ``MeshUnreachableError``, so attach and
+get-or-create never make a second mesh of a name that may run.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import signal
+import socket
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from monarch_kernel.control import AgentClient
 from monarch_kernel.control._group import AgentGroup, HostLink
-from monarch_kernel.errors import AgentUnresponsiveError, MeshAuthError, MonarchKernelError
+from monarch_kernel.errors import (
+    AgentUnresponsiveError,
+    MeshAuthError,
+    MeshUnreachableError,
+    MonarchKernelError,
+)
 from monarch_kernel.hosts import _registry
+from monarch_kernel.hosts._host_id import is_here
 from monarch_kernel.hosts._registry import MeshRecord
-from monarch_kernel.hosts._remote import end_job
+from monarch_kernel.hosts._remote import end_job, job_end_reason
+
+#: How long a look waits for each agent's answer.
+LOOK_TIMEOUT_S = 3.0
 
 
-def agent_alive(rec: MeshRecord) -> bool:
-    """True if ``rec``'s agent process still runs on this host (whether or not it
-    answers): a busy or stopped agent is not a stale record."""
-    if rec.host != os.uname().nodename:
-        return False
+def agent_running(pid: int) -> bool:
+    """True if a host agent runs as ``pid`` here (whether or not it answers): only
+    meaningful on the agent's own host (``_host_id.is_here``)."""
     try:
-        with open(f"/proc/{rec.agent_pid}/cmdline", "rb") as f:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmd = f.read()
-        with open(f"/proc/{rec.agent_pid}/stat") as f:
+        with open(f"/proc/{pid}/stat") as f:
             state = f.read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return False
     return b"monarch_kernel.hosts._agent_main" in cmd and state not in ("Z", "X")
 
 
+def agent_alive(rec: MeshRecord) -> bool:
+    """True if ``rec``'s (first) agent runs, as seen on its own host; False also where
+    this process runs on another host (it cannot tell from here)."""
+    return is_here(rec.host_id) and agent_running(rec.agent_pid)
+
+
 def group_of(rec: MeshRecord) -> AgentGroup:
     """Clients of every host's agent of ``rec`` (one for a mesh on this host)."""
-    nprocs = math.prod(rec.spec["per_host"].values()) * int(rec.spec.get("hosts") or 1)
     return AgentGroup(
         [
             HostLink(
@@ -54,71 +78,130 @@ def group_of(rec: MeshRecord) -> AgentGroup:
                 h["procs"],
                 h["agent_pid"],
             )
-            for i, h in enumerate(rec.host_entries(nprocs))
+            for i, h in enumerate(_entries(rec))
         ]
     )
 
 
-def connect(rec: MeshRecord) -> AgentGroup | None:
-    """Clients of ``rec``'s agents if they answer as that mesh; None if it is gone
-    (REGISTRY-3: only then may its record be removed). An agent that runs but does
-    not answer raises ``AgentUnresponsiveError``; one that refuses the state file's
-    token, ``MeshAuthError`` (the file does not belong to that agent). Across hosts,
-    the mesh is there while any host's agent answers; it is gone when every host
-    refuses the connection (its agents are not there)."""
-    if rec.hosts:
-        group = group_of(rec)
-        states = [link.reach(timeout=3.0) for link in group.links]
-        if "alive" in states:
-            return group
-        group.close()
-        if "unreachable" in states:
-            raise AgentUnresponsiveError(
-                f"no host agent of mesh {rec.name!r} answers ({', '.join(h['host'] for h in rec.hosts)}): the hosts "
-                f"are unreachable from here, or their agents are stopped. monarch-kernel down {rec.name} ends it.",
-                mesh=rec.name,
-            )
-        return None
-    group = group_of(rec)
-    client = group.links[0].client
+def _entries(rec: MeshRecord) -> list[dict[str, Any]]:
+    return rec.host_entries(math.prod(rec.spec["per_host"].values()) * int(rec.spec.get("hosts") or 1))
+
+
+def _knock(link: HostLink, name: str, timeout: float) -> str:
+    """What answers at a host agent's address, seen from here: "alive" (the agent of
+    mesh ``name``), "refused" (the connection is refused: nothing listens there),
+    "other" (something that is not that mesh's agent: it refuses the token, or is
+    another mesh's) or "silent" (nothing answers in time: no route, a partition, a
+    stopped agent)."""
+    host, port = link.addr.rsplit(":", 1)
+    try:  # a plain connection first: the gRPC channel's own state lags after a loss
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except ConnectionRefusedError:
+        return "refused"
+    except OSError:
+        return "silent"
     try:
-        if client.ping(timeout=3.0)["name"] == rec.name:
-            return group
+        return "alive" if link.client.ping(timeout=timeout)["name"] == name else "other"
     except MeshAuthError:
-        client.close()
-        if not agent_alive(rec):
-            return None
-        raise MeshAuthError(
-            f"mesh {rec.name!r}: its host agent (pid {rec.agent_pid}) refuses the token in the state "
-            f"file {_registry.path_of(rec.name)}: the file was changed, or is another mesh's. "
-            f"monarch-kernel down {rec.name} stops that agent; then start the mesh again."
-        ) from None
-    except MonarchKernelError as e:
-        if agent_alive(rec):
-            client.close()
-            raise AgentUnresponsiveError(
-                f"the host agent of mesh {rec.name!r} (pid {rec.agent_pid}) runs but does not answer: "
-                f"{e}. If it is stopped (SIGSTOP), SIGCONT resumes it; monarch-kernel down "
-                f"{rec.name} ends it.",
-                mesh=rec.name,
-                pid=rec.agent_pid,
-            ) from None
-    client.close()
-    return None
+        return "other"
+    except MonarchKernelError:
+        return "silent"
+
+
+def _loopback(addr: str) -> bool:
+    host = addr.rsplit(":", 1)[0].strip("[]")
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _gone_at(rec: MeshRecord, entry: dict[str, Any], knock: str) -> bool:
+    """Whether the agent of host ``entry`` is known to be gone, from here (REGISTRY-3)."""
+    if is_here(entry.get("host_id")):  # its own host: its pid says
+        return not agent_running(int(entry["agent_pid"]))
+    # Where the mesh was started from, its agents' addresses are theirs: a host that
+    # answers that nothing of this mesh listens there has no agent of it.
+    return knock in ("refused", "other") and is_here(rec.started_from) and not _loopback(entry["agent_addr"])
+
+
+def _host_name(hid: str) -> str:
+    return hid.split("/", 1)[0]
+
+
+def _unreachable(rec: MeshRecord, entries: list[dict[str, Any]], knocks: list[str]) -> MeshUnreachableError:
+    """What to say of a mesh none of whose agents answers here, not known gone."""
+    hosts = ", ".join(dict.fromkeys(str(e["host"]) for e in entries))
+    what = "its host agent" if len(entries) == 1 else "none of its host agents"
+    how = "answers" if len(entries) > 1 else "does not answer"
+    silent = all(k == "silent" for k in knocks)
+    started = _host_name(rec.started_from)
+    where = started if started and started not in hosts.split(", ") else hosts
+    return MeshUnreachableError(
+        f"mesh {rec.name!r} cannot be reached from here: {what} on {hosts} {how} this process"
+        f" ({'no answer' if silent else 'its address is not the agent here'}; this process runs on "
+        f"{os.uname().nodename}, or in another network namespace). It may still run, so its state file "
+        f"{_registry.path_of(rec.name)} stays. Use it from {where}, or end it there with "
+        f"`monarch-kernel down {rec.name}`; or pick another name. If its hosts are gone for good, "
+        "remove that file.",
+        mesh=rec.name,
+        host=str(entries[0]["host"]),
+        pid=int(entries[0]["agent_pid"]),
+    )
+
+
+def connect(rec: MeshRecord, timeout: float = LOOK_TIMEOUT_S) -> AgentGroup | None:
+    """Clients of ``rec``'s agents if any answers as that mesh; None if the mesh is
+    known to be gone (REGISTRY-3: only then may its record be removed). Otherwise it
+    raises: on the agent's own host, ``AgentUnresponsiveError`` for an agent that runs
+    but does not answer, ``MeshAuthError`` for one that refuses the state file's token
+    (the file does not belong to that agent); anywhere else ``MeshUnreachableError``
+    (the mesh may run: it cannot be told from here)."""
+    group = group_of(rec)
+    entries = _entries(rec)
+    if len(group.links) == 1:
+        knocks = [_knock(group.links[0], rec.name, timeout)]
+    else:
+        with ThreadPoolExecutor(max_workers=min(16, len(group.links))) as pool:
+            knocks = list(pool.map(lambda link: _knock(link, rec.name, timeout), group.links))
+    if "alive" in knocks:
+        return group
+    group.close()
+    if all(_gone_at(rec, e, k) for e, k in zip(entries, knocks)) or job_end_reason(rec.job, 0.0):
+        return None
+    if not rec.hosts and is_here(rec.host_id):  # its own host, and its agent runs
+        if knocks[0] == "other":
+            raise MeshAuthError(
+                f"mesh {rec.name!r}: its host agent (pid {rec.agent_pid}) refuses the token in the state "
+                f"file {_registry.path_of(rec.name)}: the file was changed, or is another mesh's. "
+                f"monarch-kernel down {rec.name} stops that agent; then start the mesh again."
+            )
+        raise AgentUnresponsiveError(
+            f"the host agent of mesh {rec.name!r} (pid {rec.agent_pid}) runs but does not answer "
+            f"at {rec.agent_addr}. If it is stopped (SIGSTOP), SIGCONT resumes it; monarch-kernel down "
+            f"{rec.name} ends it.",
+            mesh=rec.name,
+            pid=rec.agent_pid,
+        )
+    raise _unreachable(rec, entries, knocks)
 
 
 def stop_unowned(rec: MeshRecord) -> bool:
     """Stops the mesh ``rec`` describes as an administrator (never fenced), through
-    its agent; True if it was running."""
+    its agent; True if it was running. A mesh whose agents cannot be reached from
+    here is left running, with its state file (``MeshUnreachableError``), unless its
+    SLURM job can be ended from here."""
     try:
         client = connect(rec)
-    except (
-        AgentUnresponsiveError,
-        MeshAuthError,
-    ):  # hung, or not ours to talk to: its workers exit with it (AGENT-1)
-        if not rec.hosts:
-            os.kill(rec.agent_pid, signal.SIGKILL)
-        end_job(rec.job)
+    except MeshUnreachableError:
+        if end_job(rec.job):  # scancel ends its agents, wherever they run
+            _registry.remove_if_ours(rec.name, rec.token)
+            return True
+        raise
+    except (AgentUnresponsiveError, MeshAuthError):
+        # On its own host (connect says so only there): hung, or not ours to talk to;
+        # its workers exit with it (AGENT-1).
+        os.kill(rec.agent_pid, signal.SIGKILL)
         _registry.remove_if_ours(rec.name, rec.token)
         return True
     if client is None:
@@ -164,23 +247,31 @@ class MeshInfo:
     workers: list[dict[str, Any]] = field(default_factory=list)
     #: Its state file, as read for this listing (its token: not shown).
     record: MeshRecord | None = field(default=None, repr=False, compare=False)
+    #: None while its agents answer; else why they cannot be reached from here, on
+    #: which hosts and what to do (REGISTRY-3): the mesh may run, nothing here can
+    #: tell, and what its agents would say (procs alive, owner) is not known.
+    unreachable: str | None = None
 
 
 def list_meshes() -> list[MeshInfo]:
-    """The running meshes this user can attach to; stale state files are removed."""
+    """The running meshes of this user (those whose agents cannot be reached from here
+    too, marked ``unreachable``); the state files of meshes known gone are removed."""
     return [info for info in map(mesh_info, _registry.names()) if info is not None]
 
 
 def mesh_info(name: str) -> MeshInfo | None:
-    """The running mesh ``name`` as its agents describe it now, or None (not running;
-    a stale state file is removed)."""
+    """The running mesh ``name`` as its agents describe it now, or as its state file
+    does when they cannot be reached from here (``unreachable``); None when it does
+    not run (the state file of a mesh known gone is removed: REGISTRY-3)."""
     with _registry.locked(name):
         rec = _registry.read(name)
         if rec is None:
             return None
         try:
             client = connect(rec)
-        except (AgentUnresponsiveError, MeshAuthError) as e:
+        except AgentUnresponsiveError as e:  # (MeshUnreachableError too): it may run
+            return _unreached_info(rec, str(e))
+        except MeshAuthError as e:
             warnings.warn(str(e), _registry.MeshStateWarning, stacklevel=3)
             return None
         if client is None:
@@ -233,9 +324,42 @@ def mesh_info(name: str) -> MeshInfo | None:
     )
 
 
+def _unreached_info(rec: MeshRecord, why: str) -> MeshInfo:
+    """A mesh whose agents do not answer here, as its state file describes it."""
+    entries = _entries(rec)
+    return MeshInfo(
+        name=rec.name,
+        procs=sum(int(e["procs"]) for e in entries),
+        alive=0,
+        owner_epoch=rec.epoch,
+        attached=False,
+        agent_pid=rec.agent_pid,
+        host=rec.host,
+        spec=rec.spec,
+        ephemeral=rec.ephemeral,
+        idle_timeout=rec.idle_timeout,
+        created=rec.created,
+        hosts=[
+            {
+                "host": e["host"],
+                "addr": e["agent_addr"],
+                "procs": int(e["procs"]),
+                "alive": 0,
+                "state": "unreachable",
+                "ranks": list(range(int(e["first_rank"]), int(e["first_rank"]) + int(e["procs"]))),
+            }
+            for e in entries
+        ],
+        record=rec,
+        unreachable=why,
+    )
+
+
 __all__ = [
+    "LOOK_TIMEOUT_S",
     "MeshInfo",
     "agent_alive",
+    "agent_running",
     "connect",
     "list_meshes",
     "mesh_info",

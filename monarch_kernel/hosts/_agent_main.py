@@ -2,8 +2,9 @@
 
 Reads its configuration (token included, and across hosts the mesh's TLS identity:
 ``"tls": {"ca", "cert", "key"}``, TLS-3) as one JSON line on stdin, starts the native
-agent, prints ``MONARCH_AGENT_READY <addr> <pid> <hostname> [<slurm job id>]``, then runs until the
-agent stops.
+agent, prints ``MONARCH_AGENT_READY <addr> <pid> <hostname> [<slurm job id>] id=<host id>``
+(``_host_id.host_id()``: where its pid and address mean something), then runs until
+the agent stops.
 
 On another host (an allocator started it over ssh or srun), ``bind_host`` may be
 ``"auto"``: the agent listens on the address of this host that faces its controller
@@ -62,8 +63,10 @@ def main() -> None:
             print(
                 f"monarch agent: cannot write the state file {state_file}: {e}", file=sys.stderr, flush=True
             )
+    from monarch_kernel.hosts._host_id import host_id
+
     job = os.environ.get("SLURM_JOB_ID", "")  # (srun started us: the job to end with the mesh)
-    sys.stdout.write(f"{READY} {agent.addr} {os.getpid()} {socket.gethostname()} {job}\n")
+    sys.stdout.write(f"{READY} {agent.addr} {os.getpid()} {socket.gethostname()} {job} id={host_id()}\n")
     sys.stdout.flush()
     # Nobody reads our stdout from now on: send it to the log like stderr.
     os.dup2(2, 1)

@@ -1,11 +1,12 @@
 """State files of named meshes: ``$XDG_STATE_HOME/monarch-kernel/meshes/NAME.json``.
 
 A state file says how to reach a running mesh's host agent (address, pid, token) and
-what the mesh was created with (spec, options, epoch). It holds the mesh's secret
-token, so it is written with mode 0600 in a folder of mode 0700, atomically (written
-aside, then renamed). REGISTRY-1: a corrupt file, or one whose agent is gone, is
-reported with a warning and removed; reading the registry never raises because of
-what is on disk.
+what the mesh was created with (spec, options, epoch), and on which host each agent
+runs (``host_id``: a pid and a loopback address mean something only there). It holds
+the mesh's secret token, so it is written with mode 0600 in a folder of mode 0700,
+atomically (written aside, then renamed). REGISTRY-1: a corrupt file, or one whose
+agent is known to be gone (``_admin.connect``, REGISTRY-3), is reported with a
+warning and removed; reading the registry never raises because of what is on disk.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import re
 import time
 import warnings
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +51,9 @@ class MeshRecord:
     epoch: int = 0
     version: int = VERSION
     #: A mesh across hosts: every host's agent, in rank order, as
-    #: ``{"host", "agent_addr", "agent_pid", "first_rank", "procs"}`` (the first is also
-    #: ``host``/``agent_addr``/``agent_pid`` above). Empty for a mesh on this host.
+    #: ``{"host", "agent_addr", "agent_pid", "first_rank", "procs", "host_id"}`` (the
+    #: first is also ``host``/``agent_addr``/``agent_pid`` above). Empty for a mesh on
+    #: one host.
     hosts: list[dict[str, Any]] = field(default_factory=list)
     #: How its hosts were had: ``{"kind": "ssh", "targets": [...], "ssh_args": [...]}`` or
     #: ``{"kind": "slurm", "job_id": "...", "launcher_pid": N, "own_allocation": bool}``.
@@ -59,6 +61,12 @@ class MeshRecord:
     #: The mesh's TLS CA certificate (PEM) when its control plane runs TLS (a mesh
     #: across hosts, TLS-1); never its key.
     ca: str = ""
+    #: The host its (first) agent runs on, as ``_host_id.host_id()`` names it there
+    #: ("" when unknown: an older file); only there may its pid be judged.
+    host_id: str = ""
+    #: The host the mesh was started from (its first controller's ``host_id()``):
+    #: from there, an agent's address refusing a connection means the agent is gone.
+    started_from: str = ""
 
     def host_entries(self, nprocs: int) -> list[dict[str, Any]]:
         """Every host's agent (one entry for a mesh on this host)."""
@@ -71,6 +79,7 @@ class MeshRecord:
                 "agent_pid": self.agent_pid,
                 "first_rank": 0,
                 "procs": nprocs,
+                "host_id": self.host_id,
             }
         ]
 
@@ -80,7 +89,8 @@ class MeshRecord:
             raise ValueError(f"expected a JSON object, found {type(data).__name__}")
         if data.get("version") != VERSION:
             raise ValueError(f"unknown state file version {data.get('version')!r}")
-        rec = cls(**data)
+        known = {f.name for f in fields(cls)}  # (a newer version's fields are not corruption)
+        rec = cls(**{k: v for k, v in data.items() if k in known})
         if not isinstance(rec.token, str) or not rec.token or not isinstance(rec.agent_addr, str):
             raise ValueError("missing token or agent address")
         if not isinstance(rec.spec, dict) or not isinstance(rec.spec.get("per_host"), dict):

@@ -4,8 +4,8 @@ SLURM allocation, one per host and mesh.
 Each agent gets its configuration (the mesh token and the mesh's TLS identity
 included) as one JSON line on its stdin, through the allocator's own channel (never
 argv, the environment or a file: TLS-3),
-and answers ``MONARCH_AGENT_READY <addr> <pid> <hostname>`` on its stdout once it
-listens on the address of its host that faces this controller.
+and answers ``MONARCH_AGENT_READY <addr> <pid> <hostname> [<job>] id=<host id>`` on its
+stdout once it listens on the address of its host that faces this controller.
 
 - ssh: ``ssh HOST PYTHON -m monarch_kernel.hosts._agent_main --detach``, one per host
   in parallel; the agent leaves the ssh session once it listens, so nothing here
@@ -39,19 +39,23 @@ AGENT_ARGS = ["-m", "monarch_kernel.hosts._agent_main"]
 
 @dataclass(frozen=True)
 class RemoteAgent:
-    """An agent started on a host: where it listens, its pid and host name there, and
-    the SLURM job it runs in (srun)."""
+    """An agent started on a host: where it listens, its pid and host name there, the
+    SLURM job it runs in (srun), and its host's ``host_id()`` ("" from an older agent)."""
 
     addr: str
     pid: int
     host: str
     job_id: str = ""
+    host_id: str = ""
 
 
 def _parse_ready(line: str) -> RemoteAgent | None:
     parts = line.split()
     if len(parts) >= 4 and parts[0] == READY:
-        return RemoteAgent(addr=parts[1], pid=int(parts[2]), host=parts[3], job_id=(parts[4:] or [""])[0])
+        rest = parts[4:]  # the job id (absent outside SLURM), then id=HOST_ID
+        job = next((p for p in rest if not p.startswith("id=")), "")
+        hid = next((p[3:] for p in rest if p.startswith("id=")), "")
+        return RemoteAgent(addr=parts[1], pid=int(parts[2]), host=parts[3], job_id=job, host_id=hid)
     return None
 
 
@@ -259,11 +263,12 @@ def _need(tool: str) -> None:
         raise MeshSpecError(f"{tool} is not installed here; SLURM meshes need SLURM's client commands")
 
 
-def end_job(job: dict[str, Any]) -> None:
-    """Ends what the allocator started beyond the agents: a mesh's SLURM job."""
+def end_job(job: dict[str, Any]) -> bool:
+    """Ends what the allocator started beyond the agents: a mesh's SLURM job. True if
+    there was one and ``scancel`` took it (its agents end with it, wherever they run)."""
     if job.get("kind") != "slurm" or not job.get("job_id") or shutil.which("scancel") is None:
-        return
-    subprocess.run(["scancel", str(job["job_id"])], capture_output=True, timeout=30)
+        return False
+    return subprocess.run(["scancel", str(job["job_id"])], capture_output=True, timeout=30).returncode == 0
 
 
 def job_end_reason(job: dict[str, Any], wait: float = 3.0) -> str | None:

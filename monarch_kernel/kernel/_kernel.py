@@ -41,7 +41,12 @@ def _meshes_line() -> str:
         return f"monarch: cannot list running meshes ({e})"
     if not meshes:
         return "monarch: no running meshes; create one with  procs = %mesh up NAME --procs N"
-    names = ", ".join(f"{m.name} ({m.alive}/{m.procs} procs)" for m in meshes)
+    names = ", ".join(
+        f"{m.name} ({m.alive}/{m.procs} procs)"
+        if m.unreachable is None
+        else f"{m.name} (unreachable from here)"
+        for m in meshes
+    )
     return f"monarch: running meshes you can attach to: {names}; use  procs = %mesh attach NAME"
 
 

@@ -223,7 +223,7 @@ class MeshMagics(Magics):
         args = parse_argstring(self._mesh_down, rest)
         if args.all == bool(args.names):
             raise UsageError("%mesh down NAME ... | --all [--force]")
-        keep: list[str] = []
+        keep: list[tuple[str, str]] = []
         names = args.names
         if args.all:
             names, keep = controller.plan_down_all(args.force)

@@ -15,7 +15,13 @@ from jupyter_server.utils import url_path_join
 
 from monarch_kernel.controller._admin import owner_text
 from monarch_kernel.controller._view import ask_workers, meshes_view
-from monarch_kernel.errors import MeshSpecError
+from monarch_kernel.errors import (
+    AgentUnresponsiveError,
+    MeshAuthError,
+    MeshNotFoundError,
+    MeshSpecError,
+    MonarchKernelError,
+)
 from monarch_kernel.hosts import _admin, _registry
 
 #: How often the events stream looks at the agents while someone listens.
@@ -118,27 +124,40 @@ class EventsHandler(_Handler):
             looker.listeners -= 1
 
 
-_MISSING = object()
+#: The HTTP status of what a mesh's agents answer, or do not: not running (404), not
+#: reachable from this server (503: it may run; the message says where), its agent
+#: refusing the state file's token (409).
+_STATUS_OF_ERROR: list[tuple[type[MonarchKernelError], int]] = [
+    (MeshNotFoundError, 404),
+    (AgentUnresponsiveError, 503),
+    (MeshAuthError, 409),
+]
+
+
+def _http_error(e: MonarchKernelError) -> tornado.web.HTTPError:
+    status = next((code for cls, code in _STATUS_OF_ERROR if isinstance(e, cls)), 500)
+    return tornado.web.HTTPError(status, str(e))
 
 
 async def _with_mesh(name: str, work: Callable[[Any, Any], Any]) -> Any:
     """``work(record, agents)`` for the running mesh ``name`` (off the event loop); a
-    404 that says so when it is not running."""
+    404 that says so when it is not running, a 503 when its agents cannot be reached
+    from here (REGISTRY-3: it may run; nothing is removed)."""
 
     def run() -> Any:
         rec = _registry.read(name)
         client = _admin.connect(rec) if rec is not None else None
         if rec is None or client is None:
-            return _MISSING
+            raise MeshNotFoundError(f"no mesh named {name!r} is running")
         try:
             return work(rec, client)
         finally:
             client.close()
 
-    out = await asyncio.get_running_loop().run_in_executor(None, run)
-    if out is _MISSING:
-        raise tornado.web.HTTPError(404, f"no mesh named {name!r} is running")
-    return out
+    try:
+        return await asyncio.get_running_loop().run_in_executor(None, run)
+    except (MeshNotFoundError, AgentUnresponsiveError, MeshAuthError) as e:
+        raise _http_error(e) from None
 
 
 def _int_argument(handler: _Handler, name: str, default: int | None, least: int) -> int | None:
@@ -193,16 +212,22 @@ class DownHandler(_Handler):
     @tornado.web.authenticated
     async def post(self, name: str) -> None:
         name = _name(name)
-        from monarch_kernel.controller import down
+        from monarch_kernel.controller._admin import down_one
 
-        ((ok, what),) = await asyncio.get_running_loop().run_in_executor(None, down, [name])
-        if not ok:
-            raise tornado.web.HTTPError(404, what)
+        try:
+            what = await asyncio.get_running_loop().run_in_executor(None, down_one, name)
+        except (MeshNotFoundError, AgentUnresponsiveError, MeshAuthError) as e:
+            raise _http_error(e) from None
         self.finish(json.dumps({"mesh": name, "result": what}))
 
 
 #: The HTTP status of what ``monarch-kernel respawn`` refuses.
-_STATUS_OF = {"MeshOwnershipError": 409, "MeshNotFoundError": 404}
+_STATUS_OF = {
+    "MeshOwnershipError": 409,
+    "MeshNotFoundError": 404,
+    "MeshUnreachableError": 503,
+    "AgentUnresponsiveError": 503,
+}
 
 
 class RespawnHandler(_Handler):
@@ -218,6 +243,8 @@ class RespawnHandler(_Handler):
         info = await loop.run_in_executor(None, _admin.mesh_info, name)
         if info is None:
             raise tornado.web.HTTPError(404, f"no mesh named {name!r} is running")
+        if info.unreachable is not None:
+            raise tornado.web.HTTPError(503, info.unreachable)
         kernel_id = (info.owner or {}).get("kernel_id") if info.attached else None
         if info.attached and kernel_id in self.kernel_manager.list_kernel_ids():
             ranks, via = await self._in_kernel(kernel_id, name), "kernel"

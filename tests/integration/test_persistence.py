@@ -397,22 +397,29 @@ def test_actor_meshes_with_large_constructor_arguments_are_recorded_and_reattach
         _stop(name)
 
 
+def _record(name: str, host_id: str) -> _registry.MeshRecord:
+    """A state file of a mesh whose agent, on host ``host_id``, is not there."""
+    return _registry.MeshRecord(
+        name=name,
+        token="x" * 43,
+        agent_addr="127.0.0.1:1",  # nothing listens there
+        agent_pid=999999,  # and no process has that pid
+        host=host_id.split("/")[0] or "nowhere",
+        spec={"per_host": {"procs": 1}, "env": {}},
+        idle_timeout=60.0,
+        ephemeral=False,
+        host_id=host_id,
+        started_from=host_id,
+    )
+
+
 def test_a_corrupt_or_stale_state_file_is_reported_and_removed():
+    from monarch_kernel.hosts._host_id import host_id
+
     bad = _registry.path_of("corrupt-one")
     bad.write_text("{not json")
     stale_name = _name()
-    _registry.write(
-        _registry.MeshRecord(
-            name=stale_name,
-            token="x" * 43,
-            agent_addr="127.0.0.1:1",  # nothing listens there
-            agent_pid=999999,
-            host="nowhere",
-            spec={"per_host": {"procs": 1}, "env": {}},
-            idle_timeout=60.0,
-            ephemeral=False,
-        )
-    )
+    _registry.write(_record(stale_name, host_id()))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         names = [m.name for m in list_meshes()]

@@ -417,6 +417,50 @@ def test_killing_a_job_and_an_idle_timeout_leave_nothing_on_any_host(
     assert _wait_gone(cluster), _ours_on_hosts(cluster)
 
 
+def test_a_look_from_outside_the_cluster_keeps_its_meshes_and_says_where_they_run(
+    controllers, cluster, state_home
+):
+    # REGISTRY-3: this machine's root namespace shares the cluster's home (the state
+    # folder) but reaches none of its addresses: ls and attach run there must keep
+    # the state files of a mesh on h1 and of a mesh on the login host (whose agent's
+    # pid is visible here, in another network namespace), and say where they run.
+    c = _new(controllers, cluster, state_home)
+    c.run(
+        f"far = SSHJob(hosts=['h1'], ssh_args=['-F', {str(cluster.ssh_config)!r}]).state(cached_path=None)"
+        ".hosts.spawn_procs(per_host={'procs': 1}, name='far')"
+    )
+    c.run(
+        "from monarch_kernel import this_host\nnear = this_host().spawn_procs(per_host={'procs': 1}, name='near')"
+    )
+    files = {n: Path(state_home) / "monarch-kernel" / "meshes" / f"{n}.json" for n in ("far", "near")}
+    before = {n: f.stat().st_ino for n, f in files.items()}
+    outside = {**os.environ, "XDG_STATE_HOME": str(state_home)}
+    for _ in range(2):  # (a second look: the first one removed nothing)
+        ls = subprocess.run([*_venv_cli(), "ls"], env=outside, capture_output=True, text=True, timeout=60)
+        assert ls.returncode == 0 and "is gone" not in ls.stderr, ls.stderr
+        assert {n: f.stat().st_ino for n, f in files.items()} == before
+    rows = {ln.split()[0]: ln for ln in ls.stdout.splitlines()[1:]}
+    assert "h1 unreachable from here" in rows["far"], ls.stdout
+    assert "login unreachable from here" in rows["near"], ls.stdout
+    probe = (
+        "from monarch_kernel import attach\nfor n in ('far', 'near'):\n"
+        "    try:\n        attach(n)\n    except Exception as e:\n        print(n, type(e).__name__, e)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=outside, capture_output=True, text=True, timeout=60
+    )
+    said = {ln.split()[0]: ln for ln in done.stdout.splitlines()}
+    assert "MeshUnreachableError" in said["far"] and "h1" in said["far"], done.stdout + done.stderr
+    assert "MeshUnreachableError" in said["near"] and "login" in said["near"], done.stdout + done.stderr
+    assert {n: f.stat().st_ino for n, f in files.items()} == before
+    # Inside the cluster both are as they were.
+    env = {**os.environ, **cluster.env(), "XDG_STATE_HOME": str(state_home)}
+    ls = cluster.run_in_login([*_venv_cli(), "ls"], env=env, capture_output=True, text=True, timeout=60)
+    rows = {ln.split()[0]: ln for ln in ls.stdout.splitlines()[1:]}
+    assert "h1 1/1" in rows["far"] and "login 1/1" in rows["near"], ls.stdout + ls.stderr
+    c.run("far.stop()\nnear.stop()")
+
+
 def test_mesh_up_on_ssh_hosts_from_a_notebook(cluster, state_home, jupyter_path, tmp_path):
     import nbformat
 

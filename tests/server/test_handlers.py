@@ -13,6 +13,7 @@ import urllib.parse
 
 import psutil
 import pytest
+from proc_helpers import mesh_of_another_host
 from tornado.httpclient import HTTPClientError
 
 from monarch_kernel.hosts import _registry
@@ -98,6 +99,24 @@ async def test_down_stops_the_mesh_and_it_leaves_the_list(jp_fetch, script_mesh)
     assert script_mesh not in await _meshes(jp_fetch)
     _gone, alive = psutil.wait_procs(workers, timeout=30)
     assert not alive, f"workers of {script_mesh} still run after down: {alive}"
+
+
+async def test_a_mesh_this_server_cannot_reach_is_listed_unreachable_with_its_host_and_kept(jp_fetch):
+    # REGISTRY-3: a look from a server on another host (login node, namespace) never
+    # removes a mesh's state file; its actions say where the mesh runs (503).
+    with mesh_of_another_host() as (name, _sleeper):
+        m = (await _meshes(jp_fetch))[name]
+        assert m["state"] == "unreachable" and m["procs"] == 2 and m["ranks"] == []
+        assert [h["host"] for h in m["hosts"]] == ["login"] and m["hosts"][0]["state"] == "unreachable"
+        assert "cannot be reached from here" in m["why"] and f"monarch-kernel down {name}" in m["why"]
+        for path, method in (("logs", "GET"), ("stacks", "GET"), ("respawn", "POST"), ("down", "POST")):
+            with pytest.raises(HTTPClientError) as far:
+                await jp_fetch(
+                    "monarch", "meshes", name, path, method=method, body=b"" if method == "POST" else None
+                )
+            assert far.value.code == 503, path
+            assert "login" in json.loads(far.value.response.body)["message"], path
+        assert _registry.read(name) is not None
 
 
 @pytest.mark.parametrize("path", ["logs", "stacks"])

@@ -224,6 +224,33 @@ describe('the mesh header', () => {
   });
 });
 
+describe('a mesh unreachable from this server', () => {
+  it('says so, with where it runs and what to do, and shows no ranks', () => {
+    const why =
+      "mesh 'train' cannot be reached from here: its host agent on login does not answer " +
+      'this process. Use it from login, or end it there with `monarch-kernel down train`.';
+    const m = mesh({
+      state: 'unreachable',
+      why,
+      alive: 0,
+      procs: 2,
+      ranks: [],
+      idle_deadline: null,
+      hosts: [{ host: 'login', addr: '127.0.0.1:5', procs: 2, alive: 0, state: 'unreachable' }]
+    });
+    const el = rendered(m);
+    const state = el.querySelector('.monarch-mesh-state') as HTMLElement;
+    expect(state.dataset.state).toBe('unreachable');
+    expect(el.querySelector('.monarch-hosts')?.textContent).toBe('hosts: login (unreachable, 0/2)');
+    expect(el.querySelector('.monarch-why')?.textContent).toBe(why);
+    expect(el.querySelectorAll('.monarch-rank')).toHaveLength(0);
+  });
+
+  it('has no such line while it answers', () => {
+    expect(rendered(mesh({ why: null })).querySelector('.monarch-why')).toBeNull();
+  });
+});
+
 describe('the status bar', () => {
   it('sums the procs of every mesh', () => {
     const a = mesh({ procs: 4, alive: 3 });
