@@ -13,7 +13,7 @@
     ├── SerializationError         arguments or results cannot be pickled (also TypeError)
     ├── MeshAuthError              a peer rejected the mesh token
     │   └── MeshTLSError           a TLS handshake with a mesh's server failed (across hosts)
-    ├── MeshSpecError              bad arguments to spawn_procs / spawn (also ValueError)
+    ├── MeshSpecError              bad arguments to spawn_procs, spawn, logs (also ValueError)
     ├── MeshNotFoundError          no running mesh of that name (also LookupError)
     ├── MeshStateError             a mesh's state file cannot be written (also OSError)
     ├── UnknownEndpointError       no such endpoint on the actor (also AttributeError)
@@ -210,7 +210,8 @@ class MeshTLSError(MeshAuthError):
 
 
 class MeshSpecError(MonarchKernelError, ValueError):
-    """Bad arguments to ``spawn_procs`` or ``spawn``."""
+    """Bad arguments to ``spawn_procs``, ``spawn`` or another call on a mesh (a
+    ``tail`` for ``logs()`` out of range)."""
 
 
 class DistributedSetupError(MonarchKernelError, RuntimeError):

@@ -17,7 +17,9 @@ from typing import Any
 
 from monarch_kernel.errors import (
     MeshAuthError,
+    MeshIndexError,
     MeshOwnershipError,
+    MeshSpecError,
     MeshTLSError,
     MonarchKernelError,
     SupervisionError,
@@ -38,6 +40,29 @@ def owner() -> dict[str, Any]:
         "pid": os.getpid(),
         "host": socket.gethostname(),
     }
+
+
+#: The most last lines ``Logs`` can be asked for (``LogsRequest.tail`` is a uint32),
+#: and the highest rank it can name (``LogsRequest.rank``, an int32): every number a
+#: user gives for them (``procs.logs(tail=)``, ``%mesh logs -n``, the panel's
+#: ``?tail=``) is checked against these before it reaches the wire.
+MAX_TAIL = 2**32 - 1
+MAX_RANK = 2**31 - 1
+
+
+def check_tail(tail: object, what: str = "logs()") -> int:
+    """``tail`` as a number of last lines for ``Logs``, or a ``MeshSpecError`` (a
+    ValueError) that says what it must be."""
+    if isinstance(tail, bool) or not isinstance(tail, int):
+        raise MeshSpecError(f"{what}: tail={tail!r} must be a whole number (the number of last lines)")
+    if tail < 0:
+        raise MeshSpecError(f"{what}: tail={tail} must be 0 or more (the number of last lines)")
+    if tail > MAX_TAIL:
+        raise MeshSpecError(
+            f"{what}: tail={tail} is more than {MAX_TAIL}, the most the host agents take "
+            "(they keep fewer lines than that: any such number gives every line they have)"
+        )
+    return tail
 
 
 #: The proto's ``WorkerState`` values (agent.proto; tests/unit/test_generated_stubs.py
@@ -263,7 +288,9 @@ class AgentClient:
     def log_lines(self, rank: int | None = None, tail: int = 100, timeout: float = 5.0) -> list[Any]:
         """The last ``tail`` ``LogLine`` messages of ``rank`` (or of each rank), in the
         order the agent read them."""
-        req = self._pb.LogsRequest(rank=-1 if rank is None else rank, tail=tail)
+        if rank is not None and not 0 <= rank <= MAX_RANK:
+            raise MeshIndexError(f"logs(): rank {rank} is out of range (0 to {MAX_RANK})")
+        req = self._pb.LogsRequest(rank=-1 if rank is None else rank, tail=check_tail(tail))
         return list(self._call("Logs", req, timeout).lines)
 
     def logs(

@@ -21,6 +21,7 @@ from typing import Any
 from monarch_kernel import _native, _origin
 from monarch_kernel._wire import BUILTIN, FLUSH_MARK, SUPERVISION_MARK
 from monarch_kernel.control import has_exited
+from monarch_kernel.control._agent_client import check_tail
 from monarch_kernel.control._group import AgentGroup, HostLink
 from monarch_kernel.controller._frontend import frontend
 from monarch_kernel.controller._supervision import MeshFailure, Supervisor
@@ -466,9 +467,7 @@ class Session:
 
     def logs(self, rank: int | None, tail: int, labelled: bool = False) -> list[str]:
         self._check_rank(rank, "logs()")
-        if tail < 0:
-            raise ValueError(f"logs(): tail={tail} must be 0 or more (the number of last lines)")
-        return self.client.logs(rank=rank, tail=tail, labelled=labelled)
+        return self.client.logs(rank=rank, tail=check_tail(tail, "logs()"), labelled=labelled)
 
     def stream_logs(self, rank: int | None = None) -> Iterator[str]:
         """New output lines as they come, ``[mesh rank] text``, until the iterator is closed."""

@@ -13,6 +13,7 @@ import tornado.web
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
+from monarch_kernel.control._agent_client import MAX_TAIL
 from monarch_kernel.controller._admin import owner_text
 from monarch_kernel.controller._view import ask_workers, meshes_view
 from monarch_kernel.errors import (
@@ -160,9 +161,12 @@ async def _with_mesh(name: str, work: Callable[[Any, Any], Any]) -> Any:
         raise _http_error(e) from None
 
 
-def _int_argument(handler: _Handler, name: str, default: int | None, least: int) -> int | None:
-    """The query argument ``name`` as an integer of at least ``least``, or a 400 that
-    says what it must be."""
+def _int_argument(
+    handler: _Handler, name: str, default: int | None, least: int, most: int | None
+) -> int | None:
+    """The query argument ``name`` as an integer from ``least`` to ``most`` (what the
+    value's wire field holds; None: checked by the caller, as a rank against its
+    mesh), or a 400 that says what it must be."""
     text = handler.get_query_argument(name, None)
     if text in (None, ""):
         return default
@@ -172,6 +176,10 @@ def _int_argument(handler: _Handler, name: str, default: int | None, least: int)
         value = least - 1
     if value < least:
         raise tornado.web.HTTPError(400, f"{name} must be a whole number of at least {least}, not {text!r}")
+    if most is not None and value > most:
+        raise tornado.web.HTTPError(
+            400, f"{name} must be a whole number from {least} to {most}, not {text!r}"
+        )
     return value
 
 
@@ -182,8 +190,8 @@ class LogsHandler(_Handler):
     @tornado.web.authenticated
     async def get(self, name: str) -> None:
         name = _name(name)
-        rank = _int_argument(self, "rank", None, 0)
-        tail = _int_argument(self, "tail", 100, 1)
+        rank = _int_argument(self, "rank", None, 0, None)  # (below: one of the mesh's ranks)
+        tail = _int_argument(self, "tail", 100, 1, MAX_TAIL)
 
         def read(_rec: Any, agents: Any) -> list[str]:
             if rank is not None and rank >= len(agents.list_workers()):

@@ -25,6 +25,7 @@ from monarch_kernel import (
 from monarch_kernel.errors import (
     DimensionError,
     MeshIndexError,
+    MeshSpecError,
     MessageTooLargeError,
     SerializationError,
     UnknownEndpointError,
@@ -257,6 +258,14 @@ def test_logs_of_a_rank_out_of_range_and_choose_on_an_empty_slice_say_what_is_wr
         procs4.logs(tail=-3)
     with pytest.raises(MeshIndexError, match="choose\\(\\): the mesh is empty"):
         faulty.slice(procs=slice(1, 1)).ping.choose()
+
+
+@pytest.mark.parametrize("tail", [2**32, 10**20])
+def test_logs_with_a_tail_above_what_the_agent_takes_say_the_limit(procs4, tail):
+    # A tail travels as a uint32: a larger one is refused saying so, not by protobuf.
+    with pytest.raises(MeshSpecError, match=f"tail={tail} is more than 4294967295"):
+        procs4.logs(tail=tail)
+    assert isinstance(procs4.logs(tail=2**32 - 1), list)  # the largest one: every line kept
 
 
 def test_an_unknown_endpoint_raises_unknown_endpoint_error_listing_the_endpoints(faulty):

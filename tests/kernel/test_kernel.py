@@ -246,6 +246,8 @@ def test_use_ls_slice_noblock_and_timeout(kernel, mesh):
         assert "rank 5 is out of range" in bad_rank.stderr and "0 to 1" in bad_rank.stderr, bad_rank.stderr
         bad_n = kernel.run(f"%mesh logs {mesh} -n -3")
         assert "-n -3 must be 0 or more" in bad_n.stderr, bad_n.stderr
+        huge_n = kernel.run(f"%mesh logs {mesh} -n 99999999999999999999")
+        assert "-n 99999999999999999999 is more than 4294967295" in huge_n.stderr, huge_n.stderr
     finally:
         kernel.run(f"%mesh down {other}")
 

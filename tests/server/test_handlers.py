@@ -77,6 +77,10 @@ async def test_logs_of_a_mesh_come_labelled_with_their_rank(jp_fetch, script_mes
         ({"rank": "-1"}, "rank must be a whole number"),
         ({"rank": "2"}, "has no rank 2"),
         ({"tail": "0"}, "tail must be a whole number of at least 1"),
+        ({"tail": "99999999999999999999"}, "tail must be a whole number from 1 to 4294967295"),
+        ({"tail": "4294967296"}, "tail must be a whole number from 1 to 4294967295"),
+        ({"tail": "1e3"}, "tail must be a whole number"),
+        ({"rank": "99999999999999999999"}, "has no rank 99999999999999999999"),
     ],
 )
 async def test_a_bad_rank_or_tail_for_logs_is_a_400_that_says_why(jp_fetch, script_mesh, params, says):
