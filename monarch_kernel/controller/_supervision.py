@@ -7,13 +7,17 @@ other ranks go on), ``on_failure`` callbacks and actors' ``__supervise__`` hooks
 and with neither the front end (the notebook) or a line on stderr says so.
 SUPERVISE-2: a worker that misses ``MISSES`` heartbeats in a row is *unresponsive*
 (alive but not answering: SIGSTOP, a hung native call), reported once, distinct from
-dead; it is alive again when it answers.
+dead; it is alive again when it answers. A worker that its agent sees running (the
+kernel's "R": on a CPU or waiting for one, as on a loaded machine) is busy, not
+unresponsive; one whose agent does not answer either is left to the host's checks
+(SUPERVISE-4) and to the agent's loss (SUPERVISE-3), never called unresponsive first.
 SUPERVISE-3: when the agent itself goes, its workers exit (AGENT-1) and the mesh is
 *lost*: every later call fails with a SupervisionError that says so.
 SUPERVISE-4: across hosts, a host whose workers and agent stop answering is
-*unreachable* (said once, within a few seconds; its ranks' calls wait), distinct
-from lost; it is back when it answers, with nothing lost. A host whose agent is gone
-(its address refuses connections) is lost: its ranks are dead, the other hosts go on.
+*unreachable* (said once, within a few seconds; its ranks' calls wait: RESUME-1),
+distinct from lost; it is back when it answers, with nothing lost. A host whose agent
+is gone (its address refuses connections) is lost: its ranks are dead, the calls
+waiting on them fail, the other hosts go on.
 """
 
 from __future__ import annotations
@@ -75,6 +79,8 @@ class Supervisor:
         self._dead_lock = threading.Lock()
         #: Whether each actor mesh's class defines __supervise__ (where known).
         self.supervised: dict[str, bool] = {}
+        #: Hosts whose agent did not answer the last look (SUPERVISE-4), by link index.
+        self._agent_silent: set[int] = set()
         self._thread = threading.Thread(
             target=self._beat, name=f"monarch-heartbeat-{session.name}", daemon=True
         )
@@ -159,6 +165,7 @@ class Supervisor:
                 s.state.dead[r] = SupervisionError(message, mesh=s.name, rank=r, host=link.host)
                 s.state.unresponsive.discard(r)
         s.state.changed()
+        _abandon_calls(s, link, message)
         self.notify(MeshFailure(s.name, "host_lost", message, host=link.host))
 
     def stopped_by(self, by: str) -> None:
@@ -296,18 +303,39 @@ class Supervisor:
                 if isinstance(res, BaseException) and self._exited(r):
                     continue  # an exit the event stream missed (SUPERVISE-1)
                 misses[r] = misses.get(r, 0) + 1
-                if misses[r] == MISSES and r not in s.state.unresponsive:
-                    s.state.unresponsive.add(r)
-                    if s.host_index(r) not in s.unreachable:  # a host's silence is said once
-                        self.notify(MeshFailure.of(self._unresponsive_error(r), "unresponsive"))
+                host = s.host_index(r)
+                if misses[r] >= MISSES and r not in s.state.unresponsive and host not in s.unreachable:
+                    self._silent(r)
             self._check_hosts(misses)
             time.sleep(max(0.0, HEARTBEAT_S - (time.monotonic() - started)))
+
+    def _silent(self, rank: int) -> None:
+        """Rank ``rank`` missed ``MISSES`` heartbeats: unresponsive unless its agent
+        sees it running (busy: SUPERVISE-2) or does not answer itself (the host's
+        checks and the agent's loss say what happened)."""
+        s = self.s
+        try:
+            info = s.client.worker(rank)
+        except MonarchKernelError:
+            return  # the agent is silent too: not this rank's failure to tell
+        if info is None or info.get("proc_state") == "R":
+            return
+        if info["state"] == "exited":
+            self._exited(rank)
+            return
+        with self._dead_lock:
+            if rank in s.state.unresponsive or rank in s.state.dead:
+                return
+            s.state.unresponsive.add(rank)
+        self.notify(MeshFailure.of(self._unresponsive_error(rank, info), "unresponsive"))
 
     def _check_hosts(self, misses: dict[int, int]) -> None:
         """SUPERVISE-4 (across hosts): when one of a host's live ranks missed the last
         heartbeat, its agent is asked: gone, the host is lost (at once, whatever its
         Watch stream says yet); with every rank silent for two heartbeats and the agent
-        silent too, the host is unreachable. A host whose ranks answer again is back."""
+        silent at either of them, the host is unreachable (one look at the agent per
+        heartbeat: the second miss needs no second look to say so). A host whose ranks
+        answer again is back."""
         s = self.s
         if len(s.client.links) == 1:
             return
@@ -318,14 +346,25 @@ class Supervisor:
             if not live:
                 continue
             silent = min(misses.get(r, 0) for r in live)
-            if max(misses.get(r, 0) for r in live) and link.index not in s.unreachable:
-                how = link.reach(timeout=1.0)
-                if how == "gone":
-                    self.host_lost(link, SupervisionError(f"its agent at {link.addr} refuses connections"))
-                elif how == "unreachable" and silent >= 2:
+            if not max(misses.get(r, 0) for r in live):
+                self._agent_silent.discard(link.index)
+                if link.index in s.unreachable:
+                    self.host_back(link)
+                continue
+            if link.index in s.unreachable:
+                continue
+            if silent >= 2 and link.index in self._agent_silent:
+                self.host_unreachable(link)
+                continue
+            how = link.reach(timeout=1.0)
+            if how == "gone":
+                self.host_lost(link, SupervisionError(f"its agent at {link.addr} refuses connections"))
+            elif how == "unreachable":
+                self._agent_silent.add(link.index)
+                if silent >= 2:
                     self.host_unreachable(link)
-            elif not silent and link.index in s.unreachable:
-                self.host_back(link)
+            else:
+                self._agent_silent.discard(link.index)
 
     def _exited(self, rank: int) -> bool:
         """Asks the agent whether ``rank`` exited; if so, handles it as a death. For
@@ -355,13 +394,8 @@ class Supervisor:
         )
         s.detach()
 
-    def _unresponsive_error(self, rank: int) -> SupervisionError:
+    def _unresponsive_error(self, rank: int, info: dict[str, Any] | None) -> SupervisionError:
         s = self.s
-        info: dict[str, Any] | None
-        try:
-            info = s.client.worker(rank)
-        except MonarchKernelError:
-            info = None
         how = describe(info, f"no heartbeat for {MISSES} s") if info else f"missed {MISSES} heartbeats"
         where = f" (pid {info['pid']} on {info['host']})" if info else ""
         return SupervisionError(
@@ -371,6 +405,18 @@ class Supervisor:
             pid=info["pid"] if info else None,
             host=info["host"] if info else None,
         )
+
+
+def _abandon_calls(s: Session, link: HostLink, why: str) -> None:
+    """Fails the calls this process waits for from ``link``'s workers and its agent
+    (the relay of fanned-out calls): the host is lost, and a partitioned host's calls
+    would otherwise wait for it to answer (RESUME-1)."""
+    ref = s.state.ref
+    addrs = [ref.addrs[r] for r in link.ranks if r < len(ref.addrs)]
+    if link.index < len(ref.hosts):
+        addrs.append(ref.hosts[link.index][0])
+    for addr in addrs:
+        _native.abandon_calls(addr, ref.token, why)
 
 
 def _span(link: HostLink) -> str:

@@ -31,6 +31,8 @@ def describe_wait(calls: Sequence[Any]) -> list[str]:
         try:
             running = s.busy(r)
         except TimeoutError:
+            if not _stuck(s, r):
+                continue
             lines.append(
                 f"{rank} does not answer (stopped, or hung in native code); %mesh stacks shows what "
                 f"it runs, stop ends the wait, and a worker that stays hung can be killed and then "
@@ -58,3 +60,19 @@ def calls_of(futures: Sequence[Any]) -> list[Any]:
 
 
 __all__ = ["calls_of", "describe_wait"]
+
+
+def _stuck(s: Session, rank: int) -> bool:
+    """Whether worker ``rank``, which did not say what it runs in time, is stuck as its
+    agent sees it: not running (stopped, or asleep in a hung native call) and not
+    exited. One the agent sees running (the kernel's "R": busy with its interpreter, an
+    import, or starved on a loaded machine) is busy, not hung (SUPERVISE-2); with an
+    agent that does not answer either, the host's notices say what happened (lost, or
+    unreachable), not this line."""
+    if rank in s.state.unresponsive:
+        return True
+    try:
+        info = s.client.worker(rank)
+    except Exception:
+        return False
+    return bool(info) and info["state"] != "exited" and info.get("proc_state") != "R"

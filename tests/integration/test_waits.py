@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
@@ -21,6 +22,23 @@ class Busy(Actor):
     @endpoint
     def pid(self) -> int:
         return os.getpid()
+
+    @endpoint
+    def hold_interpreter(self, seconds: float) -> str:
+        """Holds the GIL (as an import or a native call does) for about ``seconds``: a
+        regular expression that backtracks, sized from a short run of it."""
+        import re
+
+        pattern = re.compile(r"(a+)+b")
+        n, took = 16, 0.0
+        while took < 0.05:
+            n += 1
+            t = time.monotonic()
+            pattern.match("a" * n)
+            took = time.monotonic() - t
+        n += max(0, int(math.log2(seconds / took)))  # each "a" doubles the time
+        pattern.match("a" * n)
+        return "done"
 
 
 def test_a_call_queued_behind_another_says_which_and_where_its_code_is(fresh_procs1):
@@ -48,3 +66,16 @@ def test_a_rank_that_does_not_answer_is_named(fresh_procs1):
     finally:
         os.kill(pid, signal.SIGCONT)
     assert waiting.get(timeout=TIMEOUT) == pid
+
+
+def test_a_rank_that_holds_its_interpreter_is_busy_and_not_said_to_hang(fresh_procs1):
+    b = fresh_procs1.spawn("b", Busy)
+    b.pid.call_one().get(timeout=TIMEOUT)
+    first = b.hold_interpreter.call_one(4.0)
+    time.sleep(1.0)
+    queued = b.pid.call_one()
+    lines = controller.describe_wait(controller.calls_of([queued]))
+    assert not [line for line in lines if "does not answer" in line], lines
+    assert first.get(timeout=120) == "done"
+    queued.get(timeout=TIMEOUT)
+    assert fresh_procs1.status() == ["alive"]

@@ -128,9 +128,32 @@ fn json_string(s: &str) -> String {
     out
 }
 
-/// The state letter of `/proc/PID/stat` ("R", "S", "T", ...), or "" if unreadable.
+/// The state letter of process `pid` as the kernel sees it ("R", "S", "T", ...), or
+/// "" if unreadable: its main thread's, except that a process any of whose threads is
+/// running (or waiting for a CPU) is "R" (AGENT-4): a worker's endpoints run on
+/// threads of their own while its main thread sleeps, and a busy worker is not a
+/// hung one.
 fn proc_state(pid: u32) -> String {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+    let main = state_letter(&format!("/proc/{pid}/stat"));
+    if matches!(main.as_str(), "" | "R" | "T" | "t" | "Z" | "X") {
+        return main;
+    }
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return main;
+    };
+    let running = tasks
+        .flatten()
+        .any(|t| state_letter(&format!("{}/stat", t.path().display())) == "R");
+    if running {
+        "R".to_string()
+    } else {
+        main
+    }
+}
+
+/// The state letter of a `stat` file of /proc, or "" if unreadable.
+fn state_letter(path: &str) -> String {
+    let Ok(stat) = std::fs::read_to_string(path) else {
         return String::new();
     };
     // The command name is in parentheses and may contain spaces: the state follows
