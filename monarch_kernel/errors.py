@@ -14,8 +14,10 @@
     ├── MeshAuthError              a peer rejected the mesh token
     │   └── MeshTLSError           a TLS handshake with a mesh's server failed (across hosts)
     ├── MeshSpecError              bad arguments to spawn_procs, spawn, logs (also ValueError)
+    ├── MeshStartError             a mesh's host agents could not be started (also RuntimeError)
     ├── MeshNotFoundError          no running mesh of that name (also LookupError)
-    ├── MeshStateError             a mesh's state file cannot be written (also OSError)
+    ├── MeshStateError             the state folder cannot be written (also OSError)
+    ├── DistributedSetupError      torch.distributed could not be set up (also RuntimeError)
     ├── UnknownEndpointError       no such endpoint on the actor (also AttributeError)
     ├── DimensionError             slicing names a dimension the mesh lacks (also TypeError)
     ├── MeshIndexError             slicing with an index out of range (also IndexError)
@@ -51,6 +53,7 @@ __all__ = [
     "MeshNotFoundError",
     "MeshOwnershipError",
     "MeshSpecError",
+    "MeshStartError",
     "MeshStateError",
     "MeshStoppedError",
     "MeshTLSError",
@@ -186,8 +189,9 @@ class MeshNotFoundError(MonarchKernelError, LookupError):
 
 
 class MeshStateError(MonarchKernelError, OSError):
-    """A mesh's state file cannot be written (a read-only or full disk): the message
-    names the folder (``$XDG_STATE_HOME/monarch-kernel/meshes``)."""
+    """The state folder (``$XDG_STATE_HOME/monarch-kernel``: state files, locks, logs)
+    cannot be written (not writable, read-only or full): the message names the folder
+    and the way out (make it writable, or set ``XDG_STATE_HOME``)."""
 
 
 class MessageTooLargeError(MonarchKernelError, ValueError):
@@ -212,6 +216,18 @@ class MeshTLSError(MeshAuthError):
 class MeshSpecError(MonarchKernelError, ValueError):
     """Bad arguments to ``spawn_procs``, ``spawn`` or another call on a mesh (a
     ``tail`` for ``logs()`` out of range)."""
+
+
+class MeshStartError(MonarchKernelError, RuntimeError):
+    """A mesh could not be started: a host agent did not start (ssh failed or was
+    refused, srun started too few, the local agent exited at once). Nothing of the
+    mesh is left running. Attributes: ``mesh`` and ``host`` where known; the message
+    says what the host answered and what to check."""
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.mesh = details.get("mesh")
+        self.host = details.get("host")
 
 
 class DistributedSetupError(MonarchKernelError, RuntimeError):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from monarch_kernel.errors import MeshSpecError, SupervisionError
+from monarch_kernel.errors import MeshSpecError, MeshStartError, MeshStateError
 
 READY = "MONARCH_AGENT_READY"
 
@@ -45,11 +45,23 @@ class AgentProcess:
 KEEP_LOGS_S = 7 * 24 * 3600.0
 
 
+def not_writable(path: Path, e: OSError) -> MeshStateError:
+    """What to say when ``path``, in the state folder, cannot be made or written."""
+    return MeshStateError(
+        f"cannot write in the state folder {path} ({e.strerror or e}): make it writable (or free "
+        f"space there), or set XDG_STATE_HOME to a folder you can write (now {state_dir().parent})"
+    )
+
+
 def private_dir(path: Path) -> Path:
     """``path`` (and its parents under the state folder) as folders only their owner
-    can read: logs hold what the workers printed."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(path, 0o700)
+    can read: logs hold what the workers printed. One that cannot be made is a
+    ``MeshStateError`` naming it."""
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(path, 0o700)
+    except OSError as e:
+        raise not_writable(path, e) from e
     return path
 
 
@@ -191,5 +203,5 @@ def start_local_agent(
         popen.kill()
         popen.wait(5)
         log = (log_dir / "agent.log").read_text(errors="replace")[-2000:]
-        raise SupervisionError(f"the host agent for mesh {name!r} did not start; its log:\n{log}", mesh=name)
+        raise MeshStartError(f"the host agent for mesh {name!r} did not start; its log:\n{log}", mesh=name)
     return AgentProcess(popen=popen, addr=line.decode().split()[1], log_dir=log_dir)

@@ -25,6 +25,7 @@ from typing import Any
 
 from monarch_kernel.errors import MeshSpecError, MeshStateError
 from monarch_kernel.hosts import state_dir
+from monarch_kernel.hosts._local import not_writable
 
 VERSION = 1
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -108,8 +109,13 @@ def check_name(name: object) -> str:
 
 
 def meshes_dir() -> Path:
+    """The folder of state files, made if need be (a ``MeshStateError`` naming it
+    when it cannot be)."""
     d = state_dir() / "meshes"
-    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as e:
+        raise not_writable(d, e) from e
     return d
 
 
@@ -194,13 +200,20 @@ def _read(name: str) -> Any:
 
 
 def names() -> list[str]:
-    return sorted(p.stem for p in meshes_dir().glob("*.json") if not p.name.startswith("."))
+    """The names of the meshes that have a state file (a look: nothing is made)."""
+    d = state_dir() / "meshes"
+    return sorted(p.stem for p in d.glob("*.json") if not p.name.startswith(".")) if d.is_dir() else []
 
 
 @contextlib.contextmanager
 def locked(name: str) -> Iterator[None]:
-    """Holds the lock of mesh ``name``: one process at a time creates or replaces it."""
-    fd = os.open(meshes_dir() / f".{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    """Holds the lock of mesh ``name``: one process at a time creates or replaces it.
+    A lock file that cannot be made is a ``MeshStateError`` naming the folder."""
+    path = meshes_dir() / f".{name}.lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as e:
+        raise not_writable(path.parent, e) from e
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

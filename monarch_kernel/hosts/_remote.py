@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from monarch_kernel.errors import MeshSpecError, SupervisionError
+from monarch_kernel.errors import MeshSpecError, MeshStartError
 from monarch_kernel.hosts._local import READY, private_dir, state_dir
 
 #: How the agent module is run on a host.
@@ -118,16 +118,20 @@ class SSHHosts:
             try:
                 done = subprocess.run(argv, input=line, capture_output=True, text=True, timeout=timeout)
             except subprocess.TimeoutExpired:
-                raise SupervisionError(
-                    f"ssh {target}: the host agent did not start within {timeout:g} s", host=target
+                raise MeshStartError(
+                    f"ssh {target}: the host agent did not start within {timeout:g} s",
+                    host=target,
+                    mesh=cfg["name"],
                 ) from None
             agent = next((a for a in map(_parse_ready, done.stdout.splitlines()) if a), None)
             if agent is None:
-                raise SupervisionError(
+                by_hand = " ".join(shlex.quote(a) for a in ["ssh", *self.ssh_args, target])
+                raise MeshStartError(
                     f"ssh {target}: the host agent did not start (exit status {done.returncode}): "
-                    f"{(done.stderr or done.stdout).strip()[-1500:] or 'no output'}. Check that `ssh {target}` "
+                    f"{(done.stderr or done.stdout).strip()[-1500:] or 'no output'}. Check that `{by_hand}` "
                     f"works without a password and that {self.python} has monarch-kernel installed there.",
                     host=target,
+                    mesh=cfg["name"],
                 )
             return agent
 
@@ -137,7 +141,7 @@ class SSHHosts:
         for f in futures:
             try:
                 agents.append(f.result())
-            except SupervisionError as e:
+            except MeshStartError as e:
                 errors.append(e)
         if errors:
             raise _StartFailed(errors[0], agents)
@@ -152,7 +156,7 @@ class SSHHosts:
 class _StartFailed(Exception):
     """Some hosts' agents started, others did not: the caller stops those that did."""
 
-    def __init__(self, error: SupervisionError, started: list[RemoteAgent]) -> None:
+    def __init__(self, error: MeshStartError, started: list[RemoteAgent]) -> None:
         super().__init__(str(error))
         self.error, self.started = error, started
 
@@ -234,9 +238,10 @@ class SlurmHosts:
             _end_launch(launcher, lines)
             said = "\n".join(lines).strip()[-1500:] or "(none)"
             raise _StartFailed(
-                SupervisionError(
+                MeshStartError(
                     f"srun started {len(agents)} of {self.nodes} host agents within {self.timeout:g} s "
-                    f"({' '.join(self.srun_argv(cfg['name'])[:-3])}); its output:\n{said}"
+                    f"({' '.join(self.srun_argv(cfg['name'])[:-3])}); its output:\n{said}",
+                    mesh=cfg["name"],
                 ),
                 [],
             )

@@ -1,12 +1,14 @@
 """Public calls raise only documented errors (``monarch_kernel.errors``), each saying
 what happened and the next step, with real agents: a state file whose token the
-running agent refuses, an agent that runs but does not answer."""
+running agent refuses, an agent that runs but does not answer, a host whose sshd
+refuses."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -67,3 +69,19 @@ def test_an_agent_that_does_not_answer_is_a_documented_error_and_attach_works_af
         os.kill(rec.agent_pid, signal.SIGCONT)
     again = attach(name)
     assert again.status() == ["alive"]
+
+
+def test_a_host_whose_sshd_refuses_is_a_mesh_start_error_naming_it(state_home):
+    from monarch_kernel.job import SSHJob
+
+    with socket.socket() as s:  # a loopback port where no sshd listens: refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    hosts = SSHJob(hosts=["127.0.0.1"], ssh_args=["-p", str(port), "-o", "ConnectTimeout=10"])
+    with pytest.raises(errors.MeshStartError) as info:
+        hosts.state(cached_path=None).hosts.spawn_procs(per_host={"procs": 1})
+    assert not isinstance(info.value, errors.SupervisionError)  # nothing was running to fail
+    text = str(info.value)
+    assert "ssh 127.0.0.1" in text and "refused" in text, text
+    assert info.value.host == "127.0.0.1"
+    assert not _registry.names()

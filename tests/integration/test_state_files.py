@@ -4,6 +4,10 @@ is being put back is not taken for gone."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
 import uuid
 import warnings
 
@@ -126,3 +130,60 @@ def test_a_write_that_fails_says_which_folder_and_what_to_do(state_home, monkeyp
     with pytest.raises(errors.MeshStateError, match="No space left on device") as info:
         _registry.write(rec)
     assert str(_registry.meshes_dir()) in str(info.value) and "XDG_STATE_HOME" in str(info.value)
+
+
+# A controller in a state folder it cannot write: each spawn (named, then unnamed)
+# and ls say what happened, as "CLASS | message" lines.
+_IN_A_FOLDER_NOT_WRITABLE = """
+import sys
+from monarch_kernel import this_host
+from monarch_kernel.cli import main
+for name in (sys.argv[1], None):
+    try:
+        this_host().spawn_procs(per_host={"procs": 1}, name=name)
+    except Exception as e:
+        print(type(e).__name__, "|", str(e).replace(chr(10), " "), flush=True)
+    else:
+        print("STARTED |", flush=True)
+print("LS |", main(["ls"]), flush=True)
+"""
+
+
+def _as_a_user(argv: list[str]) -> list[str]:
+    """``argv`` with folders' modes applying to it: as root, without the capabilities
+    that override them (root still owns its own files, the interpreter's included)."""
+    if os.geteuid() != 0:
+        return argv
+    drop = "-dac_override,-dac_read_search"
+    return ["setpriv", f"--bounding-set={drop}", f"--inh-caps={drop}", "--", *argv]
+
+
+@pytest.mark.skipif(os.geteuid() == 0 and shutil.which("setpriv") is None, reason="needs setpriv as root")
+@pytest.mark.parametrize("read_only", ["state home", "meshes folder"])
+def test_a_spawn_in_a_state_folder_that_cannot_be_written_is_a_mesh_state_error_naming_it(
+    tmp_path, read_only
+):
+    home = tmp_path / "state"
+    meshes = home / "monarch-kernel" / "meshes"
+    meshes.mkdir(parents=True)
+    folder = home if read_only == "state home" else meshes
+    if read_only == "state home":
+        shutil.rmtree(home / "monarch-kernel")  # nothing made yet: the first spawn makes it
+    folder.chmod(0o500)
+    try:
+        done = subprocess.run(
+            _as_a_user([sys.executable, "-c", _IN_A_FOLDER_NOT_WRITABLE, _name()]),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "XDG_STATE_HOME": str(home)},
+        )
+    finally:
+        folder.chmod(0o700)
+    said = [ln.split(" | ", 1) for ln in done.stdout.splitlines() if " | " in ln]
+    assert len(said) == 3, done.stdout + done.stderr
+    (named_kind, named), (anon_kind, anon), (_ls, ls_status) = said
+    for kind, text in ((named_kind, named), (anon_kind, anon)):
+        assert kind == "MeshStateError", f"{kind}: {text}"
+        assert str(home) in text and "XDG_STATE_HOME" in text, text
+    assert ls_status == "0" and "no running meshes" in done.stdout, done.stdout + done.stderr

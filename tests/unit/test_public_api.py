@@ -4,6 +4,7 @@ imports; the exception tree keeps Monarch's exception types."""
 from __future__ import annotations
 
 import importlib
+import re
 
 import pytest
 
@@ -113,6 +114,36 @@ def test_every_error_in_errors_all_is_importable_and_derives_from_the_root():
 )
 def test_errors_are_also_the_builtin_exception_monarch_raises(error, builtin):
     assert issubclass(getattr(errors, error), builtin)
+
+
+def _drawn_tree() -> dict[str, str]:
+    """Each class of the tree drawn in ``errors``' docstring, with its parent there."""
+    parents: dict[str, str] = {}
+    stack: list[tuple[int, str]] = []
+    for line in errors.__doc__.splitlines():
+        m = re.match(r"^(\s*)(?:[│ ]\s*)*(?:├── |└── )?([A-Z]\w+)(?:\s|$)", line)
+        branch = re.search(r"[├└]── ", line)
+        if line.strip() == "MonarchKernelError":
+            stack = [(-1, "MonarchKernelError")]
+            continue
+        if not stack or not branch or m is None:
+            continue
+        depth = branch.start()
+        while stack and stack[-1][0] >= depth:
+            stack.pop()
+        parents[m.group(2)] = stack[-1][1]
+        stack.append((depth, m.group(2)))
+    return parents
+
+
+def test_the_tree_drawn_in_errors_docstring_is_the_class_tree():
+    drawn = _drawn_tree()
+    assert set(drawn) == set(errors.__all__) - {"MonarchKernelError"}, "drawn vs __all__"
+    for name, parent in drawn.items():
+        bases = [
+            b.__name__ for b in getattr(errors, name).__bases__ if issubclass(b, errors.MonarchKernelError)
+        ]
+        assert bases == [parent], f"{name}: drawn under {parent}, derives from {bases}"
 
 
 def test_a_stopped_mesh_error_is_a_supervision_error():
