@@ -381,6 +381,39 @@ def transfers() -> tuple[float, float]:
         procs.stop()
 
 
+class Lengths(Actor):
+    @endpoint
+    def length(self, x: object) -> int:
+        x = x.data if isinstance(x, Batch) else x
+        return len(x)  # type: ignore[arg-type]
+
+
+class Batch:
+    """A user's object that holds its data in an attribute."""
+
+    def __init__(self, data: object) -> None:
+        self.data = data
+
+
+def bytes_beside_array(nbytes: int = 300 << 20) -> tuple[float, float, float]:
+    """Median seconds to pass ``nbytes`` to an endpoint (one host): as a numpy array,
+    as ``bytes``, and as ``bytes`` in an attribute of a user's object."""
+    import numpy as np
+
+    procs = this_host().spawn_procs(per_host={"procs": 1})
+    try:
+        a = procs.spawn("lengths", Lengths)
+        array = np.ones(nbytes, dtype=np.uint8)
+        data = array.tobytes()
+        batch = Batch(data)
+        return tuple(  # type: ignore[return-value]
+            timed(lambda v=v: a.length.call_one(v).get(timeout=120), 5, warmup=2)
+            for v in (array, data, batch)
+        )
+    finally:
+        procs.stop()
+
+
 def main() -> None:
     pipe = pipe_round_trip()
     tcp = tcp_round_trip()
@@ -392,6 +425,7 @@ def main() -> None:
     kill = kill_to_error()
     echo64, read_bw = transfers()
     pickled = pickled_echo()
+    array300, bytes300, batch300 = bytes_beside_array()
     tcp_bw, raw_tcp_bw = tcp_path(), loopback_tcp_bandwidth()
     grow_ctl, grow_worker = memory_growth()
     plain_cell, mesh_cell = cells.cell_round_trips()
@@ -450,6 +484,22 @@ def main() -> None:
             "ms",
             "echo through the engine",
             echo64 * ms,
+            "(comparison)",
+        ),
+        (
+            "pass 300 MiB of bytes to an endpoint",
+            bytes300 * ms,
+            "ms",
+            "300 MiB numpy array",
+            array300 * ms,
+            "(comparison)",
+        ),
+        (
+            "pass 300 MiB of bytes in a user's object",
+            batch300 * ms,
+            "ms",
+            "300 MiB numpy array",
+            array300 * ms,
             "(comparison)",
         ),
         (

@@ -1,8 +1,9 @@
 """Serialization of messages: cloudpickle, protocol 5, out-of-band buffers.
 
 Classes and functions defined in ``__main__`` (a notebook) travel by value. Buffers
-(ndarrays, tensors' storage, bytes) travel out of band, beside the pickle. Only
-authenticated peers ever reach :func:`loads` (AUTH-1 in the native core).
+(ndarrays, tensors' storage, large bytes and bytearrays wherever they are) travel out
+of band, beside the pickle. Only authenticated peers ever reach :func:`loads` (AUTH-1
+in the native core).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class _Pickler(cloudpickle.Pickler):
     writes ``<dynamic-code>``) and carries its source lines, for remote tracebacks."""
 
     def reducer_override(self, obj: Any) -> Any:
-        t = type(obj)  # (never bytes: the C pickler writes those itself, see _OutOfBand)
+        t = type(obj)  # (never bytes or bytearray: see _BytesBeside)
         if t is memoryview:
             return _buffers.reduce_memoryview(obj)
         if _buffers.is_tensor(obj):
@@ -49,46 +50,101 @@ class _Pickler(cloudpickle.Pickler):
         return super().reducer_override(obj)
 
 
-class _OutOfBand:
-    """A large ``bytes`` or ``bytearray``, to pickle out of band: the C pickler writes
-    those types inline without asking ``reducer_override``, so ``dumps`` wraps them
-    first (where they stand in tuples, lists and dicts, up to ``_WRAP_DEPTH`` deep)."""
+class _BytesBeside(_Pickler):
+    """``_Pickler`` that also sends large ``bytes`` and ``bytearray`` out of band,
+    wherever they are (in a user's object, a set, however deep): the C pickler writes
+    those types inline without asking ``reducer_override``, but it asks
+    ``persistent_id`` of every object. That costs a Python call per object pickled,
+    so a message takes this pickler only when the plain one met such a bytes
+    (``_Sink``)."""
 
-    __slots__ = ("data",)
+    def __init__(self, file: Any, protocol: int, buffer_callback: Any) -> None:
+        super().__init__(file, protocol=protocol, buffer_callback=buffer_callback)
+        #: The persistent id of each large bytes met, by id: met twice, sent once.
+        self._ids: dict[int, tuple[str, pickle.PickleBuffer]] = {}
 
-    def __init__(self, data: bytes | bytearray) -> None:
-        self.data = data
-
-    def __reduce__(self) -> Any:
-        return type(self.data), (pickle.PickleBuffer(self.data),)
-
-
-#: How deep, and through how many items, ``_wrap_large`` looks for large bytes.
-_WRAP_DEPTH = 4
-_WRAP_ITEMS = 10_000
-
-
-def _wrap_large(obj: Any, budget: list[int], depth: int = 0) -> Any:
-    """``obj`` with its large ``bytes``/``bytearray`` (at tuple, list and dict item
-    positions) wrapped in ``_OutOfBand``; ``obj`` itself where there are none."""
-    t = type(obj)
-    if t is bytes or t is bytearray:
-        return _OutOfBand(obj) if len(obj) >= _buffers.THRESHOLD else obj
-    if depth >= _WRAP_DEPTH or (t is not tuple and t is not list and t is not dict) or budget[0] <= 0:
-        return obj
-    budget[0] -= len(obj)
-    if t is dict:
-        items = {k: _wrap_large(v, budget, depth + 1) for k, v in obj.items()}
-        return items if any(items[k] is not v for k, v in obj.items()) else obj
-    wrapped = [_wrap_large(x, budget, depth + 1) for x in obj]
-    if all(w is x for w, x in zip(wrapped, obj)):
-        return obj
-    return tuple(wrapped) if t is tuple else wrapped
+    def persistent_id(self, obj: Any) -> Any:
+        t = type(obj)
+        if (t is not bytes and t is not bytearray) or len(obj) < _buffers.THRESHOLD:
+            return None
+        pid = self._ids.get(id(obj))
+        if pid is None:
+            # (the same tuple each time: the pickler memoizes it, so the buffer goes once)
+            pid = self._ids[id(obj)] = (t.__name__, pickle.PickleBuffer(obj))
+        return pid
 
 
-def _cloudpickle_dumps(obj: Any, buffer_callback: Any = None) -> bytes:
+class _Unpickler(pickle.Unpickler):
+    """Rebuilds what ``_BytesBeside`` sent out of band; a bytes met twice is one
+    object again."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._rebuilt: dict[int, bytes | bytearray] = {}
+
+    def persistent_load(self, pid: Any) -> Any:
+        kind, buf = pid
+        out = self._rebuilt.get(id(pid))
+        if out is None:
+            # (a copy: a bytes owns its memory, it cannot stand on what the engine filled)
+            out = self._rebuilt[id(pid)] = bytearray(buf) if kind == "bytearray" else bytes(buf)
+        return out
+
+
+class _InlineBytes(Exception):
+    """The plain pickler met a large bytes or bytearray: pickle with ``_BytesBeside``."""
+
+
+class _Sink:
+    """What the plain pickler writes a message to. The C pickler hands a payload of
+    64 KiB or more to ``write`` as it is, the bytes or bytearray object itself, right
+    after writing its opcode; this stops the pickling there (``_InlineBytes``), before
+    anything copies it."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self) -> None:
+        self.parts: list[Any] = []
+
+    def write(self, b: Any) -> int:
+        t = type(b)
+        if (t is bytes or t is bytearray) and len(b) >= _buffers.THRESHOLD and self.parts:
+            if _bytes_opcode(self.parts[-1], len(b)):
+                raise _InlineBytes
+        self.parts.append(b)
+        return len(b)
+
+    def value(self) -> bytes:
+        return self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
+
+
+def _bytes_opcode(head: bytes, n: int) -> bool:
+    """Whether ``head`` ends with the opcode of a bytes or bytearray of ``n`` bytes
+    (BINBYTES, BINBYTES8, BYTEARRAY8), not of a str's text (BINUNICODE...)."""
+    if len(head) >= 5 and head[-5] == 0x42 and int.from_bytes(head[-4:], "little") == n:
+        return True
+    return len(head) >= 9 and head[-9] in (0x8E, 0x96) and int.from_bytes(head[-8:], "little") == n
+
+
+def _pickle_message(obj: Any, buffers: list[Any], by_reducers: list[int]) -> bytes:
+    """``obj`` pickled, its buffers out of band (appended to ``buffers``)."""
+    sink = _Sink()
+    try:
+        _Pickler(sink, protocol=5, buffer_callback=buffers.append).dump(obj)
+        return sink.value()
+    except _InlineBytes:  # again, with them out of band (what reducers registered, anew)
+        _buffers.drop_now(by_reducers)
+        by_reducers.clear()
+        buffers.clear()
     with io.BytesIO() as f:
-        _Pickler(f, protocol=5, buffer_callback=buffer_callback).dump(obj)
+        _BytesBeside(f, protocol=5, buffer_callback=buffers.append).dump(obj)
+        return f.getvalue()
+
+
+def _cloudpickle_dumps(obj: Any) -> bytes:
+    """``obj`` pickled whole, buffers in band."""
+    with io.BytesIO() as f:
+        _Pickler(f, protocol=5).dump(obj)
         return f.getvalue()
 
 
@@ -134,7 +190,7 @@ def dumps(
     by_reducers: list[int] = []  # what reducers registered while pickling (CUDA tensors)
     reset_readers = _buffers.current_readers.set((readers, by_reducers))
     try:
-        data = _cloudpickle_dumps(_wrap_large(obj, [_WRAP_ITEMS]), buffers.append)
+        data = _pickle_message(obj, buffers, by_reducers)
     except Exception as e:  # pickling runs arbitrary __reduce__ code
         _buffers.drop_now(by_reducers)
         raise SerializationError(
@@ -237,4 +293,7 @@ def loads(data: Any, buffers: list[Any] | None = None, token: str | None = None)
     """Unpickles a message; buffers that came through the transfer engine are pulled
     first, with ``token`` (default: this worker's own mesh token)."""
     data, bufs = _buffers.receive_remote(data, buffers or [], token or _buffers.process_token[0])
-    return pickle.loads(data, buffers=bufs)
+    if not bufs:  # (nothing went out of band: no persistent ids either)
+        return pickle.loads(data)
+    with io.BytesIO(data) as f:
+        return _Unpickler(f, buffers=bufs).load()

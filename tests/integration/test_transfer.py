@@ -521,6 +521,26 @@ def test_the_wire_formats_python_uses_are_the_native_engines():
     assert _buffers.STREAMS == expected and _native.DEFAULT_TRANSFER_STREAMS >= 1
 
 
+class Parcel:
+    """A user's object that holds its data in an attribute (the pickler walks into it
+    only by its own reduction: bytes there were written inline)."""
+
+    def __init__(self, data: object) -> None:
+        self.data = data
+
+
+@pytest.mark.parametrize("kind", [bytes, bytearray])
+def test_large_bytes_in_a_users_object_go_through_the_engine_both_ways(store, kind):
+    big = kind(b"\x03" * (4 << 20))
+    before = _native.xfer_stats()["bytes_local"]  # what this process pulled: the replies
+    remote_before = _one(store).stats.call_one().get(timeout=TIMEOUT)["bytes_local"]
+    r = _one(store).echo.call_one(Parcel({"inner": {big}} if kind is bytes else [big])).get(timeout=TIMEOUT)
+    got = next(iter(r.data["inner"])) if kind is bytes else r.data[0]
+    assert type(got) is kind and got == big
+    assert _one(store).stats.call_one().get(timeout=TIMEOUT)["bytes_local"] - remote_before >= len(big)
+    assert _native.xfer_stats()["bytes_local"] - before >= len(big)  # the reply too
+
+
 @pytest.mark.parametrize("kind", [bytes, bytearray])
 def test_large_bytes_go_through_the_engine_not_the_message(store, kind):
     # CPython's pickler writes bytes inline without asking reducer_override: a bytes

@@ -55,6 +55,42 @@ def test_large_contiguous_arrays_travel_out_of_band():
     assert np.array_equal(loads(data, buffers), a)
 
 
+class _Batch:
+    """A user's object holding its data in an attribute."""
+
+    def __init__(self, data):
+        self.data = data
+
+
+@pytest.mark.parametrize("kind", [bytes, bytearray])
+@pytest.mark.parametrize(
+    "where",
+    [
+        lambda big: big,
+        lambda big: {"payload": [big]},
+        lambda big: _Batch(big),  # an attribute: the pickler never walks into it for us
+        lambda big: [[[[[[big]]]]]],  # deeper than any walk would go
+        lambda big: {"k": _Batch((1, {"x": big}))},
+    ],
+    ids=["alone", "in a dict", "in an object", "deep", "in an object in a dict"],
+)
+def test_large_bytes_travel_out_of_band_wherever_they_are(kind, where):
+    big = kind(b"\x01" * (1 << 17))
+    data, buffers = dumps(where(big), "a value")
+    assert len(data) < 4096 and [memoryview(b).nbytes for b in buffers] == [len(big)]
+    back = loads(data, buffers)
+    assert type(back) is type(where(big))
+    assert pickle.dumps(back) == pickle.dumps(where(big))  # the same value, the same types
+
+
+def test_small_bytes_and_a_large_bytes_met_twice_travel_once():
+    big = b"\x02" * (1 << 17)
+    data, buffers = dumps({"a": big, "b": [big], "small": b"tiny"}, "a value")
+    assert [memoryview(b).nbytes for b in buffers] == [len(big)]
+    back = loads(data, buffers)
+    assert back["a"] is back["b"][0] and back["a"] == big and back["small"] == b"tiny"
+
+
 def test_arrays_that_are_not_c_contiguous_still_round_trip():
     np = pytest.importorskip("numpy")
     fortran = np.asfortranarray(np.arange(12.0).reshape(3, 4))
