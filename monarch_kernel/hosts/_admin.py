@@ -132,18 +132,26 @@ def _host_name(hid: str) -> str:
 def _unreachable(rec: MeshRecord, entries: list[dict[str, Any]], knocks: list[str]) -> MeshUnreachableError:
     """What to say of a mesh none of whose agents answers here, not known gone."""
     hosts = ", ".join(dict.fromkeys(str(e["host"]) for e in entries))
-    what = "its host agent" if len(entries) == 1 else "none of its host agents"
-    how = "answers" if len(entries) > 1 else "does not answer"
-    silent = all(k == "silent" for k in knocks)
+    what = (
+        f"its host agent on {hosts} does not" if len(entries) == 1 else f"none of its host agents ({hosts})"
+    )
+    said = {
+        "silent": "nothing answers at its address",
+        "refused": "its address refuses here, which is not the agent's host",
+        "other": "something else answers at its address here, which is not the agent's host",
+    }
+    detail = said[next((k for k in knocks if k != "silent"), "silent")]
+    path = _registry.path_of(rec.name)
     started = _host_name(rec.started_from)
-    where = started if started and started not in hosts.split(", ") else hosts
+    if is_here(rec.started_from):  # a partition, or stopped agents
+        then = f"use it once they answer again, or end it on {hosts} with `monarch-kernel down {rec.name}`"
+    else:
+        where = started if started and started not in hosts.split(", ") else hosts
+        then = f"use it from {where}, or end it there with `monarch-kernel down {rec.name}`"
     return MeshUnreachableError(
-        f"mesh {rec.name!r} cannot be reached from here: {what} on {hosts} {how} this process"
-        f" ({'no answer' if silent else 'its address is not the agent here'}; this process runs on "
-        f"{os.uname().nodename}, or in another network namespace). It may still run, so its state file "
-        f"{_registry.path_of(rec.name)} stays. Use it from {where}, or end it there with "
-        f"`monarch-kernel down {rec.name}`; or pick another name. If its hosts are gone for good, "
-        "remove that file.",
+        f"mesh {rec.name!r} cannot be reached from here ({os.uname().nodename}): {what} answer this "
+        f"process ({detail}). It may still run, so its state file {path} stays: {then}; or pick another "
+        "name. If its hosts are gone for good, remove that file.",
         mesh=rec.name,
         host=str(entries[0]["host"]),
         pid=int(entries[0]["agent_pid"]),
