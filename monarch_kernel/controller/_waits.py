@@ -75,4 +75,4 @@ def _stuck(s: Session, rank: int) -> bool:
         info = s.client.worker(rank)
     except Exception:
         return False
-    return bool(info) and info["state"] != "exited" and info.get("proc_state") != "R"
+    return info is not None and info["state"] != "exited" and info.get("proc_state") != "R"
