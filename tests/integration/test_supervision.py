@@ -286,6 +286,24 @@ def test_a_worker_the_oom_killer_ends_is_reported_as_out_of_memory(own_procs2):
     assert mesh.slice(procs=0).ping.call_one().get(timeout=TIMEOUT) == 0
 
 
+def test_a_plain_kill_is_not_called_out_of_memory_for_a_log_line_that_names_its_pid(own_procs2):
+    # AGENT-3: only the kernel's own record of a kill, logged while the worker ran,
+    # counts; anyone may write a line to the kernel log (root here), and a record of
+    # an older process with the same pid (pid reuse) looks the same as this one.
+    mesh = own_procs2.spawn("mortal", Mortal)
+    pid = _worker(own_procs2, 1)["pid"]
+    try:
+        with open("/dev/kmsg", "w") as log:
+            log.write(f"<3>Out of memory: Killed process {pid} (python) total-vm:1kB, anon-rss:1kB\n")
+    except OSError as e:
+        pytest.skip(f"cannot write to the kernel log here ({e})")
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(SupervisionError) as info:
+        mesh.slice(procs=1).ping.call_one().get(timeout=TIMEOUT)
+    assert info.value.signal == signal.SIGKILL and "SIGKILL" in str(info.value)
+    assert "out of memory" not in str(info.value), str(info.value)
+
+
 # -- failures while the controller is idle --------------------------------------------
 
 
