@@ -99,10 +99,26 @@ def worker_dict(w: Any) -> dict[str, Any]:
     }
 
 
+class LogText(str):
+    """A line of a worker's output, as text, that knows the ``pid`` of the worker that
+    wrote it (0: not known): a rank's log runs on across respawns, and a death report
+    quotes only its own worker's lines."""
+
+    pid: int = 0
+
+    def __new__(cls, text: str, pid: int = 0) -> LogText:
+        self = super().__new__(cls, text)
+        self.pid = pid
+        return self
+
+    def __reduce__(self) -> Any:
+        return LogText, (str(self), self.pid)
+
+
 def log_texts(lines: list[Any], labelled: bool = False) -> list[str]:
-    """The text of the agents' ``LogLine`` messages; ``labelled``: each starts with
-    ``[rank N] `` (the lines of several ranks: the Logs tab, ``%mesh logs``)."""
-    return [f"[rank {ln.rank}] {ln.text}" if labelled else ln.text for ln in lines]
+    """The text of the agents' ``LogLine`` messages (``LogText``s); ``labelled``: each
+    starts with ``[rank N] `` (the lines of several ranks: the Logs tab, ``%mesh logs``)."""
+    return [LogText(f"[rank {ln.rank}] {ln.text}" if labelled else ln.text, ln.pid) for ln in lines]
 
 
 #: How long the check for a TLS agent behind a refused plaintext connection waits.

@@ -234,7 +234,8 @@ def death_error(
             rank=rank,
             endpoint=what,
         )
-    tail = info.get("log_tail") or []
+    # Its own lines only: the rank's log holds those of the workers respawned before it.
+    tail = [t for t in info.get("log_tail") or [] if getattr(t, "pid", 0) in (0, info["pid"])]
     last = ("; its last output:\n    " + "\n    ".join(tail)) if tail else "; it wrote no output"
     exited = info["state"] == "exited"
     return SupervisionError(

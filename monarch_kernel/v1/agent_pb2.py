@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dmonarch_kernel/v1/agent.proto\x12\x11monarch_kernel.v1\"\xe0\x01\n\x13SpawnWorkersRequest\x12\r\n\x05\x63ount\x18\x01 \x01(\r\x12\x12\n\nexecutable\x18\x02 \x01(\t\x12\x0c\n\x04\x61rgs\x18\x03 \x03(\t\x12<\n\x03\x65nv\x18\x04 \x03(\x0b\x32/.monarch_kernel.v1.SpawnWorkersRequest.EnvEntry\x12\x0b\n\x03\x63wd\x18\x05 \x01(\t\x12\r\n\x05\x65poch\x18\x06 \x01(\x04\x12\x12\n\nfirst_rank\x18\x07 \x01(\r\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xcf\x01\n\nWorkerInfo\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0b\n\x03pid\x18\x02 \x01(\r\x12\x0c\n\x04\x61\x64\x64r\x18\x03 \x01(\t\x12-\n\x05state\x18\x04 \x01(\x0e\x32\x1e.monarch_kernel.v1.WorkerState\x12\x11\n\texit_code\x18\x05 \x01(\x05\x12\x0e\n\x06signal\x18\x06 \x01(\x05\x12\x0c\n\x04host\x18\x07 \x01(\t\x12\x12\n\nproc_state\x18\x08 \x01(\t\x12\x10\n\x08restarts\x18\t \x01(\r\x12\x12\n\nexit_cause\x18\n \x01(\t\"C\n\x11SpawnWorkersReply\x12.\n\x07workers\x18\x01 \x03(\x0b\x32\x1d.monarch_kernel.v1.WorkerInfo\"\x14\n\x12ListWorkersRequest\"B\n\x10ListWorkersReply\x12.\n\x07workers\x18\x01 \x03(\x0b\x32\x1d.monarch_kernel.v1.WorkerInfo\")\n\x0bLogsRequest\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x0c\n\x04tail\x18\x02 \x01(\r\"V\n\x07LogLine\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0e\n\x06stream\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x0e\n\x06origin\x18\x04 \x01(\t\x12\x0f\n\x07time_us\x18\x05 \x01(\x04\"6\n\tLogsReply\x12)\n\x05lines\x18\x01 \x03(\x0b\x32\x1a.monarch_kernel.v1.LogLine\"\x0e\n\x0cWatchRequest\"\xbc\x01\n\nAgentEvent\x12\x36\n\rworker_exited\x18\x01 \x01(\x0b\x32\x1d.monarch_kernel.v1.WorkerInfoH\x00\x12)\n\x03log\x18\x02 \x01(\x0b\x32\x1a.monarch_kernel.v1.LogLineH\x00\x12\x11\n\x07\x64ropped\x18\x03 \x01(\x04H\x00\x12/\n\x08stopping\x18\x04 \x01(\x0b\x32\x1b.monarch_kernel.v1.StoppingH\x00\x42\x07\n\x05\x65vent\"\x16\n\x08Stopping\x12\n\n\x02\x62y\x18\x01 \x01(\t\" \n\x0fShutdownRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\"\x0f\n\rShutdownReply\"\x12\n\x10\x41gentPingRequest\"q\n\x0e\x41gentPingReply\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x10\n\x08watchers\x18\x04 \x01(\r\x12\x14\n\x0cidle_left_ms\x18\x05 \x01(\x04\x12\r\n\x05owner\x18\x06 \x01(\t\"0\n\rAttachRequest\x12\x10\n\x08\x61t_least\x18\x01 \x01(\x04\x12\r\n\x05owner\x18\x02 \x01(\t\"\x98\x01\n\x0b\x41ttachReply\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04meta\x18\x03 \x01(\t\x12.\n\x07workers\x18\x04 \x03(\x0b\x32\x1d.monarch_kernel.v1.WorkerInfo\x12.\n\x06\x61\x63tors\x18\x05 \x03(\x0b\x32\x1e.monarch_kernel.v1.ActorRecord\"[\n\x0b\x41\x63torRecord\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12\x0f\n\x07\x62uffers\x18\x03 \x03(\x0c\x12\r\n\x05shape\x18\x04 \x01(\x0c\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\"\x12\n\x10RecordActorReply\"1\n\x12\x46orgetActorRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\"5\n\x15RespawnWorkersRequest\x12\r\n\x05ranks\x18\x01 \x03(\r\x12\r\n\x05\x65poch\x18\x02 \x01(\x04*^\n\x0bWorkerState\x12\x1c\n\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14WORKER_STATE_RUNNING\x10\x01\x12\x17\n\x13WORKER_STATE_EXITED\x10\x02\x32\xd4\x06\n\tHostAgent\x12\\\n\x0cSpawnWorkers\x12&.monarch_kernel.v1.SpawnWorkersRequest\x1a$.monarch_kernel.v1.SpawnWorkersReply\x12Y\n\x0bListWorkers\x12%.monarch_kernel.v1.ListWorkersRequest\x1a#.monarch_kernel.v1.ListWorkersReply\x12\x44\n\x04Logs\x12\x1e.monarch_kernel.v1.LogsRequest\x1a\x1c.monarch_kernel.v1.LogsReply\x12I\n\x05Watch\x12\x1f.monarch_kernel.v1.WatchRequest\x1a\x1d.monarch_kernel.v1.AgentEvent0\x01\x12P\n\x08Shutdown\x12\".monarch_kernel.v1.ShutdownRequest\x1a .monarch_kernel.v1.ShutdownReply\x12N\n\x04Ping\x12#.monarch_kernel.v1.AgentPingRequest\x1a!.monarch_kernel.v1.AgentPingReply\x12J\n\x06\x41ttach\x12 .monarch_kernel.v1.AttachRequest\x1a\x1e.monarch_kernel.v1.AttachReply\x12R\n\x0bRecordActor\x12\x1e.monarch_kernel.v1.ActorRecord\x1a#.monarch_kernel.v1.RecordActorReply\x12Y\n\x0b\x46orgetActor\x12%.monarch_kernel.v1.ForgetActorRequest\x1a#.monarch_kernel.v1.RecordActorReply\x12`\n\x0eRespawnWorkers\x12(.monarch_kernel.v1.RespawnWorkersRequest\x1a$.monarch_kernel.v1.SpawnWorkersReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dmonarch_kernel/v1/agent.proto\x12\x11monarch_kernel.v1\"\xe0\x01\n\x13SpawnWorkersRequest\x12\r\n\x05\x63ount\x18\x01 \x01(\r\x12\x12\n\nexecutable\x18\x02 \x01(\t\x12\x0c\n\x04\x61rgs\x18\x03 \x03(\t\x12<\n\x03\x65nv\x18\x04 \x03(\x0b\x32/.monarch_kernel.v1.SpawnWorkersRequest.EnvEntry\x12\x0b\n\x03\x63wd\x18\x05 \x01(\t\x12\r\n\x05\x65poch\x18\x06 \x01(\x04\x12\x12\n\nfirst_rank\x18\x07 \x01(\r\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xcf\x01\n\nWorkerInfo\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0b\n\x03pid\x18\x02 \x01(\r\x12\x0c\n\x04\x61\x64\x64r\x18\x03 \x01(\t\x12-\n\x05state\x18\x04 \x01(\x0e\x32\x1e.monarch_kernel.v1.WorkerState\x12\x11\n\texit_code\x18\x05 \x01(\x05\x12\x0e\n\x06signal\x18\x06 \x01(\x05\x12\x0c\n\x04host\x18\x07 \x01(\t\x12\x12\n\nproc_state\x18\x08 \x01(\t\x12\x10\n\x08restarts\x18\t \x01(\r\x12\x12\n\nexit_cause\x18\n \x01(\t\"C\n\x11SpawnWorkersReply\x12.\n\x07workers\x18\x01 \x03(\x0b\x32\x1d.monarch_kernel.v1.WorkerInfo\"\x14\n\x12ListWorkersRequest\"B\n\x10ListWorkersReply\x12.\n\x07workers\x18\x01 \x03(\x0b\x32\x1d.monarch_kernel.v1.WorkerInfo\")\n\x0bLogsRequest\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x0c\n\x04tail\x18\x02 \x01(\r\"c\n\x07LogLine\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0e\n\x06stream\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x0e\n\x06origin\x18\x04 \x01(\t\x12\x0f\n\x07time_us\x18\x05 \x01(\x04\x12\x0b\n\x03pid\x18\x06 \x01(\r\"6\n\tLogsReply\x12)\n\x05lines\x18\x01 \x03(\x0b\x32\x1a.monarch_kernel.v1.LogLine\"\x0e\n\x0cWatchRequest\"\xbc\x01\n\nAgentEvent\x12\x36\n\rworker_exited\x18\x01 \x01(\x0b\x32\x1d.monarch_kernel.v1.WorkerInfoH\x00\x12)\n\x03log\x18\x02 \x01(\x0b\x32\x1a.monarch_kernel.v1.LogLineH\x00\x12\x11\n\x07\x64ropped\x18\x03 \x01(\x04H\x00\x12/\n\x08stopping\x18\x04 \x01(\x0b\x32\x1b.monarch_kernel.v1.StoppingH\x00\x42\x07\n\x05\x65vent\"\x16\n\x08Stopping\x12\n\n\x02\x62y\x18\x01 \x01(\t\" \n\x0fShutdownRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\"\x0f\n\rShutdownReply\"\x12\n\x10\x41gentPingRequest\"q\n\x0e\x41gentPingReply\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x10\n\x08watchers\x18\x04 \x01(\r\x12\x14\n\x0cidle_left_ms\x18\x05 \x01(\x04\x12\r\n\x05owner\x18\x06 \x01(\t\"0\n\rAttachRequest\x12\x10\n\x08\x61t_least\x18\x01 \x01(\x04\x12\r\n\x05owner\x18\x02 \x01(\t\"\x98\x01\n\x0b\x41ttachReply\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04meta\x18\x03 \x01(\t\x12.\n\x07workers\x18\x04 \x03(\x0b\x32\x1d.monarch_kernel.v1.WorkerInfo\x12.\n\x06\x61\x63tors\x18\x05 \x03(\x0b\x32\x1e.monarch_kernel.v1.ActorRecord\"[\n\x0b\x41\x63torRecord\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12\x0f\n\x07\x62uffers\x18\x03 \x03(\x0c\x12\r\n\x05shape\x18\x04 \x01(\x0c\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\"\x12\n\x10RecordActorReply\"1\n\x12\x46orgetActorRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\"5\n\x15RespawnWorkersRequest\x12\r\n\x05ranks\x18\x01 \x03(\r\x12\r\n\x05\x65poch\x18\x02 \x01(\x04*^\n\x0bWorkerState\x12\x1c\n\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14WORKER_STATE_RUNNING\x10\x01\x12\x17\n\x13WORKER_STATE_EXITED\x10\x02\x32\xd4\x06\n\tHostAgent\x12\\\n\x0cSpawnWorkers\x12&.monarch_kernel.v1.SpawnWorkersRequest\x1a$.monarch_kernel.v1.SpawnWorkersReply\x12Y\n\x0bListWorkers\x12%.monarch_kernel.v1.ListWorkersRequest\x1a#.monarch_kernel.v1.ListWorkersReply\x12\x44\n\x04Logs\x12\x1e.monarch_kernel.v1.LogsRequest\x1a\x1c.monarch_kernel.v1.LogsReply\x12I\n\x05Watch\x12\x1f.monarch_kernel.v1.WatchRequest\x1a\x1d.monarch_kernel.v1.AgentEvent0\x01\x12P\n\x08Shutdown\x12\".monarch_kernel.v1.ShutdownRequest\x1a .monarch_kernel.v1.ShutdownReply\x12N\n\x04Ping\x12#.monarch_kernel.v1.AgentPingRequest\x1a!.monarch_kernel.v1.AgentPingReply\x12J\n\x06\x41ttach\x12 .monarch_kernel.v1.AttachRequest\x1a\x1e.monarch_kernel.v1.AttachReply\x12R\n\x0bRecordActor\x12\x1e.monarch_kernel.v1.ActorRecord\x1a#.monarch_kernel.v1.RecordActorReply\x12Y\n\x0b\x46orgetActor\x12%.monarch_kernel.v1.ForgetActorRequest\x1a#.monarch_kernel.v1.RecordActorReply\x12`\n\x0eRespawnWorkers\x12(.monarch_kernel.v1.RespawnWorkersRequest\x1a$.monarch_kernel.v1.SpawnWorkersReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SPAWNWORKERSREQUEST_ENVENTRY']._loaded_options = None
   _globals['_SPAWNWORKERSREQUEST_ENVENTRY']._serialized_options = b'8\001'
-  _globals['_WORKERSTATE']._serialized_start=1676
-  _globals['_WORKERSTATE']._serialized_end=1770
+  _globals['_WORKERSTATE']._serialized_start=1689
+  _globals['_WORKERSTATE']._serialized_end=1783
   _globals['_SPAWNWORKERSREQUEST']._serialized_start=53
   _globals['_SPAWNWORKERSREQUEST']._serialized_end=277
   _globals['_SPAWNWORKERSREQUEST_ENVENTRY']._serialized_start=235
@@ -50,35 +50,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LOGSREQUEST']._serialized_start=648
   _globals['_LOGSREQUEST']._serialized_end=689
   _globals['_LOGLINE']._serialized_start=691
-  _globals['_LOGLINE']._serialized_end=777
-  _globals['_LOGSREPLY']._serialized_start=779
-  _globals['_LOGSREPLY']._serialized_end=833
-  _globals['_WATCHREQUEST']._serialized_start=835
-  _globals['_WATCHREQUEST']._serialized_end=849
-  _globals['_AGENTEVENT']._serialized_start=852
-  _globals['_AGENTEVENT']._serialized_end=1040
-  _globals['_STOPPING']._serialized_start=1042
-  _globals['_STOPPING']._serialized_end=1064
-  _globals['_SHUTDOWNREQUEST']._serialized_start=1066
-  _globals['_SHUTDOWNREQUEST']._serialized_end=1098
-  _globals['_SHUTDOWNREPLY']._serialized_start=1100
-  _globals['_SHUTDOWNREPLY']._serialized_end=1115
-  _globals['_AGENTPINGREQUEST']._serialized_start=1117
-  _globals['_AGENTPINGREQUEST']._serialized_end=1135
-  _globals['_AGENTPINGREPLY']._serialized_start=1137
-  _globals['_AGENTPINGREPLY']._serialized_end=1250
-  _globals['_ATTACHREQUEST']._serialized_start=1252
-  _globals['_ATTACHREQUEST']._serialized_end=1300
-  _globals['_ATTACHREPLY']._serialized_start=1303
-  _globals['_ATTACHREPLY']._serialized_end=1455
-  _globals['_ACTORRECORD']._serialized_start=1457
-  _globals['_ACTORRECORD']._serialized_end=1548
-  _globals['_RECORDACTORREPLY']._serialized_start=1550
-  _globals['_RECORDACTORREPLY']._serialized_end=1568
-  _globals['_FORGETACTORREQUEST']._serialized_start=1570
-  _globals['_FORGETACTORREQUEST']._serialized_end=1619
-  _globals['_RESPAWNWORKERSREQUEST']._serialized_start=1621
-  _globals['_RESPAWNWORKERSREQUEST']._serialized_end=1674
-  _globals['_HOSTAGENT']._serialized_start=1773
-  _globals['_HOSTAGENT']._serialized_end=2625
+  _globals['_LOGLINE']._serialized_end=790
+  _globals['_LOGSREPLY']._serialized_start=792
+  _globals['_LOGSREPLY']._serialized_end=846
+  _globals['_WATCHREQUEST']._serialized_start=848
+  _globals['_WATCHREQUEST']._serialized_end=862
+  _globals['_AGENTEVENT']._serialized_start=865
+  _globals['_AGENTEVENT']._serialized_end=1053
+  _globals['_STOPPING']._serialized_start=1055
+  _globals['_STOPPING']._serialized_end=1077
+  _globals['_SHUTDOWNREQUEST']._serialized_start=1079
+  _globals['_SHUTDOWNREQUEST']._serialized_end=1111
+  _globals['_SHUTDOWNREPLY']._serialized_start=1113
+  _globals['_SHUTDOWNREPLY']._serialized_end=1128
+  _globals['_AGENTPINGREQUEST']._serialized_start=1130
+  _globals['_AGENTPINGREQUEST']._serialized_end=1148
+  _globals['_AGENTPINGREPLY']._serialized_start=1150
+  _globals['_AGENTPINGREPLY']._serialized_end=1263
+  _globals['_ATTACHREQUEST']._serialized_start=1265
+  _globals['_ATTACHREQUEST']._serialized_end=1313
+  _globals['_ATTACHREPLY']._serialized_start=1316
+  _globals['_ATTACHREPLY']._serialized_end=1468
+  _globals['_ACTORRECORD']._serialized_start=1470
+  _globals['_ACTORRECORD']._serialized_end=1561
+  _globals['_RECORDACTORREPLY']._serialized_start=1563
+  _globals['_RECORDACTORREPLY']._serialized_end=1581
+  _globals['_FORGETACTORREQUEST']._serialized_start=1583
+  _globals['_FORGETACTORREQUEST']._serialized_end=1632
+  _globals['_RESPAWNWORKERSREQUEST']._serialized_start=1634
+  _globals['_RESPAWNWORKERSREQUEST']._serialized_end=1687
+  _globals['_HOSTAGENT']._serialized_start=1786
+  _globals['_HOSTAGENT']._serialized_end=2638
 # @@protoc_insertion_point(module_scope)

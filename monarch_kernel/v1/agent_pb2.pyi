@@ -90,18 +90,20 @@ class LogsRequest(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., tail: _Optional[int] = ...) -> None: ...
 
 class LogLine(_message.Message):
-    __slots__ = ("rank", "stream", "text", "origin", "time_us")
+    __slots__ = ("rank", "stream", "text", "origin", "time_us", "pid")
     RANK_FIELD_NUMBER: _ClassVar[int]
     STREAM_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
     TIME_US_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
     rank: int
     stream: str
     text: str
     origin: str
     time_us: int
-    def __init__(self, rank: _Optional[int] = ..., stream: _Optional[str] = ..., text: _Optional[str] = ..., origin: _Optional[str] = ..., time_us: _Optional[int] = ...) -> None: ...
+    pid: int
+    def __init__(self, rank: _Optional[int] = ..., stream: _Optional[str] = ..., text: _Optional[str] = ..., origin: _Optional[str] = ..., time_us: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class LogsReply(_message.Message):
     __slots__ = ("lines",)

@@ -146,6 +146,14 @@ def _worker(procs, rank: int) -> dict:
     return next(w for w in _workers(procs) if w["rank"] == rank)
 
 
+def _wait_for_line(procs, rank: int, text: str) -> None:
+    """Until ``rank``'s log has a line with ``text``."""
+    deadline = time.monotonic() + TIMEOUT
+    while not any(text in line for line in procs.logs(rank=rank, tail=20)):
+        assert time.monotonic() < deadline, f"rank {rank} never printed {text!r}"
+        time.sleep(0.05)
+
+
 @pytest.fixture
 def own_procs2(state_home):
     """Two procs that a test may break."""
@@ -284,6 +292,35 @@ def test_a_worker_the_oom_killer_ends_is_reported_as_out_of_memory(own_procs2):
     assert "OOM killer" in str(err)
     assert "rank 1 takes" in str(err)  # its last output, as for any death
     assert mesh.slice(procs=0).ping.call_one().get(timeout=TIMEOUT) == 0
+
+
+def test_the_death_report_of_a_respawned_worker_quotes_only_its_own_output(own_procs2):
+    mesh = own_procs2.spawn("mortal", Mortal)
+    with pytest.raises(SupervisionError, match="exits with code 3"):
+        mesh.slice(procs=1).exit_with.call_one(3).get(timeout=TIMEOUT)
+    assert own_procs2.respawn() == [1]
+    # The new worker dies in a call (the report the call raises) ...
+    pending = mesh.slice(procs=1).sleep.call_one(60)
+    _wait_for_line(own_procs2, 1, "rank 1 goes to sleep")
+    os.kill(_worker(own_procs2, 1)["pid"], signal.SIGKILL)
+    with pytest.raises(SupervisionError) as info:
+        pending.get(timeout=TIMEOUT)
+    # ... and the report stored for later calls: its own line, none of the first one's.
+    with pytest.raises(SupervisionError) as later:
+        mesh.slice(procs=1).ping.call_one().get(timeout=TIMEOUT)
+    for err in (info.value, later.value):
+        assert "goes to sleep" in str(err) and "exits with code 3" not in str(err), str(err)
+        assert not any("exits with code" in line for line in err.log_tail), err.log_tail
+    # A new worker that printed nothing wrote no output, whatever its rank's log holds.
+    assert own_procs2.respawn() == [1]
+    assert mesh.slice(procs=1).ping.call_one().get(timeout=TIMEOUT) == 1
+    os.kill(_worker(own_procs2, 1)["pid"], signal.SIGKILL)
+    with pytest.raises(SupervisionError, match="it wrote no output") as quiet:
+        for _ in range(100):  # until the death is known: a later call fails before sending
+            mesh.slice(procs=1).ping.call_one().get(timeout=TIMEOUT)
+            time.sleep(0.1)
+    assert quiet.value.log_tail == []
+    assert "goes to sleep" in "\n".join(own_procs2.logs(rank=1, tail=50))  # the rank's log keeps all
 
 
 def test_a_plain_kill_is_not_called_out_of_memory_for_a_log_line_that_names_its_pid(own_procs2):

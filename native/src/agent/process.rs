@@ -316,10 +316,10 @@ impl Workers {
         }
         let log_path = self.log_dir.join(format!("rank-{rank}.log"));
         if let Some(out) = child.stdout.take() {
-            self.capture(rank, "stdout", out, log_path.clone(), events.clone());
+            self.capture(rank, pid, "stdout", out, log_path.clone(), events.clone());
         }
         if let Some(err) = child.stderr.take() {
-            self.capture(rank, "stderr", err, log_path, events.clone());
+            self.capture(rank, pid, "stderr", err, log_path, events.clone());
         }
         let records = self.records.clone();
         let oom = super::oom::OomWatch::start(pid);
@@ -360,6 +360,7 @@ impl Workers {
     fn capture<R: AsyncRead + Unpin + Send + 'static>(
         &self,
         rank: u32,
+        pid: u32,
         stream: &'static str,
         pipe: R,
         path: PathBuf,
@@ -398,6 +399,7 @@ impl Workers {
                     time_us: std::time::SystemTime::now()
                         .duration_since(std::time::UNIX_EPOCH)
                         .map_or(0, |d| d.as_micros() as u64),
+                    pid,
                 };
                 if !is_mark {
                     let mut recs = records.lock().unwrap_or_else(|e| e.into_inner());
