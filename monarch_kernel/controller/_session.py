@@ -264,9 +264,8 @@ class Session:
                 addrs[w["rank"]] = w["addr"]
             ref = dataclasses.replace(self.state.ref, addrs=tuple(addrs))
             self.state.ref = ref
-            for r in ranks:
-                self.state.dead.pop(r, None)
-            self.state.changed()
+            # The ranks stay dead until their actors are back: a call made meanwhile
+            # (another thread's) fails as to a dead rank, not with "no actor named".
             for name, (payload, buffers, shape_blob) in list(self.records.items()):
                 shape = loads(shape_blob)
                 targets = [r for r in shape.ranks if r in ranks]
@@ -285,6 +284,9 @@ class Session:
                             mesh=self.name,
                             rank=r,
                         ) from e
+            for r in ranks:
+                self.state.dead.pop(r, None)
+            self.state.changed()
             if DIST_ACTOR in self.records:  # the new ranks join torch.distributed too
                 why = torch_rejoin(self, self.procs(), ranks)
                 if why is not None:
