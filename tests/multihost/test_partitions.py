@@ -7,6 +7,8 @@ host, two hosts of two procs each."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -93,3 +95,31 @@ def test_calls_across_a_partition_wait_and_complete_once_each(hosts_code, contro
     failures = c.eval("failures")
     assert not [f for f in failures if f[0] in ("dead", "lost", "host_lost")], failures
     print(f"unreachable reported {unreachable_after:.1f} s after the partition")
+
+
+def test_a_call_to_a_remote_worker_stopped_longer_than_the_keepalive_completes_once(
+    hosts_code,  # noqa: F811
+    controllers,  # noqa: F811
+    cluster,
+    state_home,
+):
+    c = _new(controllers, cluster, state_home)
+    c.run(f"procs = {hosts_code}.spawn_procs(per_host={{'procs': 1}})")
+    c.run(LEDGER)
+    c.run("ledger = procs.spawn('ledger', Ledger)")
+    c.run("far = ledger.slice(hosts=1)")
+    assert c.eval("far.record.call_one('pid').get(timeout=60)") == [1, 0]
+    pid = c.eval("procs._session('t').client.worker(1)['pid']")
+    c.run("first = far.record.call_one('first', 1.0)")
+    time.sleep(0.3)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        c.run("second = far.record.call_one('second')")
+        time.sleep(PARTITION_S)
+        assert c.eval("[first.done(), second.done()]") == [False, False]
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert c.eval("first.get(timeout=60)") == [1, 0]
+    assert c.eval("second.get(timeout=60)") == [1, 0]
+    (runs,) = c.eval("ledger.slice(hosts=1).counts.call().get(timeout=30).values()")
+    assert runs == {"pid": 1, "first": 1, "second": 1}, runs
