@@ -3,6 +3,13 @@
 //! parallel TCP streams or directly on one host, writes into a writable buffer, and
 //! releases (XFER-1: a reader confirms after a direct read that the registration
 //! was alive throughout).
+//!
+//! XFER-5: a range read whose connection breaks after it was made (a pooled one the
+//! peer closed meanwhile, a reset after a partition) is restarted on a new
+//! connection, up to [`RESTARTS`] times; one that cannot connect, or that the peer
+//! refuses, fails at once. A read or write waits for its peer up to
+//! [`super::server::STALL_LIMIT`], so a partition shorter than that is ridden out
+//! and a peer gone for good ends the wait.
 
 use super::frame::{self, Request, Status, MAC_LEN};
 use super::{auth, host, local, lock, recv, Descriptor, Engine, XferError};
@@ -24,6 +31,11 @@ pub fn streams() -> usize {
         .and_then(|v| v.parse().ok())
         .unwrap_or(DEFAULT_STREAMS)
 }
+
+/// How many times a range read is restarted after its connection broke (XFER-5).
+const RESTARTS: u32 = 3;
+/// How long a new connection may take to open.
+const CONNECT_LIMIT: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// Idle authenticated connections, by peer address and token id.
 pub(super) type ConnPool = HashMap<(String, [u8; MAC_LEN]), Vec<TcpStream>>;
@@ -63,8 +75,15 @@ impl Engine {
         {
             return Ok(s);
         }
-        let mut s = TcpStream::connect(addr).map_err(|e| io_err(addr, e))?;
+        let sock: std::net::SocketAddr = addr
+            .parse()
+            .map_err(|e| XferError::Invalid(format!("bad engine address {addr}: {e}")))?;
+        let mut s =
+            TcpStream::connect_timeout(&sock, CONNECT_LIMIT).map_err(|e| io_err(addr, e))?;
         s.set_nodelay(true).map_err(|e| io_err(addr, e))?;
+        let stall = Some(super::server::STALL_LIMIT);
+        s.set_read_timeout(stall).map_err(|e| io_err(addr, e))?;
+        s.set_write_timeout(stall).map_err(|e| io_err(addr, e))?;
         let mut n = [0u8; MAC_LEN];
         s.read_exact(&mut n)
             .map_err(|e| io_err(addr, format!("no handshake nonce from the engine: {e}")))?;
@@ -86,6 +105,8 @@ impl Engine {
         }
     }
 
+    /// Reads `dst.len()` bytes of `d` from `offset`, restarting on a new connection
+    /// when the one it used breaks (XFER-5).
     fn read_range(
         &self,
         d: &Descriptor,
@@ -93,7 +114,29 @@ impl Engine {
         offset: u64,
         dst: &mut [u8],
     ) -> Result<(), XferError> {
-        let mut s = self.connect(&d.addr, token)?;
+        let mut restarts = 0;
+        loop {
+            let s = self.connect(&d.addr, token)?;
+            match self.read_range_on(s, d, token, offset, dst) {
+                Err(XferError::Io { .. }) if restarts < RESTARTS => {
+                    restarts += 1;
+                    // Its idle siblings broke with it, most likely (a partition, a restart).
+                    lock(&self.pool).remove(&(d.addr.clone(), auth::token_id(token)));
+                    std::thread::sleep(std::time::Duration::from_millis(100 << restarts));
+                }
+                done => return done,
+            }
+        }
+    }
+
+    fn read_range_on(
+        &self,
+        mut s: TcpStream,
+        d: &Descriptor,
+        token: &[u8],
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<(), XferError> {
         let req = frame::encode(&Request::Read {
             id: d.id,
             offset,
@@ -333,5 +376,25 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("wrong mesh token"), "{err}");
         assert!(engine().unwrap().drop_id(d.id));
+    }
+
+    #[test]
+    fn a_read_on_a_pooled_connection_that_broke_restarts_on_a_new_one() {
+        let data: Vec<u8> = (0..(1 << 20)).map(|i| (i % 241) as u8).collect();
+        let want = data.clone();
+        let d = register_vec(data, b"tok-restart", 0);
+        let e = engine().unwrap();
+        let mut dst = vec![0u8; want.len()];
+        e.fetch_tcp(&d, b"tok-restart", &mut dst, 1).unwrap(); // pools its connection
+        let key = (d.addr.clone(), super::auth::token_id(b"tok-restart"));
+        let pooled = super::lock(&e.pool).get(&key).map_or(0, Vec::len);
+        assert!(pooled > 0, "nothing was pooled");
+        for s in super::lock(&e.pool).get(&key).into_iter().flatten() {
+            s.shutdown(std::net::Shutdown::Both).unwrap(); // broken while idle
+        }
+        let mut again = vec![0u8; want.len()];
+        e.fetch_tcp(&d, b"tok-restart", &mut again, 1).unwrap();
+        assert_eq!(again, want);
+        assert!(e.drop_id(d.id));
     }
 }
