@@ -18,29 +18,14 @@ from collections.abc import Iterator
 import pytest
 from cluster import Cluster, unavailable
 from controller import Controller
-from test_meshes import SETUP, _ours_on_hosts, _venv_cli
+from test_meshes import SETUP, _down_all
+from test_partitions import LEDGER
 
 #: Seconds the workload runs before anything happens, and after each event.
 SETTLE_S = 3.0
 
 WORKLOAD = """
 import threading
-
-class Ledger(Actor):
-    '''Counts how often each call ran on this process.'''
-    def __init__(self):
-        self.runs = {}
-    @endpoint
-    def record(self, key):
-        self.runs[key] = self.runs.get(key, 0) + 1
-        time.sleep(0.02)
-        return self.runs[key]
-    @endpoint
-    def counts(self):
-        return [os.getpid(), dict(self.runs)]
-    @endpoint
-    def pid(self):
-        return os.getpid()
 
 ledger = procs.spawn('ledger', Ledger)
 ranks = [ledger.slice(hosts=h, procs=p) for h in range(3) for p in range(2)]
@@ -62,10 +47,11 @@ def work():
         for r, fut in pending:
             try:
                 n = fut.get(timeout=180)
-                outcomes.append((i, r, 'ok' if n == 1 else f'ran {n} times'))
+                outcomes.append((i, r, 'ok' if n == [1, 0] else f'ran {n[0]} times'))
             except Exception as e:
                 outcomes.append((i, r, f'{type(e).__name__}: {e}'))
         i += 1
+        time.sleep(0.02)
 
 worker = threading.Thread(target=work, daemon=True)
 worker.start()
@@ -114,6 +100,7 @@ def test_partitions_kills_and_respawns_lose_and_repeat_no_call(cluster3, state_h
             ".spawn_procs(per_host={'procs': 2})"
         )
         c.run("procs.on_failure(record)")
+        c.run(LEDGER)
         c.run(WORKLOAD)
         time.sleep(SETTLE_S)
         killed: set[int] = set()
@@ -128,16 +115,13 @@ def test_partitions_kills_and_respawns_lose_and_repeat_no_call(cluster3, state_h
         c.run("stop_work.set(); worker.join(240)")
         assert not c.eval("worker.is_alive()"), "the workload hangs"
         outcomes = [tuple(o) for o in c.eval("outcomes")]
-        counts = c.eval("ledger.counts.call().get(timeout=60).values()")
+        counts = c.eval(
+            "list(zip(ledger.pid.call().get(timeout=60).values(), ledger.counts.call().get(timeout=60).values()))"
+        )
         failures = c.eval("failures")
     finally:
         c.close()
-        cluster3.run_in_login(
-            [*_venv_cli(), "down", "--all", "--yes", "--force"],
-            env={**os.environ, **cluster3.env(), "XDG_STATE_HOME": str(state_home)},
-            capture_output=True,
-            timeout=60,
-        )
+        _down_all(cluster3, state_home)
     ok = [o for o in outcomes if o[2] == "ok"]
     bad = [o for o in outcomes if o[2] != "ok"]
     # Only calls to a killed worker may fail, and only with its death.
@@ -154,7 +138,3 @@ def test_partitions_kills_and_respawns_lose_and_repeat_no_call(cluster3, state_h
     assert "unreachable" in kinds and "host_back" in kinds, kinds
     assert not [f for f in failures if f[0] in ("host_lost", "lost")], failures
     print(f"{rounds} rounds, {len(ok)} calls answered, {len(bad)} failed (killed ranks only)")
-    deadline = time.monotonic() + 30
-    while _ours_on_hosts(cluster3) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not _ours_on_hosts(cluster3)

@@ -78,6 +78,12 @@ def controllers(cluster: Cluster, state_home: Path) -> Iterator[list[Controller]
     yield made
     for c in made:
         c.close()
+    _down_all(cluster, state_home)
+
+
+def _down_all(cluster: Cluster, state_home: Path) -> None:
+    """Stops every mesh of ``state_home`` from the login host; fails the test if a
+    process of ours is then left on any host (killing it first)."""
     cluster.run_in_login(
         [*_venv_cli(), "down", "--all", "--yes", "--force"],
         env={**os.environ, **cluster.env(), "XDG_STATE_HOME": str(state_home)},

@@ -35,6 +35,9 @@ class Ledger(Actor):
     @endpoint
     def counts(self):
         return dict(self.runs)
+    @endpoint
+    def pid(self):
+        return os.getpid()
 """
 
 
