@@ -312,41 +312,43 @@ def mesh_info(name: str) -> MeshInfo | None:
         }
         for link, st in zip(client.links, states)
     ]
-    return MeshInfo(
-        name=name,
+    return _info(
+        rec,
         procs=len(workers),
         alive=sum(w["state"] == "running" for w in workers),
         owner_epoch=ping["epoch"],
         attached=ping["watchers"] > 0,
+        hosts=hosts,
+        owner=ping["owner"],
+        idle_left=ping["idle_left"],
+        workers=workers,
+    )
+
+
+def _info(rec: MeshRecord, **seen: Any) -> MeshInfo:
+    """A mesh's ``MeshInfo``: what its state file says, with what was ``seen`` of it."""
+    return MeshInfo(
+        name=rec.name,
         agent_pid=rec.agent_pid,
         host=rec.host,
         spec=rec.spec,
         ephemeral=rec.ephemeral,
         idle_timeout=rec.idle_timeout,
         created=rec.created,
-        hosts=hosts,
-        owner=ping["owner"],
-        idle_left=ping["idle_left"],
-        workers=workers,
         record=rec,
+        **seen,
     )
 
 
 def _unreached_info(rec: MeshRecord, why: str) -> MeshInfo:
     """A mesh whose agents do not answer here, as its state file describes it."""
     entries = _entries(rec)
-    return MeshInfo(
-        name=rec.name,
+    return _info(
+        rec,
         procs=sum(int(e["procs"]) for e in entries),
         alive=0,
         owner_epoch=rec.epoch,
         attached=False,
-        agent_pid=rec.agent_pid,
-        host=rec.host,
-        spec=rec.spec,
-        ephemeral=rec.ephemeral,
-        idle_timeout=rec.idle_timeout,
-        created=rec.created,
         hosts=[
             {
                 "host": e["host"],
@@ -358,7 +360,6 @@ def _unreached_info(rec: MeshRecord, why: str) -> MeshInfo:
             }
             for e in entries
         ],
-        record=rec,
         unreachable=why,
     )
 
