@@ -207,6 +207,10 @@ class Supervisor:
             s.state.dead[info["rank"]] = err
             s.state.unresponsive.discard(info["rank"])
             s.state.changed()
+        # Its calls fail now, not when its address refuses: a child it forked may still
+        # hold its listening socket, and a broken connection is otherwise resumed (RESUME-1).
+        if info.get("addr"):
+            _native.abandon_calls(info["addr"], s.state.ref.token, err.args[0] if err.args else str(err))
         if notify and not (s.closed or s.stopping):
             self.notify(MeshFailure.of(err, "dead"))
 

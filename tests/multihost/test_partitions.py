@@ -126,3 +126,51 @@ def test_a_call_to_a_remote_worker_stopped_longer_than_the_keepalive_completes_o
     assert c.eval("second.get(timeout=60)") == [1, 0]
     (runs,) = c.eval("ledger.slice(hosts=1).counts.call().get(timeout=30).values()")
     assert runs == {"pid": 1, "first": 1, "second": 1}, runs
+
+
+FORKER = """
+class Forker(Actor):
+    @endpoint
+    def fork_sleeper(self):
+        child = os.fork()
+        if child == 0:  # keeps every descriptor it inherited, the listening socket too
+            time.sleep(300)
+            os._exit(0)
+        return child
+    @endpoint
+    def nap(self, seconds):
+        time.sleep(seconds)
+        return os.getpid()
+"""
+
+
+def test_a_fanned_out_call_to_a_killed_worker_whose_child_holds_its_socket_fails_with_its_death(
+    controllers,  # noqa: F811
+    cluster,
+    state_home,
+):
+    c = _new(controllers, cluster, state_home)
+    c.run(
+        f"procs = SSHJob(hosts=['h1', 'h2'], ssh_args=['-F', {str(cluster.ssh_config)!r}])"
+        ".state(cached_path=None).hosts.spawn_procs(per_host={'procs': 2})"
+    )
+    c.run(FORKER)
+    c.run("f = procs.spawn('forker', Forker)")
+    child = c.eval("f.slice(hosts=1, procs=1).fork_sleeper.call_one().get(timeout=60)")
+    try:
+        pid = c.eval("procs._session('t').client.worker(3)['pid']")
+        c.run("both = f.slice(hosts=1).nap.call(3.0)")  # one message, through h2's agent
+        time.sleep(0.5)
+        os.kill(pid, signal.SIGKILL)
+        c.run(
+            "def outcome():\n"
+            "    try:\n"
+            "        return ['ok', both.get(timeout=60)]\n"
+            "    except Exception as e:\n"
+            "        return [type(e).__name__, str(e)]"
+        )
+        kind, message = c.eval("outcome()")
+        assert kind == "SupervisionError" and "SIGKILL" in message and "rank 3" in message, message
+        assert c.eval("f.slice(hosts=1, procs=0).nap.call_one(0.0).get(timeout=60)") > 0
+    finally:
+        os.kill(child, signal.SIGKILL)

@@ -41,6 +41,8 @@ pub struct Workers {
     /// What each worker reads first on its stdin: the mesh token line, then the TLS
     /// line ([`tls_line`]).
     stdin_head: String,
+    /// The mesh token: the relay's connections to the workers are keyed by it.
+    token: String,
     log_dir: PathBuf,
     host: String,
     /// The address workers listen on (`AgentConfig::bind_host`).
@@ -176,6 +178,7 @@ impl Workers {
         Workers {
             mesh,
             stdin_head: format!("{token}\n{tls}\n"),
+            token,
             log_dir,
             host: hostname(),
             bind_host,
@@ -323,6 +326,7 @@ impl Workers {
         }
         let records = self.records.clone();
         let oom = super::oom::OomWatch::start(pid);
+        let token = self.token.clone();
         tokio::spawn(async move {
             let status = child.wait().await;
             let killed = status.as_ref().ok().and_then(|s| s.signal()) == Some(libc::SIGKILL);
@@ -350,6 +354,13 @@ impl Workers {
                 rec.stdin = None;
                 rec.info.clone()
             };
+            // The relay's calls to it fail now, not when its address refuses: a child
+            // it forked may still hold its listening socket (RESUME-1, CLIENT-1).
+            let gone = crate::rpc::RpcError::ConnectionLost {
+                addr: info.addr.clone(),
+                reason: format!("its worker (pid {pid}) exited"),
+            };
+            crate::rpc::client::WorkerConn::abandon_relay_at(&info.addr, &token, gone);
             let _ = events.send(AgentEvent {
                 event: Some(agent_event::Event::WorkerExited(info)),
             });

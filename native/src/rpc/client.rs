@@ -12,7 +12,8 @@
 //! backoff, for as long as it takes, and sends every call still waiting again
 //! (marked `resent`); the worker runs each call once and answers it once more if its
 //! reply was lost on the way. Such calls wait, and fail only when the worker is
-//! declared gone ([`WorkerConn::abandon`], from supervision). CLIENT-2: one
+//! declared gone ([`WorkerConn::abandon`]: supervision when its agent reports its exit
+//! or its host lost, the agent for the calls it relays when the worker exits). CLIENT-2: one
 //! connection per (address, token) per process, so actor meshes unpickled many times
 //! share it. CLIENT-3: a lost connection is never used for a new command:
 //! [`WorkerConn::current`] opens the next one to the same worker.
@@ -403,6 +404,8 @@ type ConnTable = Mutex<HashMap<(String, String), Arc<WorkerConn>>>;
 
 /// The connections of [`WorkerConn::get`].
 static CONNS: OnceLock<ConnTable> = OnceLock::new();
+/// The connections of [`WorkerConn::get_relay`].
+static RELAY_CONNS: OnceLock<ConnTable> = OnceLock::new();
 
 impl WorkerConn {
     /// Returns this process's connection to `addr`, opening it (lazily) if needed, if
@@ -414,7 +417,17 @@ impl WorkerConn {
     /// [`WorkerConn::abandon`]s this process's connection to `addr` (CLIENT-2), if it
     /// has one; whether it had.
     pub fn abandon_at(addr: &str, token: &str, err: RpcError) -> bool {
-        let conns = CONNS.get_or_init(Default::default);
+        Self::abandon_in(&CONNS, addr, token, err)
+    }
+
+    /// [`WorkerConn::abandon_at`] for a relay's connection ([`WorkerConn::get_relay`]):
+    /// its agent saw the worker exit.
+    pub fn abandon_relay_at(addr: &str, token: &str, err: RpcError) -> bool {
+        Self::abandon_in(&RELAY_CONNS, addr, token, err)
+    }
+
+    fn abandon_in(table: &OnceLock<ConnTable>, addr: &str, token: &str, err: RpcError) -> bool {
+        let conns = table.get_or_init(Default::default);
         let key = (addr.to_string(), token.to_string());
         let conn = conns
             .lock()
@@ -427,8 +440,7 @@ impl WorkerConn {
     /// A relay's connection to a worker of its host (shared like [`WorkerConn::get`]):
     /// replies pass through untouched, their buffers are not pulled here.
     pub fn get_relay(rt: &Handle, addr: &str, token: &str) -> Result<Arc<WorkerConn>, RpcError> {
-        static CONNS: OnceLock<ConnTable> = OnceLock::new();
-        Self::shared(&CONNS, rt, addr, token, false)
+        Self::shared(&RELAY_CONNS, rt, addr, token, false)
     }
 
     fn shared(
