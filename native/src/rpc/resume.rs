@@ -165,24 +165,40 @@ impl Callers {
         let Some(c) = t.callers.get_mut(&caller) else {
             return Admit::Run; // (a stream's calls can be read before its attach: none here)
         };
-        let known: Vec<&Entry> = procs
-            .iter()
-            .filter_map(|p| c.calls.get(&key(call_id, *p)))
-            .collect();
-        if !known.is_empty() {
-            if let Some((_, tx)) = &c.tx {
-                for e in known {
-                    if let Entry::Done(r) = e {
-                        let _ = tx.send(r.clone());
-                    }
-                }
-            }
+        if Self::replay(c, call_id, procs) {
             return Admit::Known;
         }
         for p in procs {
             c.calls.insert(key(call_id, *p), Entry::Running);
         }
         Admit::Run
+    }
+
+    /// Whether `caller` sent `call_id` before; if so, its replies that are done go
+    /// again on its stream (one still running answers there when it ends).
+    pub fn known(&self, caller: u64, call_id: u64, procs: &[Option<u32>]) -> bool {
+        let mut t = self.lock();
+        t.callers
+            .get_mut(&caller)
+            .is_some_and(|c| Self::replay(c, call_id, procs))
+    }
+
+    fn replay(c: &mut Caller, call_id: u64, procs: &[Option<u32>]) -> bool {
+        let known: Vec<&Entry> = procs
+            .iter()
+            .filter_map(|p| c.calls.get(&key(call_id, *p)))
+            .collect();
+        if known.is_empty() {
+            return false;
+        }
+        if let Some((_, tx)) = &c.tx {
+            for e in known {
+                if let Entry::Done(r) = e {
+                    let _ = tx.send(r.clone());
+                }
+            }
+        }
+        true
     }
 
     /// `reply` for a call of `caller`: remembered until received, and sent on the
@@ -352,5 +368,19 @@ mod tests {
         assert_eq!(c.remembered(), 1); // proc 0 still runs
         assert_eq!(c.admit(3, 9, &[Some(0), Some(1)], true), Admit::Known);
         assert!(rx.try_recv().is_err());
+    }
+
+    #[test]
+    fn a_known_call_is_answered_again_and_an_unknown_one_is_not_taken_for_it() {
+        let c = Callers::default();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        c.attach(1, tx);
+        assert!(!c.known(1, 5, &[None]));
+        assert_eq!(c.admit(1, 5, &[None], false), Admit::Run);
+        c.reply(1, reply(5, None));
+        assert_eq!(rx.try_recv().unwrap().call_id, 5);
+        assert!(c.known(1, 5, &[None])); // (a fenced resend: answered as it ran)
+        assert_eq!(rx.try_recv().unwrap().call_id, 5);
+        assert!(!c.known(2, 5, &[None]));
     }
 }

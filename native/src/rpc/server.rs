@@ -121,7 +121,9 @@ impl Worker for Service {
                 for c in batch.calls {
                     inbox.received.fetch_add(1, Ordering::Relaxed);
                     if let Err(m) = inbox.admit(c.epoch) {
-                        if !c.oneway {
+                        // A resent call admitted before the fence is answered as it ran.
+                        let ran = c.resent && inbox.callers.known(caller, c.call_id, &[None]);
+                        if !c.oneway && !ran {
                             let _ = tx.send(fenced(c.call_id, m));
                         }
                         continue;
