@@ -235,3 +235,32 @@ fn a_new_process_at_the_address_fails_the_calls_and_never_runs_them() {
     proxy.task.abort();
     drop(first);
 }
+
+#[test]
+fn a_spawn_across_a_partition_runs_once_and_its_answer_comes_after() {
+    let rt = runtime();
+    let host = WorkerHost::bind(rt.handle(), "127.0.0.1:0", "tok").unwrap();
+    let runs = Arc::new(Mutex::new(HashMap::new()));
+    let gate = Arc::new(AtomicBool::new(false));
+    counting_dispatcher(&host, runs.clone(), gate.clone());
+    let proxy = Proxy::start(&rt, host.addr.clone());
+    let conn = WorkerConn::open(rt.handle(), &proxy.addr, "tok").unwrap();
+    let spec = Bytes::from_static(b"class, args");
+    let slot = conn.spawn_actor(rt.handle(), "a", spec.clone(), vec![], "");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !runs.lock().unwrap().contains_key(&spec) {
+        assert!(Instant::now() < deadline, "the spawn never arrived");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    proxy.set_cut(true);
+    gate.store(true, Ordering::SeqCst); // it runs while nothing gets through
+    std::thread::sleep(Duration::from_secs(6)); // longer than the keepalive
+    assert!(!slot.is_done(), "the spawn ended during the partition");
+    proxy.set_cut(false);
+    let r = slot
+        .wait(Some(Duration::from_secs(30)))
+        .expect("no answer after the partition");
+    assert_eq!(reply_kind(&r.unwrap()), ReplyKind::Result);
+    assert_eq!(runs.lock().unwrap().get(&spec), Some(&1));
+    proxy.task.abort();
+}

@@ -75,13 +75,18 @@ def test_calls_across_a_partition_wait_and_complete_once_each(hosts_code, contro
             "ledger.slice(hosts=1, procs=0).record.call_one('pushed', 0.0, big).get(timeout=120)), "
             "daemon=True).start()"
         )
+        # A spawn, which waits for every rank (in a thread: it blocks until it is done).
+        c.run(
+            "late = []; threading.Thread(target=lambda: late.append(procs.spawn('late', Ledger)), "
+            "daemon=True).start()"
+        )
         _wait_failure(c, "unreachable")
         unreachable_after = time.monotonic() - t0
         # h1's ranks go on meanwhile.
         assert c.eval("ledger.slice(hosts=0).record.call('h1').get(timeout=30).values()") == [[1, 0]] * 2
         time.sleep(max(0.0, PARTITION_S - (time.monotonic() - t0)))
-        waiting = c.eval("[f.done() for f in (made, direct_made)] + [bool(pushed)]")
-        assert waiting == [False, False, False], "a call to the partitioned host ended during the partition"
+        waiting = c.eval("[f.done() for f in (made, direct_made)] + [bool(pushed), bool(late)]")
+        assert waiting == [False] * 4, "a call to the partitioned host ended during the partition"
     _wait_failure(c, "host_back")
     assert c.eval("during.get(timeout=60).values()") == [[1, 0]] * 4
     assert c.eval("direct_during.get(timeout=60)") == [1, 0]
@@ -91,6 +96,9 @@ def test_calls_across_a_partition_wait_and_complete_once_each(hosts_code, contro
     while not c.eval("pushed") and time.monotonic() < deadline:
         time.sleep(0.2)
     assert c.eval("pushed") == [[1, 64 << 20]]
+    while not c.eval("late") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert c.eval("late[0].record.call('after').get(timeout=60).values()") == [[1, 0]] * 4
     counts = c.eval("ledger.counts.call().get(timeout=30).values()")
     for rank, runs in enumerate(counts):
         assert all(n == 1 for n in runs.values()), f"rank {rank} ran a call twice: {runs}"

@@ -721,24 +721,47 @@ impl WorkerConn {
         }
     }
 
-    /// Runs a unary RPC on the runtime and completes a slot with its reply.
+    /// Runs a unary RPC on the runtime and completes a slot with its reply. A break
+    /// that is not a loss (CLIENT-1) sends it again, with backoff, for as long as it
+    /// takes: `f` makes each copy, with the same request id, which the worker runs
+    /// once (RESUME-4); a loss, or the calls' abandon, fails it.
     fn unary<F, Fut>(&self, rt: &Handle, f: F) -> Arc<Slot>
     where
-        F: FnOnce(Client) -> Fut + Send + 'static,
+        F: Fn(Client) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = Result<tonic::Response<Reply>, tonic::Status>> + Send,
     {
         let slot = Slot::new();
         let (s2, client, addr) = (slot.clone(), self.client.clone(), self.addr.clone());
         let (answered, plaintext) = (self.answered.clone(), self.ca.is_none());
+        let (pending, abandoned) = (self.pending.clone(), self.abandoned.clone());
         rt.spawn(async move {
-            let outcome: Outcome = match f(client).await {
-                Ok(r) => {
-                    answered.store(true, Ordering::Relaxed);
-                    Ok(r.into_inner())
+            let mut attempt = 0;
+            let outcome: Outcome = loop {
+                let err = match f(client.clone()).await {
+                    Ok(r) => {
+                        answered.store(true, Ordering::Relaxed);
+                        break Ok(r.into_inner());
+                    }
+                    Err(s) => {
+                        let unanswered = plaintext && !answered.load(Ordering::Relaxed);
+                        let err = error_of(&addr, &s, unanswered).await;
+                        if is_loss(&s, &err) {
+                            break Err(err);
+                        }
+                        err
+                    }
+                };
+                if let Some(lost) = lock(&pending).lost.clone() {
+                    break Err(lost);
                 }
-                Err(s) => {
-                    let unanswered = plaintext && !answered.load(Ordering::Relaxed);
-                    Err(error_of(&addr, &s, unanswered).await)
+                let wait = backoff(attempt).max(Duration::from_millis(50));
+                attempt += 1;
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = abandoned.notified() => {
+                        abandoned.notify_one(); // (for the connection task too)
+                        break Err(lock(&pending).lost.clone().unwrap_or(err));
+                    }
                 }
             };
             s2.complete(outcome);
@@ -761,8 +784,12 @@ impl WorkerConn {
             buffers,
             epoch: self.epoch(),
             origin: origin.to_string(),
+            request_id: resume::random_id(),
         };
-        self.unary(rt, move |mut c| async move { c.spawn_actor(req).await })
+        self.unary(rt, move |mut c| {
+            let req = req.clone();
+            async move { c.spawn_actor(req).await }
+        })
     }
 
     /// Stops actor `name`.
@@ -770,8 +797,12 @@ impl WorkerConn {
         let req = StopActorRequest {
             name: name.to_string(),
             epoch: self.epoch(),
+            request_id: resume::random_id(),
         };
-        self.unary(rt, move |mut c| async move { c.stop_actor(req).await })
+        self.unary(rt, move |mut c| {
+            let req = req.clone();
+            async move { c.stop_actor(req).await }
+        })
     }
 
     /// Asks the worker to cancel `call_id` (fire and forget); through a relay, only

@@ -7,7 +7,7 @@
 //! INBOX-2: each queued item that expects an answer holds a reply token; answering a
 //! token whose caller has gone is not an error (the reply is dropped).
 
-use super::resume::Callers;
+use super::resume::{Callers, Requests};
 use super::RpcError;
 use crate::proto::v1::{Reply, ReplyKind};
 use bytes::Bytes;
@@ -159,6 +159,8 @@ pub struct Inbox {
     sinks: Mutex<HashMap<u64, Sink>>,
     /// The `Messages` streams' callers and what they wait for (RESUME-1).
     pub(crate) callers: Callers,
+    /// Spawns and stops by request id (RESUME-4).
+    pub(crate) requests: Requests,
     next_token: AtomicU64,
     /// Calls received, for `Stats`.
     pub(crate) received: AtomicU64,
@@ -188,6 +190,7 @@ impl Inbox {
             routes: Mutex::new(HashMap::new()),
             sinks: Mutex::new(HashMap::new()),
             callers: Callers::default(),
+            requests: Requests::default(),
             next_token: AtomicU64::new(1),
             received: AtomicU64::new(0),
             epoch: AtomicU64::new(0),

@@ -14,6 +14,9 @@
 //! client, from the incarnation it answers with, before anything is resent).
 //! RESUME-3: a caller with no stream open for [`FORGET_AFTER`] is forgotten (its
 //! remembered replies freed; its id kept in a bounded list for RESUME-2).
+//! RESUME-4: a unary request (a spawn, a stop) sent again with its request id after
+//! its connection broke runs once: every copy gets that one run's reply
+//! ([`Requests`]; the last [`REQUESTS_KEPT`] ids are remembered).
 
 use crate::proto::v1::{Received, Reply, ReplyKind};
 use bytes::Bytes;
@@ -24,6 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::watch;
 
 /// The request metadata that names the caller (a [`WorkerConn`](super::client::WorkerConn)).
 pub const CALLER_HEADER: &str = "x-monarch-caller";
@@ -240,6 +244,56 @@ impl Callers {
     }
 }
 
+/// How many unary requests' replies a server remembers (RESUME-4).
+pub const REQUESTS_KEPT: usize = 1024;
+
+/// A unary request's reply, once its one run has made it (RESUME-4).
+type Answer = watch::Receiver<Option<Reply>>;
+
+/// Unary requests by id, with their reply once there is one (RESUME-4).
+#[derive(Default)]
+pub struct Requests {
+    /// The requests, and their ids oldest first (the oldest is forgotten first).
+    map: Mutex<(HashMap<u64, Answer>, std::collections::VecDeque<u64>)>,
+}
+
+/// What to do with an arriving unary request.
+pub enum Begin {
+    /// New: run it, and send its reply here.
+    Run(watch::Sender<Option<Reply>>),
+    /// Seen before: its reply comes (or came) here.
+    Wait(watch::Receiver<Option<Reply>>),
+}
+
+impl Requests {
+    /// Request `id` arrives.
+    pub fn begin(&self, id: u64) -> Begin {
+        let mut m = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let (map, order) = &mut *m;
+        if let Some(rx) = map.get(&id) {
+            return Begin::Wait(rx.clone());
+        }
+        let (tx, rx) = watch::channel(None);
+        map.insert(id, rx);
+        order.push_back(id);
+        if order.len() > REQUESTS_KEPT {
+            if let Some(old) = order.pop_front() {
+                map.remove(&old);
+            }
+        }
+        Begin::Run(tx)
+    }
+}
+
+/// The reply a [`Begin::Wait`] or a run's receiver gets; None if the run ended
+/// without one (the server stopped).
+pub async fn reply_of(mut rx: watch::Receiver<Option<Reply>>) -> Option<Reply> {
+    rx.wait_for(Option::is_some)
+        .await
+        .ok()
+        .and_then(|r| r.clone())
+}
+
 /// The answer to a resent call the server does not know (RESUME-2).
 pub fn forgotten(call_id: u64, proc: Option<u32>) -> Reply {
     Reply {
@@ -382,5 +436,19 @@ mod tests {
         assert!(c.known(1, 5, &[None])); // (a fenced resend: answered as it ran)
         assert_eq!(rx.try_recv().unwrap().call_id, 5);
         assert!(!c.known(2, 5, &[None]));
+    }
+
+    #[tokio::test]
+    async fn a_request_sent_again_waits_for_the_one_run_and_gets_its_reply() {
+        let r = Requests::default();
+        let Begin::Run(done) = r.begin(9) else {
+            panic!("a new request must run")
+        };
+        let Begin::Wait(again) = r.begin(9) else {
+            panic!("a request seen before must not run again")
+        };
+        done.send(Some(reply(9, None))).unwrap();
+        assert_eq!(reply_of(again).await.unwrap().call_id, 9);
+        assert!(matches!(r.begin(10), Begin::Run(_)));
     }
 }

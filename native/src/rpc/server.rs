@@ -7,7 +7,7 @@ use super::inbox::{Inbox, Incoming, Kind};
 use super::auth::TokenCheck;
 use super::batch::Batched;
 use super::inbox::Sink;
-use super::resume::{self, Admit};
+use super::resume::{self, Admit, Begin};
 use super::tls::ServerIdentity;
 use super::{RpcError, MAX_MESSAGE_BYTES};
 use crate::proto::v1::worker_server::{Worker, WorkerServer};
@@ -42,15 +42,50 @@ fn fenced(call_id: u64, message: String) -> Reply {
 }
 
 impl Service {
-    async fn unary(&self, epoch: u64, item: Incoming) -> Result<Response<Reply>, Status> {
+    /// A spawn or a stop; one with a request id runs once however often it comes
+    /// (RESUME-4): the run goes on, and is remembered, whether or not its caller waits.
+    async fn unary(
+        &self,
+        epoch: u64,
+        request_id: u64,
+        item: Incoming,
+    ) -> Result<Response<Reply>, Status> {
+        let stopped = || Status::unavailable("the worker's dispatcher stopped");
+        let run = if request_id == 0 {
+            None
+        } else {
+            match self.inbox.requests.begin(request_id) {
+                Begin::Wait(rx) => {
+                    return resume::reply_of(rx)
+                        .await
+                        .map(Response::new)
+                        .ok_or_else(stopped)
+                }
+                Begin::Run(done) => Some(done),
+            }
+        };
         if let Err(m) = self.inbox.admit(epoch) {
-            return Ok(Response::new(fenced(0, m)));
+            let reply = fenced(0, m);
+            if let Some(done) = run {
+                let _ = done.send(Some(reply.clone()));
+            }
+            return Ok(Response::new(reply));
         }
         let (tx, rx) = oneshot::channel();
         self.inbox.push(item, Some(Sink::Unary(tx)));
-        rx.await
+        let Some(done) = run else {
+            return rx.await.map(Response::new).map_err(|_| stopped());
+        };
+        let waiting = done.subscribe();
+        tokio::spawn(async move {
+            if let Ok(reply) = rx.await {
+                let _ = done.send(Some(reply));
+            }
+        });
+        resume::reply_of(waiting)
+            .await
             .map(Response::new)
-            .map_err(|_| Status::unavailable("the worker's dispatcher stopped"))
+            .ok_or_else(stopped)
     }
 }
 
@@ -83,12 +118,13 @@ impl Worker for Service {
         it.payload = r.payload;
         it.buffers = r.buffers;
         it.origin = r.origin;
-        self.unary(r.epoch, it).await
+        self.unary(r.epoch, r.request_id, it).await
     }
 
     async fn stop_actor(&self, req: Request<StopActorRequest>) -> Result<Response<Reply>, Status> {
         let r = req.into_inner();
-        self.unary(r.epoch, item(Kind::Stop, 0, r.name)).await
+        self.unary(r.epoch, r.request_id, item(Kind::Stop, 0, r.name))
+            .await
     }
 
     type MessagesStream = ReplyStream;
