@@ -178,6 +178,11 @@ class AgentClient:
             # no cap but memory, as the agent's own side (authenticated peers only).
             ("grpc.max_receive_message_length", -1),
             ("grpc.enable_http_proxy", 0),
+            # After a partition the channel tries again within a second, not after
+            # gRPC's default backoff (up to 120 s), so the host is usable once it answers.
+            ("grpc.initial_reconnect_backoff_ms", 200),
+            ("grpc.min_reconnect_backoff_ms", 200),
+            ("grpc.max_reconnect_backoff_ms", 1000),
         ]
         if ca_pem is None:
             self._channel = grpc.insecure_channel(addr, options=options)
@@ -189,9 +194,13 @@ class AgentClient:
         self._stub = agent_pb2_grpc.HostAgentStub(self._channel)
         self._md = (("authorization", f"Bearer {token}"),)
 
-    def _call(self, name: str, request: Any, timeout: float) -> Any:
+    def _call(self, name: str, request: Any, timeout: float, wait_for_ready: bool = False) -> Any:
+        """``wait_for_ready``: a channel between connections (a partition that just
+        healed) is waited for, up to ``timeout``, instead of failing the call at once."""
         try:
-            reply = getattr(self._stub, name)(request, metadata=self._md, timeout=timeout)
+            reply = getattr(self._stub, name)(
+                request, metadata=self._md, timeout=timeout, wait_for_ready=wait_for_ready or None
+            )
         except self._grpc.RpcError as e:
             raise self._error(e, name) from None
         self._answered = True
@@ -258,10 +267,11 @@ class AgentClient:
         req = self._pb.ActorRecord(
             name=name, payload=payload, buffers=[bytes(b) for b in buffers], shape=shape, epoch=epoch
         )
-        self._call("RecordActor", req, timeout)
+        self._call("RecordActor", req, timeout, wait_for_ready=True)  # (a record is idempotent)
 
     def forget_actor(self, name: str, epoch: int, timeout: float = 10.0) -> None:
-        self._call("ForgetActor", self._pb.ForgetActorRequest(name=name, epoch=epoch), timeout)
+        req = self._pb.ForgetActorRequest(name=name, epoch=epoch)
+        self._call("ForgetActor", req, timeout, wait_for_ready=True)
 
     def respawn_workers(self, ranks: list[int], epoch: int, timeout: float = 60.0) -> list[dict[str, Any]]:
         req = self._pb.RespawnWorkersRequest(ranks=ranks, epoch=epoch)

@@ -26,6 +26,8 @@ struct Proxy {
     cut: Arc<AtomicBool>,
     /// Set: every connection closes, and the port refuses (the worker's process gone).
     dead: Arc<AtomicBool>,
+    /// Bumped: the connections made before close (their server went away).
+    generation: Arc<std::sync::atomic::AtomicU64>,
     /// Where new connections go.
     upstream: Arc<Mutex<String>>,
     task: tokio::task::JoinHandle<()>,
@@ -38,10 +40,17 @@ impl Proxy {
         let cut = Arc::new(AtomicBool::new(false));
         let upstream = Arc::new(Mutex::new(upstream));
         let dead = Arc::new(AtomicBool::new(false));
-        let (c2, u2, d2) = (cut.clone(), upstream.clone(), dead.clone());
+        let generation = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (c2, u2, d2, g2) = (
+            cut.clone(),
+            upstream.clone(),
+            dead.clone(),
+            generation.clone(),
+        );
         let task = rt.spawn(async move {
             while let Ok((down, _)) = listener.accept().await {
                 let (cut, upstream, dead) = (c2.clone(), u2.clone(), d2.clone());
+                let generation = g2.clone();
                 tokio::spawn(async move {
                     while cut.load(Ordering::SeqCst) {
                         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -52,8 +61,14 @@ impl Proxy {
                     };
                     let (dr, dw) = down.into_split();
                     let (ur, uw) = up.into_split();
-                    tokio::spawn(pump(dr, uw, cut.clone(), dead.clone()));
-                    tokio::spawn(pump(ur, dw, cut, dead));
+                    let born = generation.load(Ordering::SeqCst);
+                    let ends = Ends {
+                        dead,
+                        generation,
+                        born,
+                    };
+                    tokio::spawn(pump(dr, uw, cut.clone(), ends.clone()));
+                    tokio::spawn(pump(ur, dw, cut, ends));
                 });
             }
         });
@@ -61,6 +76,7 @@ impl Proxy {
             addr,
             cut,
             dead,
+            generation,
             upstream,
             task,
         }
@@ -70,6 +86,11 @@ impl Proxy {
         self.cut.store(cut, Ordering::SeqCst);
     }
 
+    /// Closes the connections made so far, as a server that went away does.
+    fn close_connections(&self) {
+        self.generation.fetch_add(1, Ordering::SeqCst);
+    }
+
     /// Closes every connection and the port, as a worker's process that exits does.
     fn kill(&self) {
         self.dead.store(true, Ordering::SeqCst);
@@ -77,13 +98,28 @@ impl Proxy {
     }
 }
 
+/// When a proxied connection ends: the proxy is killed, or it closes the connections
+/// of `born`'s generation.
+#[derive(Clone)]
+struct Ends {
+    dead: Arc<AtomicBool>,
+    generation: Arc<std::sync::atomic::AtomicU64>,
+    born: u64,
+}
+
+impl Ends {
+    fn now(&self) -> bool {
+        self.dead.load(Ordering::SeqCst) || self.generation.load(Ordering::SeqCst) != self.born
+    }
+}
+
 /// Copies `from` to `to`, holding every byte while the link is cut; returns (closing
-/// both) once `dead`.
+/// both) once its connection [`Ends`].
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     cut: Arc<AtomicBool>,
-    dead: Arc<AtomicBool>,
+    ends: Ends,
 ) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
@@ -95,7 +131,7 @@ async fn pump(
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,
             },
-            _ = async { while !dead.load(Ordering::SeqCst) {
+            _ = async { while !ends.now() {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             } } => return,
         };
@@ -222,7 +258,8 @@ fn a_new_process_at_the_address_fails_the_calls_and_never_runs_them() {
     proxy.set_cut(true);
     let second = WorkerHost::bind(rt.handle(), "127.0.0.1:0", "tok").unwrap();
     *proxy.upstream.lock().unwrap() = second.addr.clone();
-    std::thread::sleep(Duration::from_secs(6)); // the client drops the connection
+    proxy.close_connections(); // the first is gone: its connections with it
+    std::thread::sleep(Duration::from_secs(6));
     proxy.set_cut(false);
     let err = match pending.wait(Some(Duration::from_secs(30))) {
         Some(Err(e)) => e,

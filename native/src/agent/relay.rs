@@ -97,27 +97,32 @@ impl Worker for Relay {
         let (tx, rx) = mpsc::unbounded_channel::<Reply>();
         let (agent, in_flight) = (self.agent.clone(), self.in_flight.clone());
         let callers = self.callers.clone();
-        let stream = callers.attach(caller, tx.clone());
+        let (stream, knew) = callers.attach(caller, tx.clone());
         let rt = tokio::runtime::Handle::current();
         tokio::spawn(async move {
             let to = To {
                 callers: &callers,
                 caller,
+                stream,
                 tx: &tx,
             };
             while let Some(Ok(batch)) = calls.next().await {
-                callers.received(caller, &batch.received);
+                if batch.resync {
+                    callers.resync(caller, &batch.waiting);
+                }
                 for call in batch.calls {
                     deliver(&rt, &agent, &in_flight, call, &to);
                 }
+                callers.received(caller, &batch.received);
             }
             callers.detach(caller, stream);
         });
-        Ok(self
-            .callers
-            .tag(Response::new(Box::pin(Batched::new(rx, |replies| {
+        Ok(self.callers.tag(
+            Response::new(Box::pin(Batched::new(rx, |replies| {
                 Ok(Replies { replies })
-            })))))
+            }))),
+            knew,
+        ))
     }
 
     async fn cancel(&self, req: Request<CancelRequest>) -> Result<Response<CancelReply>, Status> {
@@ -154,6 +159,8 @@ impl Worker for Relay {
 struct To<'a> {
     callers: &'a Arc<Callers>,
     caller: u64,
+    /// The caller's stream the calls are read from.
+    stream: u64,
     tx: &'a mpsc::UnboundedSender<Reply>,
 }
 
@@ -177,9 +184,12 @@ fn deliver(
     }
     if !oneway {
         let procs: Vec<Option<u32>> = deliveries.iter().map(|d| Some(d.proc)).collect();
-        match to.callers.admit(to.caller, call_id, &procs, call.resent) {
+        match to
+            .callers
+            .admit(to.caller, to.stream, call_id, &procs, call.resent)
+        {
             Admit::Run => {}
-            Admit::Known => return,
+            Admit::Known | Admit::Stale => return,
             Admit::Forgotten => {
                 for p in procs {
                     let _ = to.tx.send(resume::forgotten(call_id, p));

@@ -23,7 +23,7 @@
 
 use super::auth::TokenAttach;
 use super::batch::Batched;
-use super::resume::{self, CALLER_HEADER, INCARNATION_HEADER};
+use super::resume::{self, CALLER_HEADER, INCARNATION_HEADER, KNEW_HEADER};
 use super::slot::{Outcome, Slot};
 use super::{RpcError, MAX_MESSAGE_BYTES};
 use crate::proto::v1::worker_client::WorkerClient;
@@ -32,7 +32,7 @@ use crate::proto::v1::{
     SpawnActorRequest, StatsReply, StatsRequest, StopActorRequest,
 };
 use bytes::Bytes;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -145,15 +145,13 @@ pub fn epoch_cell(token: &str) -> Arc<AtomicU64> {
 /// Call messages this process has sent (a fanned-out call is one): `calls_sent()`.
 pub static CALLS_SENT: AtomicU64 = AtomicU64::new(0);
 
-/// Call ids: unique within this process; the random start keeps two controllers'
-/// ids apart in a worker's logs.
+/// Call ids: unique within this process, and from a random start, so that the ids
+/// of two callers (controllers, or workers calling through one relay) do not meet
+/// (RESUME-1 tells calls apart by caller and id; a pid would repeat across hosts).
 fn next_call_id() -> u64 {
     static NEXT: OnceLock<AtomicU64> = OnceLock::new();
-    NEXT.get_or_init(|| {
-        let seed = std::process::id() as u64;
-        AtomicU64::new(seed << 40)
-    })
-    .fetch_add(1, Ordering::Relaxed)
+    NEXT.get_or_init(|| AtomicU64::new(resume::random_id() >> 1))
+        .fetch_add(1, Ordering::Relaxed)
 }
 
 fn lock(p: &Mutex<Pending>) -> std::sync::MutexGuard<'_, Pending> {
@@ -194,13 +192,26 @@ fn refused(s: &tonic::Status) -> bool {
     false
 }
 
+/// Whether `s` failed before a connection was made: nothing sent on it arrived.
+fn never_connected(s: &tonic::Status) -> bool {
+    use std::error::Error;
+    let mut cause: Option<&(dyn Error + 'static)> = s.source();
+    while let Some(e) = cause {
+        if e.downcast_ref::<tonic::ConnectError>().is_some() {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
+}
+
 /// Whether a failed stream means the worker is gone or refuses this caller
 /// (CLIENT-1), rather than a break that resuming mends (RESUME-1).
 fn is_loss(s: &tonic::Status, err: &RpcError) -> bool {
     use std::error::Error;
     match err {
         RpcError::Auth(_) | RpcError::Tls { .. } | RpcError::TlsConfig(_) => return true,
-        RpcError::Status { .. } if s.source().is_none() => return true, // the worker said so
+        _ if s.source().is_none() => return true, // the worker said so (its dispatcher stopped)
         _ => {}
     }
     refused(s)
@@ -229,6 +240,23 @@ struct Link {
     abandoned: Arc<Notify>,
 }
 
+/// What the connection task keeps from one stream to the next.
+#[derive(Default)]
+struct StreamState {
+    /// Streams opened so far: from the second on, each resumes (RESUME-1).
+    streams: u32,
+    /// The worker's incarnation, from the first stream that answered (RESUME-2).
+    incarnation: Option<String>,
+    /// Calls sent again on this stream while still on their way to `rx`: when they
+    /// come out of it, they are not sent a second time.
+    resent: HashSet<u64>,
+    /// Whether this stream's worker answered (a resume after it starts at once).
+    answered_now: bool,
+    /// Whether calls may have reached a server that never said who it is (a stream
+    /// that broke after connecting, before its answer's headers).
+    maybe_delivered: bool,
+}
+
 /// How one stream ended.
 enum Ended {
     /// Open it again (RESUME-1).
@@ -241,17 +269,20 @@ impl Link {
     /// Runs the `Messages` stream, opening it again after every break, until the
     /// connection is lost or dropped.
     async fn run(self, mut rx: mpsc::UnboundedReceiver<Call>) {
-        let mut incarnation: Option<String> = None;
-        let (mut attempt, mut streams) = (0u32, 0u32);
+        let mut s = StreamState::default();
+        let mut attempt = 0u32;
         loop {
-            if lock(&self.pending).lost.is_some() {
-                return;
+            if lock(&self.pending).lost.is_some() || rx.is_closed() {
+                return; // (closed: nobody holds the connection, nobody waits on it)
             }
-            match self.stream(&mut rx, &mut incarnation, streams > 0).await {
+            match self.stream(&mut rx, &mut s).await {
                 Ended::Done => return,
                 Ended::Broken => {}
             }
-            streams += 1;
+            if s.answered_now {
+                attempt = 0; // it was up: the next try goes at once
+            }
+            s.streams += 1;
             let wait = backoff(attempt);
             attempt += 1;
             tokio::select! {
@@ -261,19 +292,28 @@ impl Link {
         }
     }
 
-    /// One `Messages` stream: opened (with the calls still waiting sent again when
-    /// `resuming`), then replies read until it ends.
-    async fn stream(
-        &self,
-        rx: &mut mpsc::UnboundedReceiver<Call>,
-        incarnation: &mut Option<String>,
-        resuming: bool,
-    ) -> Ended {
+    /// One `Messages` stream: opened (with the calls still waiting sent again when it
+    /// resumes an earlier one), then replies read until it ends.
+    async fn stream(&self, rx: &mut mpsc::UnboundedReceiver<Call>, st: &mut StreamState) -> Ended {
+        let resuming = st.streams > 0;
+        st.answered_now = false;
         let (gtx, grx) = mpsc::unbounded_channel::<Call>();
         let p = self.pending.clone();
-        let out = Batched::new(grx, move |calls| Calls {
-            calls,
-            received: std::mem::take(&mut lock(&p).received),
+        // A resumed stream's first message says what the caller still waits for.
+        let mut resync = resuming;
+        let out = Batched::new(grx, move |calls| {
+            let mut p = lock(&p);
+            let waiting = if std::mem::take(&mut resync) {
+                Some(p.calls.keys().chain(p.fanned.keys()).copied().collect())
+            } else {
+                None
+            };
+            Calls {
+                calls,
+                received: std::mem::take(&mut p.received),
+                resync: waiting.is_some(),
+                waiting: waiting.unwrap_or_default(),
+            }
         });
         let mut req = tonic::Request::new(out);
         if let Ok(v) = format!("{:x}", self.caller).parse() {
@@ -297,40 +337,72 @@ impl Link {
         let mut inbound = match resp {
             Ok(r) => {
                 self.answered.store(true, Ordering::Relaxed);
+                st.answered_now = true;
                 let theirs = r
                     .metadata()
                     .get(INCARNATION_HEADER)
                     .and_then(|v| v.to_str().ok())
                     .map(str::to_string);
-                match (incarnation.as_deref(), theirs.as_deref()) {
-                    (Some(was), Some(now)) if was != now => {
-                        fail_all(
-                            &self.pending,
-                            RpcError::ConnectionLost {
-                                addr: self.addr.clone(),
-                                reason: "the worker there now is another process: the one \
-                                         these calls went to is gone"
-                                    .into(),
-                            },
-                        );
-                        return Ended::Done;
-                    }
-                    _ => *incarnation = theirs.or(incarnation.take()),
+                let knew = r.metadata().get(KNEW_HEADER).is_some();
+                let other = match (st.incarnation.as_deref(), theirs.as_deref()) {
+                    (Some(was), Some(now)) => was != now,
+                    // The earlier streams never said who they reached: where they
+                    // may have reached one, only a server that knows this caller is it.
+                    (None, _) => st.maybe_delivered && !knew,
+                    (Some(_), None) => false,
+                };
+                if other {
+                    let reason = if st.incarnation.is_some() {
+                        "the worker there now is another process: the one these calls went \
+                         to is gone"
+                    } else {
+                        "the worker there now does not know this connection: it is another \
+                         process than the one these calls may have reached, so they are not \
+                         sent again"
+                    };
+                    let err = RpcError::ConnectionLost {
+                        addr: self.addr.clone(),
+                        reason: reason.into(),
+                    };
+                    fail_all(&self.pending, err);
+                    return Ended::Done;
                 }
+                st.incarnation = theirs.or(st.incarnation.take());
                 r.into_inner()
             }
-            Err(s) => return self.broke(&s).await,
+            Err(s) => {
+                st.maybe_delivered |= !never_connected(&s);
+                return self.broke(&s).await;
+            }
         };
         if resuming {
-            let again = lock(&self.pending).to_resend();
-            for m in again {
-                let _ = gtx.send(m);
+            // What an earlier stream carried goes again, in the order sent, then what
+            // none has yet; a call still on its way to `rx` was taken with the first
+            // and is not sent twice (ORDER-1 holds: broadcasts come only from `rx`).
+            let mut queued = Vec::new();
+            while let Ok(c) = rx.try_recv() {
+                queued.push(c);
+            }
+            let not_yet: HashSet<u64> = queued.iter().map(|c| c.call_id).collect();
+            st.resent.clear();
+            for m in lock(&self.pending).to_resend() {
+                if !not_yet.contains(&m.call_id) {
+                    st.resent.insert(m.call_id);
+                    let _ = gtx.send(m);
+                }
+            }
+            for c in queued {
+                let _ = gtx.send(c);
             }
         }
         loop {
             tokio::select! {
                 m = rx.recv() => match m {
-                    Some(call) => { let _ = gtx.send(call); }
+                    Some(call) => {
+                        if st.resent.is_empty() || !st.resent.remove(&call.call_id) {
+                            let _ = gtx.send(call);
+                        }
+                    }
                     None => return Ended::Done,
                 },
                 r = inbound.message() => match r {

@@ -33,6 +33,9 @@ use tokio::sync::watch;
 pub const CALLER_HEADER: &str = "x-monarch-caller";
 /// The response metadata that names the server's process (its incarnation).
 pub const INCARNATION_HEADER: &str = "x-monarch-incarnation";
+/// The response metadata that says the server knew the caller before this stream
+/// ("1"): it is the process the caller's earlier streams reached (RESUME-2).
+pub const KNEW_HEADER: &str = "x-monarch-knew";
 
 /// RESUME-3: how long a caller with no stream is remembered. A partition longer than
 /// this ends its calls with `REPLY_KIND_LOST` (never a second run).
@@ -82,6 +85,9 @@ pub enum Admit {
     Known,
     /// A resent call this server does not know: answer `REPLY_KIND_LOST` (RESUME-2).
     Forgotten,
+    /// From a stream that is no longer the caller's newest: dropped (the caller sends
+    /// everything it waits for again on the newest, RESUME-1).
+    Stale,
 }
 
 /// The callers of one server (RESUME-1).
@@ -106,8 +112,31 @@ impl Default for Callers {
 #[derive(Default)]
 struct Table {
     callers: HashMap<u64, Caller>,
-    /// Callers forgotten (RESUME-3), oldest first (RESUME-2).
+    /// Callers forgotten (RESUME-3), oldest first, and as a set (RESUME-2).
     forgotten: std::collections::VecDeque<u64>,
+    forgotten_set: std::collections::HashSet<u64>,
+}
+
+impl Table {
+    /// RESUME-3: forgets the callers with no stream for [`FORGET_AFTER`].
+    fn sweep(&mut self) {
+        let stale: Vec<u64> = self
+            .callers
+            .iter()
+            .filter(|(_, c)| c.idle_since.is_some_and(|i| i.elapsed() >= FORGET_AFTER))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in stale {
+            self.callers.remove(&id);
+            self.forgotten.push_back(id);
+            self.forgotten_set.insert(id);
+            if self.forgotten.len() > FORGOTTEN_KEPT {
+                if let Some(old) = self.forgotten.pop_front() {
+                    self.forgotten_set.remove(&old);
+                }
+            }
+        }
+    }
 }
 
 fn key(call_id: u64, proc: Option<u32>) -> (u64, u32) {
@@ -120,23 +149,13 @@ impl Callers {
     }
 
     /// A new stream of `caller`: its replies go to `tx` from now on. Returns the
-    /// stream's number, for [`Callers::detach`]. Forgets callers silent too long.
-    pub fn attach(&self, caller: u64, tx: UnboundedSender<Reply>) -> u64 {
+    /// stream's number, for [`Callers::admit`] and [`Callers::detach`], and whether
+    /// the caller was known here before.
+    pub fn attach(&self, caller: u64, tx: UnboundedSender<Reply>) -> (u64, bool) {
         let n = self.streams.fetch_add(1, Ordering::Relaxed) + 1;
         let mut t = self.lock();
-        let stale: Vec<u64> = t
-            .callers
-            .iter()
-            .filter(|(_, c)| c.idle_since.is_some_and(|i| i.elapsed() >= FORGET_AFTER))
-            .map(|(id, _)| *id)
-            .collect();
-        for id in stale {
-            t.callers.remove(&id);
-            t.forgotten.push_back(id);
-            if t.forgotten.len() > FORGOTTEN_KEPT {
-                t.forgotten.pop_front();
-            }
-        }
+        t.sweep();
+        let knew = t.callers.contains_key(&caller);
         let c = t.callers.entry(caller).or_insert_with(|| Caller {
             tx: None,
             calls: HashMap::new(),
@@ -144,12 +163,13 @@ impl Callers {
         });
         c.tx = Some((n, tx));
         c.idle_since = None;
-        n
+        (n, knew)
     }
 
     /// Stream `n` of `caller` ended; if it was the newest, replies wait for the next.
     pub fn detach(&self, caller: u64, n: u64) {
         let mut t = self.lock();
+        t.sweep();
         let Some(c) = t.callers.get_mut(&caller) else {
             return;
         };
@@ -159,18 +179,42 @@ impl Callers {
         }
     }
 
-    /// Admits call `call_id` of `caller` for `procs` (None: a direct call). A known
-    /// call's replies that are done are sent again on the caller's stream.
-    pub fn admit(&self, caller: u64, call_id: u64, procs: &[Option<u32>], resent: bool) -> Admit {
+    /// The first message of a resumed stream says which calls the caller still
+    /// waits for (`waiting`): every other one is forgotten (its reply was received,
+    /// though the message saying so was lost with the old stream; or the caller gave
+    /// up on it). A reply still to come for a forgotten call is sent, not kept.
+    pub fn resync(&self, caller: u64, waiting: &[u64]) {
+        let keep: std::collections::HashSet<u64> = waiting.iter().copied().collect();
         let mut t = self.lock();
-        if resent && t.forgotten.contains(&caller) {
-            return Admit::Forgotten;
+        if let Some(c) = t.callers.get_mut(&caller) {
+            c.calls.retain(|(id, _), _| keep.contains(id));
         }
+    }
+
+    /// Admits call `call_id` of `caller`, read from its stream `stream`, for `procs`
+    /// (None: a direct call). A known call's replies that are done are sent again on
+    /// the caller's stream.
+    pub fn admit(
+        &self,
+        caller: u64,
+        stream: u64,
+        call_id: u64,
+        procs: &[Option<u32>],
+        resent: bool,
+    ) -> Admit {
+        let mut t = self.lock();
+        let forgotten = t.forgotten_set.contains(&caller);
         let Some(c) = t.callers.get_mut(&caller) else {
             return Admit::Run; // (a stream's calls can be read before its attach: none here)
         };
+        if c.tx.as_ref().is_some_and(|(n, _)| *n != stream) {
+            return Admit::Stale;
+        }
         if Self::replay(c, call_id, procs) {
             return Admit::Known;
+        }
+        if resent && forgotten {
+            return Admit::Forgotten;
         }
         for p in procs {
             c.calls.insert(key(call_id, *p), Entry::Running);
@@ -188,16 +232,15 @@ impl Callers {
     }
 
     fn replay(c: &mut Caller, call_id: u64, procs: &[Option<u32>]) -> bool {
-        let known: Vec<&Entry> = procs
+        if !procs
             .iter()
-            .filter_map(|p| c.calls.get(&key(call_id, *p)))
-            .collect();
-        if known.is_empty() {
+            .any(|p| c.calls.contains_key(&key(call_id, *p)))
+        {
             return false;
         }
         if let Some((_, tx)) = &c.tx {
-            for e in known {
-                if let Entry::Done(r) = e {
+            for p in procs {
+                if let Some(Entry::Done(r)) = c.calls.get(&key(call_id, *p)) {
                     let _ = tx.send(r.clone());
                 }
             }
@@ -277,8 +320,14 @@ impl Requests {
         map.insert(id, rx);
         order.push_back(id);
         if order.len() > REQUESTS_KEPT {
-            if let Some(old) = order.pop_front() {
-                map.remove(&old);
+            // The oldest answered one (one still running stays: a copy may come).
+            if let Some(i) = order
+                .iter()
+                .position(|o| map.get(o).is_none_or(|r| r.borrow().is_some()))
+            {
+                if let Some(old) = order.remove(i) {
+                    map.remove(&old);
+                }
             }
         }
         Begin::Run(tx)
@@ -319,10 +368,17 @@ pub fn caller_of<T>(req: &tonic::Request<T>) -> u64 {
 }
 
 impl Callers {
-    /// Adds the server's incarnation to a `Messages` response (RESUME-1).
-    pub fn tag<T>(&self, mut resp: tonic::Response<T>) -> tonic::Response<T> {
+    /// Adds the server's incarnation, and whether it `knew` the caller, to a
+    /// `Messages` response (RESUME-1, RESUME-2).
+    pub fn tag<T>(&self, mut resp: tonic::Response<T>, knew: bool) -> tonic::Response<T> {
         if let Ok(v) = format!("{:x}", self.incarnation).parse() {
             resp.metadata_mut().insert(INCARNATION_HEADER, v);
+        }
+        if knew {
+            resp.metadata_mut().insert(
+                KNEW_HEADER,
+                tonic::metadata::MetadataValue::from_static("1"),
+            );
         }
         resp
     }
@@ -342,36 +398,28 @@ mod tests {
         }
     }
 
+    fn got(call_id: u64, proc: Option<u32>) -> Received {
+        Received { call_id, proc }
+    }
+
     #[test]
     fn a_resent_call_runs_once_and_its_reply_comes_again_on_the_new_stream() {
         let c = Callers::default();
         let (tx1, mut rx1) = mpsc::unbounded_channel();
-        let s1 = c.attach(7, tx1);
-        assert_eq!(c.admit(7, 1, &[None], false), Admit::Run);
-        assert_eq!(c.admit(7, 2, &[None], false), Admit::Run);
+        let (s1, _) = c.attach(7, tx1);
+        assert_eq!(c.admit(7, s1, 1, &[None], false), Admit::Run);
+        assert_eq!(c.admit(7, s1, 2, &[None], false), Admit::Run);
         c.detach(7, s1); // the connection broke
         c.reply(7, reply(1, None)); // answered while nobody listened
         let (tx2, mut rx2) = mpsc::unbounded_channel();
-        c.attach(7, tx2);
-        assert_eq!(c.admit(7, 1, &[None], true), Admit::Known);
+        let (s2, _) = c.attach(7, tx2);
+        assert_eq!(c.admit(7, s2, 1, &[None], true), Admit::Known);
         assert_eq!(rx2.try_recv().unwrap().call_id, 1);
-        assert_eq!(c.admit(7, 2, &[None], true), Admit::Known); // still running
+        assert_eq!(c.admit(7, s2, 2, &[None], true), Admit::Known); // still running
         c.reply(7, reply(2, None));
         assert_eq!(rx2.try_recv().unwrap().call_id, 2);
         assert!(rx1.try_recv().is_err());
-        c.received(
-            7,
-            &[
-                Received {
-                    call_id: 1,
-                    proc: None,
-                },
-                Received {
-                    call_id: 2,
-                    proc: None,
-                },
-            ],
-        );
+        c.received(7, &[got(1, None), got(2, None)]);
         assert_eq!(c.remembered(), 0);
     }
 
@@ -379,19 +427,49 @@ mod tests {
     fn a_resent_call_that_never_arrived_runs_once() {
         let c = Callers::default();
         let (tx, _rx) = mpsc::unbounded_channel();
-        c.attach(7, tx);
-        assert_eq!(c.admit(7, 5, &[None], true), Admit::Run);
-        assert_eq!(c.admit(7, 5, &[None], true), Admit::Known);
-        assert_eq!(c.admit(7, 6, &[None], false), Admit::Run);
-        assert_eq!(c.admit(7, 6, &[None], false), Admit::Known);
+        let (s, _) = c.attach(7, tx);
+        assert_eq!(c.admit(7, s, 5, &[None], true), Admit::Run);
+        assert_eq!(c.admit(7, s, 5, &[None], true), Admit::Known);
+        assert_eq!(c.admit(7, s, 6, &[None], false), Admit::Run);
+        assert_eq!(c.admit(7, s, 6, &[None], false), Admit::Known);
+    }
+
+    #[test]
+    fn a_call_read_late_from_an_older_stream_is_not_run() {
+        let c = Callers::default();
+        let (tx1, _rx1) = mpsc::unbounded_channel();
+        let (s1, _) = c.attach(7, tx1);
+        let (tx2, _rx2) = mpsc::unbounded_channel();
+        let (s2, _) = c.attach(7, tx2); // the caller resumed before the old stream ended
+        assert_eq!(c.admit(7, s2, 3, &[None], true), Admit::Run);
+        c.reply(7, reply(3, None));
+        c.received(7, &[got(3, None)]);
+        assert_eq!(c.admit(7, s1, 3, &[None], false), Admit::Stale);
+        assert_eq!(c.remembered(), 0);
+    }
+
+    #[test]
+    fn a_resync_forgets_what_the_caller_no_longer_waits_for() {
+        let c = Callers::default();
+        let (tx1, _rx1) = mpsc::unbounded_channel();
+        let (s1, _) = c.attach(7, tx1);
+        for id in 1..=3 {
+            assert_eq!(c.admit(7, s1, id, &[None], false), Admit::Run);
+            c.reply(7, reply(id, None));
+        }
+        // The message saying 1 and 2 were received was lost with the stream.
+        let (tx2, _rx2) = mpsc::unbounded_channel();
+        let _ = c.attach(7, tx2);
+        c.resync(7, &[3]);
+        assert_eq!(c.remembered(), 1);
     }
 
     #[test]
     fn a_resent_call_of_a_forgotten_caller_never_runs() {
         let c = Callers::default();
         let (tx, _rx) = mpsc::unbounded_channel();
-        let s = c.attach(4, tx);
-        assert_eq!(c.admit(4, 1, &[None], false), Admit::Run);
+        let (s, _) = c.attach(4, tx);
+        assert_eq!(c.admit(4, s, 1, &[None], false), Admit::Run);
         c.detach(4, s);
         {
             let mut t = c.lock();
@@ -399,28 +477,26 @@ mod tests {
             idle.idle_since = Instant::now().checked_sub(FORGET_AFTER);
         }
         let (tx, _rx) = mpsc::unbounded_channel();
-        c.attach(5, tx); // any attach forgets the stale
-        assert_eq!(c.admit(4, 1, &[None], true), Admit::Forgotten);
+        let _ = c.attach(5, tx); // any attach forgets the stale
         assert_eq!(c.remembered(), 0);
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let (s, _) = c.attach(4, tx); // it comes back
+        assert_eq!(c.admit(4, s, 1, &[None], true), Admit::Forgotten);
+        assert_eq!(c.admit(4, s, 2, &[None], false), Admit::Run); // new calls run
+        assert_eq!(c.admit(4, s, 2, &[None], true), Admit::Known);
     }
 
     #[test]
     fn a_fanned_call_is_remembered_per_proc() {
         let c = Callers::default();
         let (tx, mut rx) = mpsc::unbounded_channel();
-        c.attach(3, tx);
-        assert_eq!(c.admit(3, 9, &[Some(0), Some(1)], false), Admit::Run);
+        let (s, _) = c.attach(3, tx);
+        assert_eq!(c.admit(3, s, 9, &[Some(0), Some(1)], false), Admit::Run);
         c.reply(3, reply(9, Some(1)));
         assert_eq!(rx.try_recv().unwrap().proc, Some(1));
-        c.received(
-            3,
-            &[Received {
-                call_id: 9,
-                proc: Some(1),
-            }],
-        );
+        c.received(3, &[got(9, Some(1))]);
         assert_eq!(c.remembered(), 1); // proc 0 still runs
-        assert_eq!(c.admit(3, 9, &[Some(0), Some(1)], true), Admit::Known);
+        assert_eq!(c.admit(3, s, 9, &[Some(0), Some(1)], true), Admit::Known);
         assert!(rx.try_recv().is_err());
     }
 
@@ -428,9 +504,9 @@ mod tests {
     fn a_known_call_is_answered_again_and_an_unknown_one_is_not_taken_for_it() {
         let c = Callers::default();
         let (tx, mut rx) = mpsc::unbounded_channel();
-        c.attach(1, tx);
+        let (s, _) = c.attach(1, tx);
         assert!(!c.known(1, 5, &[None]));
-        assert_eq!(c.admit(1, 5, &[None], false), Admit::Run);
+        assert_eq!(c.admit(1, s, 5, &[None], false), Admit::Run);
         c.reply(1, reply(5, None));
         assert_eq!(rx.try_recv().unwrap().call_id, 5);
         assert!(c.known(1, 5, &[None])); // (a fenced resend: answered as it ran)

@@ -143,7 +143,7 @@ impl Worker for Service {
         let (tx, rx) = mpsc::unbounded_channel();
         let inbox = self.inbox.clone();
         let token = self.token.clone();
-        let stream = inbox.callers.attach(caller, tx.clone());
+        let (stream, knew) = inbox.callers.attach(caller, tx.clone());
         tokio::spawn(async move {
             loop {
                 let batch = tokio::select! {
@@ -153,7 +153,9 @@ impl Worker for Service {
                     },
                     _ = inbox.stopped() => break,
                 };
-                inbox.callers.received(caller, &batch.received);
+                if batch.resync {
+                    inbox.callers.resync(caller, &batch.waiting);
+                }
                 for c in batch.calls {
                     inbox.received.fetch_add(1, Ordering::Relaxed);
                     if let Err(m) = inbox.admit(c.epoch) {
@@ -165,9 +167,12 @@ impl Worker for Service {
                         continue;
                     }
                     if !c.oneway {
-                        match inbox.callers.admit(caller, c.call_id, &[None], c.resent) {
+                        match inbox
+                            .callers
+                            .admit(caller, stream, c.call_id, &[None], c.resent)
+                        {
                             Admit::Run => {}
-                            Admit::Known => continue,
+                            Admit::Known | Admit::Stale => continue,
                             Admit::Forgotten => {
                                 let _ = tx.send(resume::forgotten(c.call_id, None));
                                 continue;
@@ -198,11 +203,16 @@ impl Worker for Service {
                     };
                     inbox.push(it, sink);
                 }
+                // (after the calls: an acknowledgement never runs ahead of a call)
+                inbox.callers.received(caller, &batch.received);
             }
             inbox.callers.detach(caller, stream);
         });
         let replies = Batched::new(rx, |replies| Ok(Replies { replies }));
-        Ok(self.inbox.callers.tag(Response::new(Box::pin(replies))))
+        Ok(self
+            .inbox
+            .callers
+            .tag(Response::new(Box::pin(replies)), knew))
     }
 
     async fn cancel(&self, req: Request<CancelRequest>) -> Result<Response<CancelReply>, Status> {
