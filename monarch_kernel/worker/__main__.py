@@ -15,6 +15,9 @@ import json
 import os
 import sys
 
+#: How long a worker's calls to a peer wait for it to be reachable again (RESUME-5).
+PEER_RESUME_LIMIT_S = 120.0
+
 
 def main() -> None:
     # A native crash (SIGSEGV, SIGABRT, SIGBUS...) writes the Python stack of the thread
@@ -25,6 +28,9 @@ def main() -> None:
     from monarch_kernel import _native
 
     _native.exit_when_stdin_closes()  # (after both lines: it reads stdin from now on)
+    # A worker has no supervisor to abandon its calls to a peer gone for good: they
+    # fail after this long without a connection (RESUME-5).
+    _native.set_resume_limit(PEER_RESUME_LIMIT_S)
     if tls.get("ca"):  # TLS-2: this worker's own calls to the mesh's other workers
         _native.set_mesh_ca(token, tls["ca"])
     dims, sizes = json.loads(os.environ["MONARCH_SHAPE"])

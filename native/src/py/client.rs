@@ -526,6 +526,15 @@ fn abandon_calls(addr: &str, token: &str, reason: &str) -> bool {
     crate::rpc::client::WorkerConn::abandon_at(addr, token, err)
 }
 
+/// Sets how long this process's connections try to resume a broken stream before
+/// their calls fail as lost (RESUME-5); `None`: for as long as it takes (a controller,
+/// whose supervision abandons the calls of hosts it declares lost).
+#[pyfunction]
+#[pyo3(signature = (seconds=None))]
+fn set_resume_limit(seconds: Option<f64>) {
+    crate::rpc::client::set_resume_limit(seconds.map(|s| Duration::from_secs_f64(s.max(0.0))));
+}
+
 /// Pings every connection at once (heartbeats): for each, `(pid, epoch)`, `None` if
 /// it did not answer within `timeout` seconds, or the exception that says why it failed.
 #[pyfunction]
@@ -570,6 +579,7 @@ pub fn register_python_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ping_all, m)?)?;
     m.add_function(wrap_pyfunction!(set_epoch, m)?)?;
     m.add_function(wrap_pyfunction!(abandon_calls, m)?)?;
+    m.add_function(wrap_pyfunction!(set_resume_limit, m)?)?;
     m.add_class::<PyWorkerConn>()?;
     m.add_class::<PendingCall>()?;
     m.add_class::<PyReply>()?;

@@ -217,6 +217,17 @@ fn is_loss(s: &tonic::Status, err: &RpcError) -> bool {
     refused(s)
 }
 
+/// RESUME-5: how long a connection tries to resume a broken stream before its calls
+/// fail as lost, in milliseconds; 0: for as long as it takes (the default: a
+/// controller's supervision abandons what it declares lost). Workers set one.
+static RESUME_LIMIT_MS: AtomicU64 = AtomicU64::new(0);
+
+/// Sets [`RESUME_LIMIT_MS`] for this process's connections (`None`: no limit).
+pub fn set_resume_limit(limit: Option<Duration>) {
+    let ms = limit.map_or(0, |d| (d.as_millis() as u64).max(1));
+    RESUME_LIMIT_MS.store(ms, Ordering::Relaxed);
+}
+
 /// How long to wait before opening the stream again after `attempt` failed tries: the
 /// first at once (a dead worker's refusal is then known without delay).
 fn backoff(attempt: u32) -> Duration {
@@ -271,6 +282,7 @@ impl Link {
     async fn run(self, mut rx: mpsc::UnboundedReceiver<Call>) {
         let mut s = StreamState::default();
         let mut attempt = 0u32;
+        let mut broken_since: Option<std::time::Instant> = None;
         loop {
             if lock(&self.pending).lost.is_some() || rx.is_closed() {
                 return; // (closed: nobody holds the connection, nobody waits on it)
@@ -281,6 +293,18 @@ impl Link {
             }
             if s.answered_now {
                 attempt = 0; // it was up: the next try goes at once
+                broken_since = None;
+            }
+            let since = *broken_since.get_or_insert_with(std::time::Instant::now);
+            let limit = RESUME_LIMIT_MS.load(Ordering::Relaxed);
+            if limit > 0 && since.elapsed() >= Duration::from_millis(limit) {
+                let reason = format!(
+                    "it could not be reached for {:.0} s (RESUME-5); the calls may have run there",
+                    since.elapsed().as_secs_f64()
+                );
+                let addr = self.addr.clone();
+                fail_all(&self.pending, RpcError::ConnectionLost { addr, reason });
+                return;
             }
             s.streams += 1;
             let wait = backoff(attempt);

@@ -1,5 +1,6 @@
 //! What the native integration tests share: a runtime, a thread that plays the
-//! dispatcher (echoes what it takes from the inbox), and a call to echo.
+//! dispatcher (echoes what it takes from the inbox, or counts and gates its runs), a
+//! call to echo, and a TCP proxy on loopback that can stall its link (a partition).
 // Each test file compiles this module on its own and uses part of it.
 #![allow(dead_code)]
 
@@ -8,7 +9,12 @@ use monarch_kernel_native::proto::v1::ReplyKind;
 use monarch_kernel_native::rpc::client::Target;
 use monarch_kernel_native::rpc::inbox::LANE_LOOP;
 use monarch_kernel_native::rpc::server::WorkerHost;
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 
 pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -43,4 +49,158 @@ pub fn target<'a>(payload: &'a Bytes) -> Target<'a> {
         sizes: &[],
         origin: "",
     }
+}
+
+/// A loopback proxy to `upstream` whose link can be cut (bytes stall both ways, new
+/// connections hang) and healed.
+pub struct Proxy {
+    pub addr: String,
+    cut: Arc<AtomicBool>,
+    /// Set: every connection closes, and the port refuses (the worker's process gone).
+    dead: Arc<AtomicBool>,
+    /// Bumped: the connections made before close (their server went away).
+    generation: Arc<std::sync::atomic::AtomicU64>,
+    /// Where new connections go.
+    pub upstream: Arc<Mutex<String>>,
+    pub task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    pub fn start(rt: &tokio::runtime::Runtime, upstream: String) -> Proxy {
+        let listener = rt.block_on(TcpListener::bind("127.0.0.1:0")).unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let cut = Arc::new(AtomicBool::new(false));
+        let upstream = Arc::new(Mutex::new(upstream));
+        let dead = Arc::new(AtomicBool::new(false));
+        let generation = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (c2, u2, d2, g2) = (
+            cut.clone(),
+            upstream.clone(),
+            dead.clone(),
+            generation.clone(),
+        );
+        let task = rt.spawn(async move {
+            while let Ok((down, _)) = listener.accept().await {
+                let (cut, upstream, dead) = (c2.clone(), u2.clone(), d2.clone());
+                let generation = g2.clone();
+                tokio::spawn(async move {
+                    while cut.load(Ordering::SeqCst) {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    let to = upstream.lock().unwrap().clone();
+                    let Ok(up) = TcpStream::connect(&to).await else {
+                        return;
+                    };
+                    let (dr, dw) = down.into_split();
+                    let (ur, uw) = up.into_split();
+                    let born = generation.load(Ordering::SeqCst);
+                    let ends = Ends {
+                        dead,
+                        generation,
+                        born,
+                    };
+                    tokio::spawn(pump(dr, uw, cut.clone(), ends.clone()));
+                    tokio::spawn(pump(ur, dw, cut, ends));
+                });
+            }
+        });
+        Proxy {
+            addr,
+            cut,
+            dead,
+            generation,
+            upstream,
+            task,
+        }
+    }
+
+    pub fn set_cut(&self, cut: bool) {
+        self.cut.store(cut, Ordering::SeqCst);
+    }
+
+    /// Closes the connections made so far, as a server that went away does.
+    pub fn close_connections(&self) {
+        self.generation.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Closes every connection and the port, as a worker's process that exits does.
+    pub fn kill(&self) {
+        self.dead.store(true, Ordering::SeqCst);
+        self.task.abort();
+    }
+}
+
+/// When a proxied connection ends: the proxy is killed, or it closes the connections
+/// of `born`'s generation.
+#[derive(Clone)]
+struct Ends {
+    dead: Arc<AtomicBool>,
+    generation: Arc<std::sync::atomic::AtomicU64>,
+    born: u64,
+}
+
+impl Ends {
+    fn now(&self) -> bool {
+        self.dead.load(Ordering::SeqCst) || self.generation.load(Ordering::SeqCst) != self.born
+    }
+}
+
+/// Copies `from` to `to`, holding every byte while the link is cut; returns (closing
+/// both) once its connection [`Ends`].
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    cut: Arc<AtomicBool>,
+    ends: Ends,
+) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        while cut.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let n = tokio::select! {
+            r = from.read(&mut buf) => match r {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            },
+            _ = async { while !ends.now() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            } } => return,
+        };
+        while cut.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A dispatcher that runs each call it takes (counting runs by payload), replying
+/// after `delay` and only once `gate` is open.
+pub fn counting_dispatcher(
+    host: &WorkerHost,
+    runs: Arc<Mutex<HashMap<Bytes, usize>>>,
+    gate: Arc<AtomicBool>,
+) {
+    let inbox = host.inbox.clone();
+    std::thread::spawn(move || {
+        let Some(lane) = inbox.lane(LANE_LOOP) else {
+            return;
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            for item in lane.take_wait(Duration::from_millis(100)) {
+                *runs
+                    .lock()
+                    .unwrap()
+                    .entry(item.payload.clone())
+                    .or_default() += 1;
+                while !gate.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                inbox.reply(item.token, ReplyKind::Result, item.payload.clone(), vec![]);
+            }
+        }
+    });
 }
