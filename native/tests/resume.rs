@@ -8,33 +8,28 @@ use monarch_kernel_native::rpc::client::{reply_kind, WorkerConn};
 use monarch_kernel_native::rpc::inbox::LANE_LOOP;
 use monarch_kernel_native::rpc::server::WorkerHost;
 use monarch_kernel_native::rpc::RpcError;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 mod common;
 
-use common::{counting_dispatcher, runtime, target, Proxy};
+use common::{behind_proxy, runtime, target, wait_ran, Behind, Proxy};
 
 #[test]
 fn calls_across_a_partition_wait_then_complete_once_each() {
     let rt = runtime();
-    let host = WorkerHost::bind(rt.handle(), "127.0.0.1:0", "tok").unwrap();
-    let runs = Arc::new(Mutex::new(HashMap::new()));
-    let gate = Arc::new(AtomicBool::new(false));
-    counting_dispatcher(&host, runs.clone(), gate.clone());
-    let proxy = Proxy::start(&rt, host.addr.clone());
-    let conn = WorkerConn::open(rt.handle(), &proxy.addr, "tok").unwrap();
+    let Behind {
+        host,
+        runs,
+        gate,
+        proxy,
+        conn,
+    } = behind_proxy(&rt);
 
     // `a` arrives and runs; the link is cut before its reply can come back.
     let a = Bytes::from_static(b"a");
     let slot_a = conn.call(&target(&a), 0).1.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !runs.lock().unwrap().contains_key(&a) {
-        assert!(Instant::now() < deadline, "call a never arrived");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_ran(&runs, &a);
     proxy.set_cut(true);
     gate.store(true, Ordering::SeqCst); // a's reply is made while nothing gets through
                                         // `b` is sent into the partition.
@@ -120,19 +115,16 @@ fn a_new_process_at_the_address_fails_the_calls_and_never_runs_them() {
 #[test]
 fn a_spawn_across_a_partition_runs_once_and_its_answer_comes_after() {
     let rt = runtime();
-    let host = WorkerHost::bind(rt.handle(), "127.0.0.1:0", "tok").unwrap();
-    let runs = Arc::new(Mutex::new(HashMap::new()));
-    let gate = Arc::new(AtomicBool::new(false));
-    counting_dispatcher(&host, runs.clone(), gate.clone());
-    let proxy = Proxy::start(&rt, host.addr.clone());
-    let conn = WorkerConn::open(rt.handle(), &proxy.addr, "tok").unwrap();
+    let Behind {
+        runs,
+        gate,
+        proxy,
+        conn,
+        ..
+    } = behind_proxy(&rt);
     let spec = Bytes::from_static(b"class, args");
     let slot = conn.spawn_actor(rt.handle(), "a", spec.clone(), vec![], "");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !runs.lock().unwrap().contains_key(&spec) {
-        assert!(Instant::now() < deadline, "the spawn never arrived");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_ran(&runs, &spec);
     proxy.set_cut(true);
     gate.store(true, Ordering::SeqCst); // it runs while nothing gets through
     std::thread::sleep(Duration::from_secs(6)); // longer than the keepalive

@@ -204,3 +204,44 @@ pub fn counting_dispatcher(
         }
     });
 }
+
+/// How many times each payload ran (the [`counting_dispatcher`]'s count).
+pub type Runs = Arc<Mutex<HashMap<Bytes, usize>>>;
+
+/// A worker behind a [`Proxy`], with a [`counting_dispatcher`] whose replies wait
+/// for `gate`, and a connection to it through the proxy.
+pub struct Behind {
+    pub host: WorkerHost,
+    pub runs: Runs,
+    pub gate: Arc<AtomicBool>,
+    pub proxy: Proxy,
+    pub conn: monarch_kernel_native::rpc::client::WorkerConn,
+}
+
+/// A [`Behind`] on `rt`, the mesh token "tok".
+pub fn behind_proxy(rt: &tokio::runtime::Runtime) -> Behind {
+    let host = WorkerHost::bind(rt.handle(), "127.0.0.1:0", "tok").unwrap();
+    let runs: Runs = Arc::default();
+    let gate = Arc::new(AtomicBool::new(false));
+    counting_dispatcher(&host, runs.clone(), gate.clone());
+    let proxy = Proxy::start(rt, host.addr.clone());
+    let conn =
+        monarch_kernel_native::rpc::client::WorkerConn::open(rt.handle(), &proxy.addr, "tok")
+            .unwrap();
+    Behind {
+        host,
+        runs,
+        gate,
+        proxy,
+        conn,
+    }
+}
+
+/// Waits until `payload` has run (or fails the test after 20 s).
+pub fn wait_ran(runs: &Runs, payload: &Bytes) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !runs.lock().unwrap().contains_key(payload) {
+        assert!(Instant::now() < deadline, "{payload:?} never arrived");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
