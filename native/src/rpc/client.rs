@@ -176,33 +176,46 @@ fn fail_all(pending: &Mutex<Pending>, err: RpcError) {
     }
 }
 
-/// Whether the connection to `addr` was refused: nothing listens there (the worker
-/// is gone), as opposed to a peer that does not answer.
-fn refused(s: &tonic::Status) -> bool {
+/// Whether any cause of `s` (the transport's errors below the status) is `pred`'s.
+fn has_cause(s: &tonic::Status, pred: impl Fn(&(dyn std::error::Error + 'static)) -> bool) -> bool {
     use std::error::Error;
     let mut cause: Option<&(dyn Error + 'static)> = s.source();
     while let Some(e) = cause {
-        if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            if io.kind() == std::io::ErrorKind::ConnectionRefused {
-                return true;
-            }
+        if pred(e) {
+            return true;
         }
         cause = e.source();
     }
     false
 }
 
+/// Whether the connection was refused: nothing listens there (the worker is gone), as
+/// opposed to a peer that does not answer.
+fn refused(s: &tonic::Status) -> bool {
+    has_cause(s, |e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+    })
+}
+
 /// Whether `s` failed before a connection was made: nothing sent on it arrived.
 fn never_connected(s: &tonic::Status) -> bool {
-    use std::error::Error;
-    let mut cause: Option<&(dyn Error + 'static)> = s.source();
-    while let Some(e) = cause {
-        if e.downcast_ref::<tonic::ConnectError>().is_some() {
-            return true;
-        }
-        cause = e.source();
-    }
-    false
+    has_cause(s, |e| e.downcast_ref::<tonic::ConnectError>().is_some())
+}
+
+/// What a failed RPC of a connection means: its error, and whether it is a loss
+/// (CLIENT-1) rather than a break that resuming mends (RESUME-1). `answered`: whether
+/// the worker ever answered on it ([`error_of`]).
+async fn failure(
+    addr: &str,
+    s: &tonic::Status,
+    plaintext: bool,
+    answered: &AtomicBool,
+) -> (RpcError, bool) {
+    let unanswered = plaintext && !answered.load(Ordering::Relaxed);
+    let err = error_of(addr, s, unanswered).await;
+    let loss = is_loss(s, &err);
+    (err, loss)
 }
 
 /// Whether a failed stream means the worker is gone or refuses this caller
@@ -449,9 +462,8 @@ impl Link {
 
     /// A stream failed with `s`: a loss fails every call (CLIENT-1), a break resumes.
     async fn broke(&self, s: &tonic::Status) -> Ended {
-        let unanswered = self.plaintext && !self.answered.load(Ordering::Relaxed);
-        let err = error_of(&self.addr, s, unanswered).await;
-        if is_loss(s, &err) {
+        let (err, loss) = failure(&self.addr, s, self.plaintext, &self.answered).await;
+        if loss {
             fail_all(&self.pending, err);
             return Ended::Done;
         }
@@ -838,14 +850,10 @@ impl WorkerConn {
                         answered.store(true, Ordering::Relaxed);
                         break Ok(r.into_inner());
                     }
-                    Err(s) => {
-                        let unanswered = plaintext && !answered.load(Ordering::Relaxed);
-                        let err = error_of(&addr, &s, unanswered).await;
-                        if is_loss(&s, &err) {
-                            break Err(err);
-                        }
-                        err
-                    }
+                    Err(s) => match failure(&addr, &s, plaintext, &answered).await {
+                        (err, true) => break Err(err),
+                        (err, false) => err,
+                    },
                 };
                 if let Some(lost) = lock(&pending).lost.clone() {
                     break Err(lost);
