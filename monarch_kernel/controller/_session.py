@@ -315,9 +315,7 @@ class Session:
         self._cancel_watch()
         # Calls still waiting on a host the stop could not reach fail now (RESUME-1
         # would have them wait for it).
-        ref = self.state.ref
-        for addr in [*ref.addrs, *(h[0] for h in ref.hosts)]:
-            _native.abandon_calls(addr, ref.token, f"mesh {self.name!r} was stopped")
+        self.state.ref.abandon_calls(f"mesh {self.name!r} was stopped")
         end_job(self.rec.job)
         _registry.remove_if_ours(self.name, self.token)
         if self.agent is not None:

@@ -165,7 +165,7 @@ class Supervisor:
                 s.state.dead[r] = SupervisionError(message, mesh=s.name, rank=r, host=link.host)
                 s.state.unresponsive.discard(r)
         s.state.changed()
-        _abandon_calls(s, link, message)
+        s.state.ref.abandon_calls(message, host=link.index)
         self.notify(MeshFailure(s.name, "host_lost", message, host=link.host))
 
     def stopped_by(self, by: str) -> None:
@@ -409,18 +409,6 @@ class Supervisor:
             pid=info["pid"] if info else None,
             host=info["host"] if info else None,
         )
-
-
-def _abandon_calls(s: Session, link: HostLink, why: str) -> None:
-    """Fails the calls this process waits for from ``link``'s workers and its agent
-    (the relay of fanned-out calls): the host is lost, and a partitioned host's calls
-    would otherwise wait for it to answer (RESUME-1)."""
-    ref = s.state.ref
-    addrs = [ref.addrs[r] for r in link.ranks if r < len(ref.addrs)]
-    if link.index < len(ref.hosts):
-        addrs.append(ref.hosts[link.index][0])
-    for addr in addrs:
-        _native.abandon_calls(addr, ref.token, why)
 
 
 def _span(link: HostLink) -> str:

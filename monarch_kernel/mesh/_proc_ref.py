@@ -71,6 +71,19 @@ class ProcRef:
                 return i
         return 0
 
+    def abandon_calls(self, why: str, host: int | None = None) -> None:
+        """Fails the calls this process waits for from the workers of host ``host``
+        (of every host when None) and from its agent (the relay of fanned-out calls),
+        with ``why``: the host is lost or the mesh stopped, and a connection that
+        cannot reach them would otherwise wait for them (RESUME-1)."""
+        if host is None:
+            addrs = [*self.addrs, *(agent for agent, _first, _n in self.hosts)]
+        else:
+            agent, first, n = self.hosts[host]
+            addrs = [agent, *self.addrs[first : first + n]]
+        for addr in addrs:
+            _native.abandon_calls(addr, self.token, why)
+
     def agent_of(self, rank: int) -> str | None:
         """The address of the agent that owns proc ``rank``."""
         for addr, first, n in self.hosts:
