@@ -3,6 +3,8 @@ module: pytest puts this folder on sys.path for the root conftest)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import time
 import uuid
@@ -36,6 +38,31 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def _stopped(pid: int) -> bool:
+    """True once every thread of ``pid`` is stopped (state T), or the process is gone."""
+    try:
+        tids = [t.name for t in Path(f"/proc/{pid}/task").iterdir()]
+    except OSError:
+        return True
+    for tid in tids:
+        try:
+            state = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue  # a thread that just ended
+        if state not in ("T", "t", "Z", "X"):
+            return False
+    return True
+
+
+def sigstop(pid: int) -> None:
+    """Stops ``pid`` with SIGSTOP and returns once all its threads are stopped. kill()
+    returns before that: one thread takes the stop and tells the others, and on a busy
+    machine the rest can run (answer a call) for milliseconds after."""
+    os.kill(pid, signal.SIGSTOP)
+    if not wait_for(lambda: _stopped(pid)):
+        raise AssertionError(f"pid {pid} did not stop within {WITHIN} s of SIGSTOP")
 
 
 def parent(pid: int) -> int:

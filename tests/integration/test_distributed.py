@@ -10,6 +10,7 @@ import warnings
 
 import pytest
 import torch
+from proc_helpers import sigstop
 
 from monarch_kernel import Actor, ProcMesh, current_rank, endpoint, gather, scatter, this_host
 from monarch_kernel.errors import DimensionError, DistributedSetupError, MeshSpecError
@@ -131,7 +132,7 @@ def test_bad_backend_and_timeout_are_refused(dist3):
 def test_a_rank_that_does_not_answer_is_named_within_the_timeout_then_setup_recovers(dist3):
     dist3.setup_torch_distributed("gloo")
     pid = dist3.spawn("env2", Env).slice(procs=1).pid.call_one().get()
-    os.kill(pid, signal.SIGSTOP)
+    sigstop(pid)
     try:
         t = time.monotonic()
         with pytest.raises(DistributedSetupError) as e:

@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from proc_helpers import wait_for
+from proc_helpers import sigstop, wait_for
 
 from monarch_kernel import attach, errors, list_meshes
 from monarch_kernel.hosts import _registry
@@ -59,7 +59,7 @@ def test_an_agent_that_does_not_answer_is_a_documented_error_and_attach_works_af
     procs._session("test").detach()
     rec = _registry.read(name)
     assert rec is not None
-    os.kill(rec.agent_pid, signal.SIGSTOP)
+    sigstop(rec.agent_pid)
     try:
         with pytest.raises(errors.AgentUnresponsiveError) as info:
             attach(name)

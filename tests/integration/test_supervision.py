@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from proc_helpers import WITHIN, Failures, still_alive, wait_for
+from proc_helpers import WITHIN, Failures, sigstop, still_alive, wait_for
 
 from monarch_kernel import (
     Actor,
@@ -476,7 +476,7 @@ def test_a_stopped_worker_is_unresponsive_then_recovers_on_sigcont(own_procs2):
     own_procs2.on_failure(failures)
     pid = _worker(own_procs2, 1)["pid"]
     assert mesh.slice(procs=1).pid.call_one().get(timeout=TIMEOUT) == pid
-    os.kill(pid, signal.SIGSTOP)
+    sigstop(pid)
     try:
         assert wait_for(lambda: own_procs2.status()[1] == "unresponsive"), own_procs2.status()
         assert own_procs2.status() == ["alive", "unresponsive"]

@@ -8,6 +8,8 @@ import os
 import signal
 import time
 
+from proc_helpers import sigstop
+
 from monarch_kernel import Actor, controller, endpoint
 
 TIMEOUT = 30
@@ -58,7 +60,7 @@ def test_a_call_queued_behind_another_says_which_and_where_its_code_is(fresh_pro
 def test_a_rank_that_does_not_answer_is_named(fresh_procs1):
     b = fresh_procs1.spawn("b", Busy)
     pid = b.pid.call_one().get(timeout=TIMEOUT)
-    os.kill(pid, signal.SIGSTOP)
+    sigstop(pid)
     try:
         waiting = b.pid.call_one()
         (line,) = controller.describe_wait(controller.calls_of([waiting]))

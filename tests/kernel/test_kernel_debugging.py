@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from kernel_harness import TALKER, TIMEOUT, Kernel, Outcome
-from proc_helpers import still_alive
+from proc_helpers import sigstop, still_alive
 
 from monarch_kernel import controller
 from monarch_kernel.hosts import _admin
@@ -133,7 +133,7 @@ def test_a_worker_stopped_while_idle_is_reported_and_answers_the_first_call_afte
     assert define.error is None, define.traceback
     out = kernel.run("[w['pid'] for w in procs._session('t').client.list_workers() if w['rank'] == 1][0]")
     victim = int(out.result or "0")
-    os.kill(victim, signal.SIGSTOP)
+    sigstop(victim)
     try:
         time.sleep(6.0)  # the kernel is idle; the connection's keepalive gives up meanwhile
         nxt = kernel.run("'next'")

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from cluster import Cluster
+from proc_helpers import sigstop
 from test_meshes import SETUP, _new, _wait_failure, controllers, hosts_code  # noqa: F401 (fixtures)
 
 #: Longer than the keepalive that drops a silent connection (1 s, then 3 s).
@@ -123,7 +124,7 @@ def test_a_call_to_a_remote_worker_stopped_longer_than_the_keepalive_completes_o
     pid = c.eval("procs._session('t').client.worker(1)['pid']")
     c.run("first = far.record.call_one('first', 1.0)")
     time.sleep(0.3)
-    os.kill(pid, signal.SIGSTOP)
+    sigstop(pid)
     try:
         c.run("second = far.record.call_one('second')")
         time.sleep(PARTITION_S)
