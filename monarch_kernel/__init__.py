@@ -57,12 +57,46 @@ if TYPE_CHECKING:
     from monarch_kernel.hosts._admin import MeshInfo
     from monarch_kernel.mesh import ActorMesh, Endpoint, Extent, Future, Point, ProcMesh, Shape, ValueMesh
     from monarch_kernel.mesh._transfer_buffer import TransferBuffer, gather, scatter
+    from monarch_kernel.tensor import (
+        RemoteException,
+        Stream,
+        Tensor,
+        coalescing,
+        fetch_shard,
+        get_active_mesh,
+        get_active_stream,
+        grad_generator,
+        inspect,
+        no_mesh,
+        reduce,
+        reduce_,
+        remote,
+        show,
+        slice_mesh,
+        to_mesh,
+    )
 
     RDMABuffer = TransferBuffer
 
 # Names are imported on first use (PEP 562), so processes that need only a part (the
 # host agent needs only _native) start fast.
 _LAZY: dict[str, str] = {
+    "coalescing": "monarch_kernel.tensor._ops",
+    "fetch_shard": "monarch_kernel.tensor._ops",
+    "get_active_mesh": "monarch_kernel.tensor._tensor",
+    "get_active_stream": "monarch_kernel.tensor._stream",
+    "grad_generator": "monarch_kernel.tensor._ops",
+    "inspect": "monarch_kernel.tensor._ops",
+    "no_mesh": "monarch_kernel.tensor._tensor",
+    "reduce": "monarch_kernel.tensor._ops",
+    "reduce_": "monarch_kernel.tensor._ops",
+    "remote": "monarch_kernel.tensor._ops",
+    "RemoteException": "monarch_kernel.tensor._ops",
+    "show": "monarch_kernel.tensor._ops",
+    "slice_mesh": "monarch_kernel.tensor._ops",
+    "Stream": "monarch_kernel.tensor._stream",
+    "Tensor": "monarch_kernel.tensor._tensor",
+    "to_mesh": "monarch_kernel.tensor._ops",
     "Accumulator": "monarch_kernel._compat",
     "Actor": "monarch_kernel.actor",
     "ActorError": "monarch_kernel.errors",
@@ -121,6 +155,22 @@ _LAZY: dict[str, str] = {
 }
 
 __all__ = [
+    "coalescing",
+    "fetch_shard",
+    "get_active_mesh",
+    "get_active_stream",
+    "grad_generator",
+    "inspect",
+    "no_mesh",
+    "reduce",
+    "reduce_",
+    "remote",
+    "RemoteException",
+    "show",
+    "slice_mesh",
+    "Stream",
+    "Tensor",
+    "to_mesh",
     "Accumulator",
     "Actor",
     "ActorError",

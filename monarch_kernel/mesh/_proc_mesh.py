@@ -8,7 +8,8 @@ import atexit
 import logging
 import pickle
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -266,6 +267,58 @@ class ProcMesh(MeshTrait):
         """Output lines as the workers print them, ``[mesh rank] text``; runs until
         the iterator is closed (``break`` out of the loop)."""
         return self._session("stream_logs()").stream_logs(rank)
+
+    # -- distributed tensors (the tensor engine lives in monarch_kernel.tensor) --
+
+    def activate(self) -> AbstractContextManager[None]:
+        """Within the block, torch code runs on these procs: each op makes one tensor
+        per proc (a ``monarch_kernel.Tensor``), issued without a round trip. Blocks
+        nest; ``no_mesh.activate()`` runs locally inside one."""
+        from monarch_kernel.tensor._tensor import activate
+
+        return activate(self)
+
+    def rank_tensor(self, dim: str | Sequence[str]) -> Any:
+        """A 0-d long mesh tensor: each proc's index along ``dim`` (row-major over several)."""
+        from monarch_kernel.tensor._ops import rank_tensor
+
+        return rank_tensor(self, dim)
+
+    def rank_tensors(self) -> dict[str, Any]:
+        """``rank_tensor(dim)`` for each dimension."""
+        return {d: self.rank_tensor(d) for d in self._shape.labels}
+
+    def to_table(self) -> str:
+        """A text table of the procs by their coordinates (Monarch's ``to_table``):
+        each cell is the proc's rank, and its host where there are several."""
+        labels, sizes = self._shape.labels, [self._shape.extent[d] for d in self._shape.labels]
+        multi = len(self._proc.hosts) > 1
+
+        def cell(r: int) -> str:
+            return f"{self._proc.host_of(r)}.{r}" if multi else str(r)
+
+        cells = [cell(r) for r in self._shape.ranks]
+        if len(labels) <= 1:
+            head = labels[0] if labels else ""
+            return (
+                "\n".join([f"{head}: " + "  ".join(f"{i}={c}" for i, c in enumerate(cells))])
+                if labels
+                else "(no procs)"
+            )
+        cols = sizes[-1]
+        rows_label = " x ".join(labels[:-1])
+        width = max(len(c) for c in cells + [str(cols)]) + 1
+        lines = [
+            f"{rows_label} \\ {labels[-1]}".ljust(12) + "".join(str(i).rjust(width) for i in range(cols))
+        ]
+        for i in range(len(cells) // cols):
+            idx, coords = i, []
+            for size in reversed(sizes[:-1]):
+                coords.append(idx % size)
+                idx //= size
+            name = ",".join(str(c) for c in reversed(coords))
+            lines.append(name.ljust(12) + "".join(c.rjust(width) for c in cells[i * cols : (i + 1) * cols]))
+        return "\n".join(lines)
 
     def __enter__(self) -> ProcMesh:
         return self

@@ -184,6 +184,51 @@ class Shape:
     def flatten(self, name: str) -> Shape:
         return Shape(Extent([name], [len(self.ranks)]), self.ranks)
 
+    def rename(self, **names: str) -> Shape:
+        """The same procs with dims renamed (``rename(host="dp")``)."""
+        for label in names:
+            self._check_dim(label)
+        labels = [names.get(label, label) for label in self.extent.labels]
+        if len(set(labels)) != len(labels):
+            raise DimensionError(f"rename({names}) gives two dimensions one name: {labels}")
+        return Shape(Extent(labels, self.extent.sizes), self.ranks)
+
+    def split(self, **spec: Any) -> Shape:
+        """Splits dims into several (Monarch's ``split``): ``split(host=("dp", "pp"),
+        pp=2)`` makes ``host`` into ``dp`` and ``pp`` of size 2 (one size per split
+        may be left out: it is what remains)."""
+        splits = {k: tuple(v) for k, v in spec.items() if isinstance(v, (tuple, list))}
+        sizes_given = {k: v for k, v in spec.items() if isinstance(v, int) and not isinstance(v, bool)}
+        for label in splits:
+            self._check_dim(label)
+        labels: list[str] = []
+        sizes: list[int] = []
+        for label, size in zip(self.extent.labels, self.extent.sizes):
+            parts = splits.get(label, (label,))
+            known = [sizes_given.get(p) for p in parts]
+            if label not in splits:
+                known = [size]
+            missing = [i for i, k in enumerate(known) if k is None]
+            fixed = math.prod(k for k in known if k is not None)
+            if len(missing) > 1:
+                raise DimensionError(f"split: give the sizes of all but one of {parts}")
+            if missing:
+                if size % fixed:
+                    raise DimensionError(f"split: {label} has {size} procs, not a multiple of {fixed}")
+                known[missing[0]] = size // fixed
+            if math.prod(k for k in known if k is not None) != size:
+                raise DimensionError(
+                    f"split: {parts} of sizes {known} do not make the {size} procs of {label}"
+                )
+            labels.extend(parts)
+            sizes.extend(int(k) for k in known if k is not None)
+        unused = set(sizes_given) - set(labels)
+        if unused:
+            raise DimensionError(f"split: sizes given for dimensions that no split makes: {sorted(unused)}")
+        if len(set(labels)) != len(labels):
+            raise DimensionError(f"split gives two dimensions one name: {labels}")
+        return Shape(Extent(labels, sizes), self.ranks)
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Shape) and self.extent == other.extent and self.ranks == other.ranks
 
@@ -211,6 +256,14 @@ class MeshTrait:
 
     def flatten(self, name: str) -> Any:
         return self._new_with_shape(self._shape.flatten(name))
+
+    def rename(self, **names: str) -> Any:
+        """The same procs with dimensions renamed: ``rename(host="dp", gpu="tp")``."""
+        return self._new_with_shape(self._shape.rename(**names))
+
+    def split(self, **spec: Any) -> Any:
+        """Dimensions split into several: ``split(host=("dp", "pp"), gpu=("tp",), pp=2)``."""
+        return self._new_with_shape(self._shape.split(**spec))
 
     def size(self, dim: str | Sequence[str] | None = None) -> int:
         return self._shape.size(dim)

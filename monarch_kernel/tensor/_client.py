@@ -1,0 +1,211 @@
+"""``TensorClient``: the controller's side of one mesh's tensor engine. It spawns the
+engine's built-in actors, hands out ref ids, batches commands and sends each batch as
+one one-way message to the procs it is for (TENSOR-2), sets up the process groups
+that collectives use, and fetches values at sync points.
+
+TENSOR-2: commands leave in the order they were issued. A batch goes when a command
+for other procs comes (so each proc sees its commands in order), when it is full,
+at a sync point (a fetch, leaving ``activate()``), or after ``QUIET_S`` with no new
+command; no command waits for a reply.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import weakref
+from typing import Any
+
+from monarch_kernel.errors import SupervisionError
+from monarch_kernel.mesh._proc_mesh import ProcMesh
+from monarch_kernel.mesh._proc_ref import _states
+from monarch_kernel.mesh._shape import Extent, Shape
+from monarch_kernel.tensor import _commands as C
+
+#: Commands per message at most (a full batch goes at once).
+BATCH = 1024
+#: A batch goes after this long with no new command.
+QUIET_S = 0.001
+#: Deleted refs wait to go until there are this many (or a sync point).
+DELETES = 256
+
+ENGINE = "__tensor_engine__"
+INBOX = "__tensor_inbox__"
+
+_clients: dict[tuple[str, str], TensorClient] = {}
+_clients_lock = threading.Lock()
+
+
+def client_of(procs: ProcMesh) -> TensorClient:
+    """The tensor engine of ``procs``'s whole mesh (started on first use)."""
+    key = (procs._proc.name, procs._proc.token)
+    with _clients_lock:
+        c = _clients.get(key)
+        if c is None or c.closed:
+            c = _clients[key] = TensorClient(procs)
+        return c
+
+
+class TensorClient:
+    def __init__(self, procs: ProcMesh) -> None:
+        from monarch_kernel.worker._tensor_engine import TensorEngine, TensorInbox
+
+        self.root = ProcMesh(procs._proc, Shape(procs._proc.extent))
+        inbox = self.root.spawn(INBOX, TensorInbox)
+        self.engine = self.root.spawn(ENGINE, TensorEngine, inbox)
+        self._ids = itertools.count(1)
+        #: Guards the batch: the quiet flusher sends from its own thread.
+        self._lock = threading.RLock()
+        self._wake = threading.Condition(self._lock)
+        self._batch: list[tuple[Any, ...]] = []
+        self._target: Shape | None = None
+        self._seq = 0
+        #: Appended to by Tensor.__del__ (any thread; list.append is atomic).
+        self.deleted: list[int] = []
+        self._groups: set[Any] = set()
+        self._dist = False
+        #: Raised by every later sync on a tensor made before it (a proc died).
+        self.failure: SupervisionError | None = None
+        self.gen = 0
+        self._state_gen = -1
+        self.held = 0  # coalescing() blocks held open
+        self.closed = False
+        self._engines: dict[Shape, Any] = {}
+        threading.Thread(
+            target=_flusher, args=(weakref.ref(self),), name="monarch-tensor-flush", daemon=True
+        ).start()
+
+    def new_id(self) -> int:
+        return next(self._ids)
+
+    # -- sending ------------------------------------------------------------------------
+
+    def send(self, shape: Shape, cmd: tuple[Any, ...]) -> None:
+        with self._lock:
+            if self._target is not None and self._target != shape:
+                self._flush_locked()
+            self._target = shape
+            self._batch.append(cmd)
+            self._seq += 1
+            if len(self._batch) >= BATCH:
+                self._flush_locked()
+            elif len(self._batch) == 1:
+                self._wake.notify()
+
+    def flush(self, deletes: bool = True) -> None:
+        with self._lock:
+            self._flush_locked()
+            if deletes or len(self.deleted) >= DELETES:
+                self._send_deletes()
+
+    def _engine_at(self, shape: Shape) -> Any:
+        e = self._engines.get(shape)
+        if e is None:
+            e = self._engines[shape] = self.engine._new_with_shape(shape)
+        return e
+
+    def _flush_locked(self) -> None:
+        if not self._batch:
+            return
+        batch, self._batch = self._batch, []
+        assert self._target is not None
+        self._engine_at(self._target).run.broadcast(batch)
+        if len(self.deleted) >= DELETES:
+            self._send_deletes()
+
+    def _send_deletes(self) -> None:
+        if not self.deleted:
+            return
+        n = len(self.deleted)
+        ids, self.deleted[:n] = self.deleted[:n], []
+        self._engine_at(self.root._shape).run.broadcast([(C.DEL, ids)])
+
+    def quiet_flush(self) -> bool:
+        """Sends the batch if no command came for ``QUIET_S``; False once closed."""
+        with self._lock:
+            while not self._batch and not self.closed:
+                self._wake.wait(1.0)
+            if self.closed:
+                return False
+            seen = self._seq
+        time.sleep(QUIET_S)
+        with self._lock:
+            if self._seq == seen and self._batch and not self.held:
+                try:
+                    self._flush_locked()
+                except Exception:  # a stopped mesh: the next sync says so
+                    self._batch.clear()
+        return True
+
+    # -- collectives --------------------------------------------------------------------
+
+    def group(self, shape: Shape, dims: tuple[str, ...]) -> Any:
+        """The key of the process groups over ``dims`` of mesh ``shape`` (made on first use)."""
+        key = (shape.labels, shape.ranks, dims)
+        if key in self._groups:
+            return key
+        if not self._dist:
+            self.flush()
+            self.root.setup_torch_distributed("auto")
+            self._dist = True
+        groups = _groups_along(shape, dims)
+        self.send(self.root._shape, (C.GROUP, key, groups, "auto"))
+        self._groups.add(key)
+        return key
+
+    # -- sync points --------------------------------------------------------------------
+
+    def check(self, gen: int) -> None:
+        """Raises the SupervisionError of a proc that died since generation ``gen``
+        (every tensor made before a death is gone with it: TENSOR-4)."""
+        state = _states.get((self.root._proc.name, self.root._proc.token))
+        if state is not None and state.gen != self._state_gen:
+            self._state_gen = state.gen
+            err = state.lost or next(iter(state.dead.values()), None)
+            if err is None and state.stopped:
+                err = SupervisionError(f"mesh {self.root.name!r} is stopped")
+            if err is not None:
+                self.failure = err
+                self.gen += 1
+                # The procs' groups go with a respawn: make them again on next use.
+                self._groups.clear()
+                self._dist = False
+        if self.failure is not None and gen < self.gen:
+            raise self.failure
+
+    def engine_at_rank(self, rank: int) -> Any:
+        return self._engine_at(Shape(Extent(["_"], [1]), [rank]))
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            self._wake.notify_all()
+
+
+def _flusher(ref: weakref.ref[TensorClient]) -> None:
+    while True:
+        c = ref()
+        if c is None or not c.quiet_flush():
+            return
+        del c
+
+
+def _groups_along(shape: Shape, dims: tuple[str, ...]) -> list[list[int]]:
+    """The proc ranks of each group that varies along ``dims`` (the others fixed)."""
+    labels, sizes = list(shape.labels), [shape.extent[d] for d in shape.labels]
+    strides = [1] * len(sizes)
+    for i in range(len(sizes) - 2, -1, -1):
+        strides[i] = strides[i + 1] * sizes[i + 1]
+    inner = [labels.index(d) for d in dims]
+    outer = [i for i in range(len(labels)) if i not in inner]
+    groups = []
+    for o in itertools.product(*(range(sizes[i]) for i in outer)):
+        ranks = []
+        for c in itertools.product(*(range(sizes[i]) for i in inner)):
+            idx = sum(v * strides[i] for v, i in zip(o, outer)) + sum(
+                v * strides[i] for v, i in zip(c, inner)
+            )
+            ranks.append(shape.ranks[idx])
+        groups.append(ranks)
+    return groups

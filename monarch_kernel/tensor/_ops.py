@@ -1,0 +1,498 @@
+"""What the tensor engine offers beyond torch's own ops, with Monarch's names:
+collectives over mesh dimensions (``reduce``), moving tensors between meshes
+(``to_mesh``), rank tensors, ``remote`` functions, and the sync points that bring
+values to the controller (``fetch_shard``, ``inspect``, ``show``)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from monarch_kernel.errors import MonarchKernelError
+from monarch_kernel.mesh._future import Future
+from monarch_kernel.mesh._proc_mesh import ProcMesh
+from monarch_kernel.mesh._shape import Shape
+from monarch_kernel.tensor import _commands as C
+from monarch_kernel.tensor._client import TensorClient, client_of
+from monarch_kernel.tensor._tensor import (
+    MeshTensorError,
+    Tensor,
+    _Args,
+    _fake_mode,
+    active_mesh,
+    get_active_mesh,
+)
+
+
+class RemoteException(MonarchKernelError):
+    """An op or ``remote`` function failed on a proc (Monarch's name). Raised at the
+    sync point that needed its result (TENSOR-1); the mesh goes on."""
+
+    def __init__(self, op: str, rank: int, message: str, trace: str, mesh: str = "") -> None:
+        self.op, self.rank, self.message, self.remote_traceback, self.mesh = op, rank, message, trace, mesh
+        where = f"rank {rank}" + (f" of mesh {mesh!r}" if mesh else "")
+        super().__init__(
+            f"{op} failed on {where}: {message}\n"
+            "Everything computed from it is poisoned; the procs go on with later commands.\n"
+            f"Remote traceback:\n{trace.rstrip()}"
+        )
+
+
+def _new(client: TensorClient, mesh: ProcMesh, fake: Any, stream: Any = None) -> Tensor:
+    return Tensor(
+        fake.shape,
+        fake.stride(),
+        fake.storage_offset(),
+        fake.dtype,
+        fake.device,
+        mesh,
+        client,
+        client.new_id(),
+        stream,
+    )
+
+
+# -- rank tensors ---------------------------------------------------------------------------
+
+
+def rank_tensor(mesh: ProcMesh, dims: str | Sequence[str]) -> Tensor:
+    """A 0-d long tensor on ``mesh``: each proc's index along ``dims`` (row-major over several)."""
+    names = [dims] if isinstance(dims, str) else list(dims)
+    shape = mesh._shape
+    for d in names:
+        shape._check_dim(d)
+    client = client_of(mesh)
+    with _fake_mode:
+        fake = torch.zeros((), dtype=torch.long)
+    t = _new(client, mesh, fake)
+    client.send(
+        shape,
+        (
+            C.RANK,
+            t._ref,
+            list(shape.labels),
+            [shape.extent[d] for d in shape.labels],
+            list(shape.ranks),
+            names,
+        ),
+    )
+    return t
+
+
+# -- collectives ----------------------------------------------------------------------------
+
+
+def _fake_reduce(x: Any, n: int, reduction: str, scatter: bool) -> Any:
+    if scatter:
+        if x.ndim == 0 or x.size(0) != n:
+            raise ValueError(
+                f"reduce(scatter=True) splits the tensor's first dimension across the {n} procs: its shape "
+                f"{list(x.shape)} must start with {n}"
+            )
+        return x if reduction == "stack" else x.sum(dim=0)
+    if reduction == "stack":
+        return torch.empty([n, *x.shape], dtype=x.dtype, device=x.device)
+    return x.add(x)
+
+
+def reduce_tensor(
+    t: Tensor, dims: Any, reduction: str, scatter: bool, mesh: Any, inplace: bool, out: Any
+) -> Tensor:
+    if mesh is not None:
+        raise NotImplementedError("reduce(mesh=...) is not supported: reduce, then use to_mesh")
+    shape = t._mesh._shape
+    names = (dims,) if isinstance(dims, str) else tuple(dims)
+    if not names:
+        names = shape.labels
+    for d in names:
+        shape._check_dim(d)
+    if len(set(names)) != len(names):
+        raise ValueError(f"reducing the same dimension twice: {names}")
+    if len(names) > 1 and (reduction == "stack" or scatter):
+        raise ValueError(
+            f"reduction {reduction!r} or scatter=True is not valid over several dimensions {names}"
+        )
+    if reduction not in C.REDUCTIONS:
+        raise ValueError(
+            f"reduction {reduction!r} is not supported; the reductions are {', '.join(C.REDUCTIONS)}"
+        )
+    if t.requires_grad and torch.is_grad_enabled():
+        raise MeshTensorError(
+            "reduce() of a tensor that requires grad: collectives are not differentiated. Reduce under "
+            "torch.no_grad() (the gradients, say), or .detach() first"
+        )
+    n = shape.size(list(names))
+    if inplace:
+        if scatter and reduction != "stack":
+            raise ValueError(
+                f"reduction {reduction!r} with scatter=True changes the shape: it cannot be in place"
+            )
+        fake = t._fake()
+    else:
+        fake = _fake_reduce(t._fake(), n, reduction, scatter)
+        if out is not None and tuple(out.shape) != tuple(fake.shape):
+            raise ValueError(f"out has shape {tuple(out.shape)}; reduce makes {tuple(fake.shape)}")
+    client = t._client
+    key = client.group(shape, names)
+    r = t if inplace else (out if out is not None else _new(client, t._mesh, fake, t._stream))
+    client.send(shape, (C.REDUCE, r._ref, t._ref, key, reduction, scatter, inplace, list(t.shape), t.dtype))
+    if out is not None and not inplace:
+        return out
+    return r
+
+
+def reduce(tensors: Any, dims: Any, reduction: str = "sum", scatter: bool = False, mesh: Any = None) -> Any:
+    """``Tensor.reduce`` for every mesh tensor in a pytree."""
+    return pytree.tree_map(
+        lambda x: x.reduce(dims, reduction, scatter, mesh) if isinstance(x, Tensor) else x, tensors
+    )
+
+
+def reduce_(tensors: Any, dims: Any, reduction: str = "sum", scatter: bool = False, mesh: Any = None) -> Any:
+    """``Tensor.reduce_`` for every mesh tensor in a pytree."""
+    return pytree.tree_map(
+        lambda x: x.reduce_(dims, reduction, scatter, mesh) if isinstance(x, Tensor) else x, tensors
+    )
+
+
+# -- moving between meshes ------------------------------------------------------------------
+
+
+def move(t: Tensor, src: Shape, mesh: ProcMesh, stream: Any = None) -> Tensor:
+    """``t`` (seen on ``src``, its mesh or a slice of it) on ``mesh``: dimensions are
+    matched by name and must have one size; ``mesh``'s other dimensions get copies."""
+    if t.requires_grad and torch.is_grad_enabled():
+        raise MeshTensorError(
+            "to_mesh() of a tensor that requires grad: use torch.no_grad() or .detach() first"
+        )
+    if mesh._proc.token != t._mesh._proc.token:
+        raise MeshTensorError(
+            f"to_mesh: mesh {mesh.name!r} is not part of mesh {t._mesh.name!r}; tensors move between slices "
+            "of one proc mesh"
+        )
+    dest = mesh._shape
+    missing = [d for d in src.labels if d not in dest.labels]
+    if missing:
+        raise ValueError(f"to_mesh: the destination mesh {dest.extent} has no dimension(s) {missing}")
+    for d in src.labels:
+        if dest.extent[d] != src.extent[d]:
+            raise ValueError(
+                f"to_mesh: dimension {d!r} has {src.extent[d]} procs here and {dest.extent[d]} on the destination"
+            )
+    routes: dict[int, list[int]] = {}
+    sources: dict[int, int] = {}
+    for point in dest.points():
+        coords = {d: point[d] for d in src.labels}
+        s = src.slice(**coords).ranks[0] if coords else src.ranks[0]
+        d_rank = dest.ranks[point.rank]
+        routes.setdefault(s, []).append(d_rank)
+        sources[d_rank] = s
+    client = t._client
+    with _fake_mode:
+        fake = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    r = _new(client, mesh, fake, stream)
+    prefix = uuid.uuid4().hex[:12]
+    client.send(t._mesh._shape, (C.SEND, t._ref, prefix, routes))
+    client.send(dest, (C.RECV, r._ref, prefix, sources))
+    return r
+
+
+def to_mesh(tensors: Any, mesh: ProcMesh, stream: Any = None) -> Any:
+    """Moves every mesh tensor (or ``slice_mesh`` result) in a pytree to ``mesh``."""
+    from monarch_kernel.tensor._tensor import MeshSliceTensor
+
+    return pytree.tree_map(
+        lambda x: x.to_mesh(mesh, stream) if isinstance(x, (Tensor, MeshSliceTensor)) else x,
+        tensors,
+        is_leaf=lambda x: isinstance(x, MeshSliceTensor),
+    )
+
+
+def slice_mesh(tensors: Any, **dims: int | slice) -> Any:
+    """``Tensor.slice_mesh`` for every mesh tensor in a pytree."""
+    return pytree.tree_map(lambda x: x.slice_mesh(**dims) if isinstance(x, Tensor) else x, tensors)
+
+
+# -- sync points ------------------------------------------------------------------------------
+
+
+def _tensors_of(obj: Any) -> tuple[list[Any], Any, list[Tensor]]:
+    leaves, spec = pytree.tree_flatten(obj)
+    return leaves, spec, [x for x in leaves if isinstance(x, Tensor)]
+
+
+def _rank_at(shape: Shape, shard: dict[str, int]) -> int:
+    for d in shard:
+        shape._check_dim(d)
+    coords = {d: shard.get(d, 0) for d in shape.labels}
+    return shape.slice(**coords).ranks[0] if coords else shape.ranks[0]
+
+
+def _raise_failed(got: dict[str, Any], mesh: str) -> None:
+    raise RemoteException(got["op"], got["rank"], got["message"], got["trace"], mesh)
+
+
+def fetch_shard(obj: Any, shard: dict[str, int] | None = None, **kwargs: int) -> Future[Any]:
+    """A Future of ``obj`` with each mesh tensor replaced by its value on one proc:
+    the one at coordinates ``shard`` (and ``kwargs``) of its mesh; dimensions not
+    named are 0. Values come through the transfer engine, out of band."""
+    coords = dict(shard or {}, **kwargs)
+    leaves, spec, tensors = _tensors_of(obj)
+    if not tensors:
+        return Future._resolved(obj)
+    mesh = tensors[0]._mesh
+    for t in tensors[1:]:
+        if t._mesh._shape != mesh._shape:
+            raise MeshTensorError(
+                "fetch_shard: the tensors are on different meshes; fetch them one mesh at a time"
+            )
+    client = tensors[0]._client
+    for t in tensors:
+        client.check(t._gen)
+    rank = _rank_at(mesh._shape, coords)
+    client.flush()
+    inner = client.engine_at_rank(rank).fetch.call_one([t._ref for t in tensors])
+    name = mesh.name
+
+    def finish(replies: list[Any]) -> Any:
+        got = inner._finish(replies)
+        values = iter(got)
+        out = []
+        for x in leaves:
+            if isinstance(x, Tensor):
+                ok, v = next(values)
+                if not ok:
+                    _raise_failed(v, name)
+                out.append(v)
+            else:
+                out.append(x)
+        return pytree.tree_unflatten(out, spec)
+
+    return Future(_calls=inner._calls, _finish=finish, _where=inner._where)
+
+
+def inspect(obj: Any, shard: dict[str, int] | None = None, **kwargs: int) -> Any:
+    """``fetch_shard(obj, shard, **kwargs).result()``: one proc's values, here."""
+    return fetch_shard(obj, shard, **kwargs).result()
+
+
+class TensorView:
+    """``show()``'s per-rank view of a mesh tensor: ranks with the same value share a row."""
+
+    def __init__(self, tensor: Tensor, rows: list[tuple[list[int], str]]) -> None:
+        self.tensor, self.rows = tensor, rows
+
+    def _label(self, ranks: list[int]) -> str:
+        return "rank " + str(ranks[0]) if len(ranks) == 1 else f"ranks {_spans(ranks)}"
+
+    def __repr__(self) -> str:
+        head = repr(self.tensor)
+        return "\n".join([head, *(f"  {self._label(r)}: {v}" for r, v in self.rows)])
+
+    def _repr_html_(self) -> str:
+        import html
+
+        rows = "".join(
+            f"<tr><td style='text-align:left'>{html.escape(self._label(r))}</td>"
+            f"<td style='text-align:left'><code>{html.escape(v)}</code></td></tr>"
+            for r, v in self.rows
+        )
+        return f"<div><code>{html.escape(repr(self.tensor))}</code><table>{rows}</table></div>"
+
+
+def _spans(ranks: list[int]) -> str:
+    out, start, prev = [], ranks[0], ranks[0]
+    for r in [*ranks[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return ", ".join(out)
+
+
+def show(obj: Any, shard: dict[str, int] | None = None, **kwargs: int) -> Any:
+    """Shows a mesh tensor in the notebook: with coordinates, that proc's value;
+    without, a compact per-rank view (ranks with equal values grouped). Returns the
+    view (a plain value for other objects)."""
+    if not isinstance(obj, Tensor) or shard or kwargs:
+        value = inspect(obj, shard, **kwargs)
+        _display(value)
+        return None
+    obj._client.check(obj._gen)
+    obj._client.flush()
+    lines = obj._client.engine._new_with_shape(obj._mesh._shape).summary.call(obj._ref).get()
+    rows: dict[str, list[int]] = {}
+    for i, line in enumerate(lines.values()):
+        if isinstance(line, dict):  # poisoned on this rank
+            _raise_failed(line, obj._mesh.name)
+        rows.setdefault(line, []).append(i)
+    view = TensorView(obj, [(ranks, line) for line, ranks in rows.items()])
+    _display(view)
+    return None
+
+
+def _display(value: Any) -> None:
+    try:
+        from IPython import get_ipython  # type: ignore[attr-defined]
+        from IPython.display import display
+
+        if get_ipython() is not None:
+            display(value)
+            return
+    except ImportError:
+        pass
+    print(value)
+
+
+# -- remote functions -------------------------------------------------------------------------
+
+
+class Remote:
+    """A function run on the procs of the active mesh (or of its tensor arguments)
+    with mesh tensors as values; returns mesh tensors (Monarch's ``remote``)."""
+
+    def __init__(self, fn: Any, propagate: Any) -> None:
+        self.fn, self.propagate = fn, propagate
+        self._cache: dict[Any, Any] = {}
+        functools.update_wrapper(self, fn) if callable(fn) else None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        a = _Args()
+        key: list[Any] = []
+        enc_args = a.walk(args, key)
+        enc_kwargs = a.walk(kwargs, key)
+        mesh = a.mesh
+        active = active_mesh()
+        if mesh is None:
+            mesh = active if active is not None else None
+        if mesh is None:
+            raise MeshTensorError(f"remote {self._what()}: no mesh: activate one, or pass a mesh tensor")
+        client = a.tensors[0]._client if a.tensors else client_of(mesh)
+        shape = mesh._shape
+        if self.propagate == "inspect":
+            client.send(shape, (C.CALL, self.fn, enc_args, enc_kwargs, []))
+            return None
+        if callable(self.propagate):
+            fargs = pytree.tree_map(lambda x: x._fake() if isinstance(x, Tensor) else x, (args, kwargs))
+            with _fake_mode:
+                fake_out = self.propagate(*fargs[0], **fargs[1])
+            return self._emit(client, mesh, enc_args, enc_kwargs, fake_out)
+        if self.propagate not in (None, "cached"):
+            raise ValueError(f"remote(propagate={self.propagate!r}): use a function, 'cached' or 'inspect'")
+        try:
+            ck: Any = tuple(key)
+            hash(ck)
+        except TypeError:
+            ck = None
+        known = self._cache.get(ck) if ck is not None else None
+        if known is not None:
+            return self._emit_known(client, mesh, enc_args, enc_kwargs, known)
+        # First call with these argument kinds: run it, then ask the first proc what it made.
+        tree = client.new_id()
+        client.send(shape, (C.CALL, self.fn, enc_args, enc_kwargs, tree))
+        client.flush()
+        got = client.engine_at_rank(shape.ranks[0]).describe.call_one(tree).get()
+        if isinstance(got, dict):
+            client.send(shape, (C.DEL, [tree]))
+            _raise_failed(got, mesh.name)
+        metas, spec = got
+        known = (metas, spec)
+        if ck is not None:
+            self._cache[ck] = known
+        leaves, outs = self._leaves(client, mesh, metas)
+        client.send(shape, (C.UNPACK, tree, outs))
+        return pytree.tree_unflatten(leaves, spec)
+
+    def _what(self) -> str:
+        return self.fn if isinstance(self.fn, str) else getattr(self.fn, "__qualname__", repr(self.fn))
+
+    def _leaves(self, client: TensorClient, mesh: ProcMesh, metas: list[Any]) -> tuple[list[Any], list[Any]]:
+        leaves: list[Any] = []
+        outs: list[Any] = []
+        for m in metas:
+            if m[0] == "t":
+                ref = client.new_id()
+                leaves.append(Tensor(m[1], m[2], 0, m[3], torch.device(m[4]), mesh, client, ref))
+                outs.append(ref)
+            else:
+                leaves.append(m[1])
+                outs.append(None)
+        return leaves, outs
+
+    def _emit_known(self, client: TensorClient, mesh: ProcMesh, a: Any, k: Any, known: Any) -> Any:
+        metas, spec = known
+        leaves, outs = self._leaves(client, mesh, metas)
+        client.send(mesh._shape, (C.CALL, self.fn, a, k, outs))
+        return pytree.tree_unflatten(leaves, spec)
+
+    def _emit(self, client: TensorClient, mesh: ProcMesh, a: Any, k: Any, fake_out: Any) -> Any:
+        leaves, spec = pytree.tree_flatten(fake_out)
+        out_leaves: list[Any] = []
+        outs: list[Any] = []
+        for x in leaves:
+            if isinstance(x, torch.Tensor):
+                t = _new(client, mesh, x)
+                out_leaves.append(t)
+                outs.append(t._ref)
+            else:
+                out_leaves.append(x)
+                outs.append(None)
+        client.send(mesh._shape, (C.CALL, self.fn, a, k, outs))
+        return pytree.tree_unflatten(out_leaves, spec)
+
+
+def remote(function: Any = None, *, propagate: Any = None) -> Any:
+    """Makes ``function`` (or "module.function") run on the procs: ``propagate`` says
+    what it returns without running it here: a function computing the result from
+    fake inputs, "inspect" (nothing: run for its effects), or None/"cached" (the
+    first call with given argument shapes asks the first proc, later ones reuse it)."""
+    if function is None:
+        return functools.partial(remote, propagate=propagate)
+    return Remote(function, propagate)
+
+
+# -- autograd, batching ------------------------------------------------------------------------
+
+
+def grad_generator(
+    roots: Any = (), with_respect_to: Sequence[Any] = (), grad_roots: Any = ()
+) -> Iterator[Any]:
+    """The gradients of ``roots`` with respect to each of ``with_respect_to``, one at
+    a time, in that order (Monarch's ``grad_generator``). The backward ops are issued
+    together when the first is asked for; they run on the procs in order, so work
+    on an early gradient (a ``reduce_``) is issued while later ones compute."""
+    wrt = list(with_respect_to)
+    roots_l = [roots] if isinstance(roots, torch.Tensor) else list(roots)
+    grads_l = [grad_roots] if isinstance(grad_roots, torch.Tensor) else list(grad_roots)
+    grads = torch.autograd.grad(roots_l, wrt, grad_outputs=grads_l or None, allow_unused=True)
+    yield from grads
+
+
+@contextlib.contextmanager
+def coalescing() -> Iterator[None]:
+    """Holds the active mesh's commands back until the block ends, then sends them
+    together (they are batched anyway; this only stops the quiet flush)."""
+    mesh = get_active_mesh()
+    client = client_of(mesh)
+    client.held += 1
+    try:
+        yield
+    finally:
+        client.held -= 1
+        client.flush(deletes=False)
+
+
+def memory(mesh: ProcMesh) -> dict[int, dict[str, int]]:
+    """Bytes of tensor memory each proc of ``mesh`` holds for the tensor engine, by rank."""
+    client = client_of(mesh)
+    client.flush()
+    got = client.engine._new_with_shape(mesh._shape).memory.call().get()
+    return {mesh._shape.ranks[i]: v for i, v in enumerate(got.values())}

@@ -1,0 +1,415 @@
+"""``Tensor``: a tensor that lives on the procs of a mesh (one per proc), handled in
+the controller as if it were local; and ``activate()``, under which torch code runs on
+the mesh.
+
+The controller never holds the data. A mesh tensor is a wrapper subclass that carries
+only metadata (shape, strides, dtype, device); every aten op on it, or any op while a
+mesh is active, goes through ``run_op``: the result's metadata comes from running the
+op on fake tensors (``FakeTensorMode``, cached per op and argument metadata), and the
+op itself becomes one command for the procs (``_commands``). Autograd sits above the
+dispatcher, so ``backward()`` issues its ops the same way.
+
+TENSOR-3: the controller refuses locally what torch would refuse (a shape error is
+raised at the line that made it, from the fake run); what fails only on the procs
+is reported at the next sync point that depends on it (TENSOR-1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from monarch_kernel.errors import MonarchKernelError
+from monarch_kernel.mesh._proc_mesh import ProcMesh
+from monarch_kernel.tensor import _commands as C
+from monarch_kernel.tensor._client import TensorClient, client_of
+
+_fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+#: Per (op, argument metadata): how to make the result without a fake run.
+_meta_cache: dict[Any, Any] = {}
+_names: dict[Any, str] = {}
+
+
+class MeshTensorError(MonarchKernelError, ValueError):
+    """A mesh tensor used where it cannot be: on another mesh than the active one, or
+    where its values are needed in the controller (use ``inspect``)."""
+
+
+class Tensor(torch.Tensor):
+    """A tensor with one value on each proc of ``mesh`` (Monarch's ``monarch.Tensor``)."""
+
+    _ref: int
+    _client: TensorClient
+    _mesh: ProcMesh
+    _gen: int
+    _stream: Any
+    _fake_t: Any
+
+    @staticmethod
+    def __new__(
+        cls,
+        size: Any,
+        stride: Any,
+        offset: int,
+        dtype: Any,
+        device: Any,
+        mesh: ProcMesh,
+        client: TensorClient,
+        ref: int,
+        stream: Any = None,
+    ) -> Tensor:
+        r = torch.Tensor._make_wrapper_subclass(
+            cls, size, strides=stride, storage_offset=offset, dtype=dtype, device=device, requires_grad=False
+        )
+        r._ref, r._client, r._mesh, r._gen, r._stream, r._fake_t = ref, client, mesh, client.gen, stream, None
+        return r
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return run_op(func, args, kwargs or {})
+
+    def __del__(self) -> None:
+        try:
+            self._client.deleted.append(self._ref)
+        except AttributeError:  # never finished __new__
+            pass
+
+    @property
+    def mesh(self) -> ProcMesh:
+        """The procs this tensor lives on."""
+        return self._mesh
+
+    @property
+    def stream(self) -> Any:
+        from monarch_kernel.tensor._stream import default_stream
+
+        return self._stream or default_stream()
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        dtype = str(self.dtype).replace("torch.", "")
+        return (
+            f"monarch_kernel.Tensor(shape={tuple(self.shape)}, dtype={dtype}, device={self.device}{grad}, "
+            f"mesh={self._mesh.name!r} {self._mesh._shape.extent})"
+        )
+
+    def _fake(self) -> Any:
+        f = self._fake_t
+        if f is None:
+            with _fake_mode:
+                if self.storage_offset() == 0:
+                    f = torch.empty_strided(self.shape, self.stride(), dtype=self.dtype, device=self.device)
+                else:
+                    need = self.storage_offset() + _extent(self.shape, self.stride())
+                    base = torch.empty(need, dtype=self.dtype, device=self.device)
+                    f = base.as_strided(self.shape, self.stride(), self.storage_offset())
+            self._fake_t = f
+        return f
+
+    def reduce(
+        self,
+        dims: str | tuple[str, ...] | list[str],
+        reduction: str = "sum",
+        scatter: bool = False,
+        mesh: Any = None,
+        _inplace: bool = False,
+        out: Any = None,
+    ) -> Tensor:
+        """A collective over mesh dimensions ``dims`` (Monarch's meaning): ``sum``,
+        ``avg``, ``product``, ``min``, ``max``, ``band``, ``bor``, ``bxor`` all-reduce
+        (``scatter=True``: reduce-scatter along the tensor's first dimension), and
+        ``stack`` all-gathers into a new first dimension (``scatter=True``: all-to-all)."""
+        from monarch_kernel.tensor._ops import reduce_tensor
+
+        return reduce_tensor(self, dims, reduction, scatter, mesh, _inplace, out)
+
+    def reduce_(
+        self,
+        dims: str | tuple[str, ...] | list[str],
+        reduction: str = "sum",
+        scatter: bool = False,
+        mesh: Any = None,
+    ) -> Tensor:
+        """``reduce`` in place."""
+        return self.reduce(dims, reduction, scatter, mesh, _inplace=True)
+
+    def to_mesh(self, mesh: ProcMesh, stream: Any = None) -> Tensor:
+        """This tensor moved to ``mesh`` (dimensions matched by name; ``mesh``'s extra
+        dimensions receive a copy), proc to proc."""
+        from monarch_kernel.tensor._ops import move
+
+        return move(self, self._mesh._shape, mesh, stream)
+
+    def slice_mesh(self, **dims: int | slice) -> MeshSliceTensor:
+        """The part of this tensor on a slice of its mesh (for ``to_mesh``)."""
+        return MeshSliceTensor(self, self._mesh._shape.slice(**dims))
+
+    def drop(self) -> None:
+        """Frees the procs' memory now (the tensor cannot be used after)."""
+        self._client.deleted.append(self._ref)
+        self._ref = -1
+
+
+class MeshSliceTensor:
+    """A mesh tensor seen on a slice of its mesh (``Tensor.slice_mesh``)."""
+
+    def __init__(self, tensor: Tensor, shape: Any) -> None:
+        self.tensor, self.shape = tensor, shape
+
+    def to_mesh(self, mesh: ProcMesh, stream: Any = None) -> Tensor:
+        from monarch_kernel.tensor._ops import move
+
+        return move(self.tensor, self.shape, mesh, stream)
+
+
+def _extent(shape: Any, stride: Any) -> int:
+    return 1 + sum((s - 1) * st for s, st in zip(shape, stride)) if all(shape) else 0
+
+
+# -- the active mesh --------------------------------------------------------------------
+
+_local = threading.local()
+
+
+def _stack() -> list[ProcMesh | None]:
+    s = getattr(_local, "stack", None)
+    if s is None:
+        s = _local.stack = []
+    return s
+
+
+def active_mesh() -> ProcMesh | None:
+    s = _stack()
+    return s[-1] if s else None
+
+
+class _ActiveMesh(TorchDispatchMode):
+    """Routes every op to the active mesh while one is active."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        mesh = active_mesh()
+        if mesh is None:
+            return func(*args, **(kwargs or {}))
+        return run_op(func, args, kwargs or {}, mesh)
+
+
+@contextlib.contextmanager
+def activate(mesh: ProcMesh | None) -> Iterator[None]:
+    """Makes ``mesh`` the active mesh (None: run locally) until the block ends; a
+    block inside another takes over, and gives back when it ends."""
+    stack = _stack()
+    client = client_of(mesh) if mesh is not None else None
+    stack.append(mesh)
+    mode = None
+    if len(stack) == 1 or getattr(_local, "mode", None) is None:
+        mode = _ActiveMesh()
+        mode.__enter__()
+        _local.mode = mode
+    try:
+        yield
+    finally:
+        stack.pop()
+        if mode is not None:
+            _local.mode = None
+            mode.__exit__(None, None, None)
+        if client is not None:
+            client.flush(deletes=False)
+
+
+class _NoMesh:
+    """``no_mesh.activate()``: torch runs locally inside the block, even within a mesh's."""
+
+    def activate(self) -> contextlib.AbstractContextManager[None]:
+        return activate(None)
+
+
+no_mesh = _NoMesh()
+
+
+def get_active_mesh() -> ProcMesh:
+    """The active mesh (Monarch's meaning); ValueError if none is."""
+    m = active_mesh()
+    if m is None:
+        raise ValueError("no device mesh is active: use `with procs.activate():` first")
+    return m
+
+
+# -- one op -----------------------------------------------------------------------------
+
+
+def _same_mesh(a: ProcMesh, b: ProcMesh) -> bool:
+    return a is b or (a._proc.token == b._proc.token and a._shape == b._shape)
+
+
+class _Args:
+    """One walk over an op's arguments: the cache key, the arguments as a command
+    carries them (refs for mesh tensors), the mesh tensors, and their mesh."""
+
+    __slots__ = ("key", "tensors", "mesh", "hashable")
+
+    def __init__(self) -> None:
+        self.tensors: list[Tensor] = []
+        self.mesh: ProcMesh | None = None
+        self.hashable = True
+
+    def walk(self, x: Any, key: list[Any]) -> Any:
+        t = type(x)
+        if t is Tensor:
+            if self.mesh is None:
+                self.mesh = x._mesh
+            elif not _same_mesh(self.mesh, x._mesh):
+                raise MeshTensorError(
+                    f"an op mixes tensors of two meshes: {self.mesh.name!r} {self.mesh._shape.extent} and "
+                    f"{x._mesh.name!r} {x._mesh._shape.extent}. Move one with t.to_mesh(mesh) first."
+                )
+            if x._ref < 0:
+                raise MeshTensorError(
+                    "this mesh tensor was dropped (Tensor.drop()); it cannot be used any more"
+                )
+            self.tensors.append(x)
+            key.append((x.shape, x.stride(), x.storage_offset(), x.dtype, x.device))
+            return C.Ref(x._ref)
+        if t is tuple or t is list:
+            sub: list[Any] = [t]
+            out = t(self.walk(y, sub) for y in x)
+            key.append(tuple(sub))
+            return out
+        if t is dict:
+            sub = [dict]
+            out = {}
+            for k, v in x.items():
+                sub.append(k)
+                out[k] = self.walk(v, sub)
+            key.append(tuple(sub))
+            return out
+        if isinstance(x, torch.Tensor):  # a local tensor: a constant, sent with the command
+            key.append(("local", x.shape, x.dtype, x.device))
+            return x.detach()
+        key.append((t, x))
+        return x
+
+
+def _fake_of(x: Any) -> Any:
+    return x._fake() if type(x) is Tensor else x
+
+
+def _meta_of(func: Any, args: Any, kwargs: Any, inputs: list[Tensor]) -> tuple[Any, list[Any]]:
+    """Runs ``func`` on fakes: the result's tree spec and, per leaf, ("new", size,
+    stride, offset, dtype, device), ("alias", i) (it is input ``i``) or ("value", v)."""
+    fargs = pytree.tree_map(_fake_of, args)
+    fkwargs = pytree.tree_map(_fake_of, kwargs)
+    try:
+        with _fake_mode, _quiet_fake_log():
+            out = func(*fargs, **fkwargs)
+    except Exception as e:
+        name = type(e).__name__
+        if "DataDependent" in name or "DynamicOutputShape" in name:
+            raise MeshTensorError(
+                f"{_name(func)} needs the tensor's values in the controller, which holds none: "
+                "fetch one proc's value with monarch_kernel.inspect(t) (or fetch_shard), or run the code on "
+                "the procs with monarch_kernel.remote(fn)"
+            ) from None
+        raise e.with_traceback(None) from None  # torch's error, as torch would raise it here
+    leaves, spec = pytree.tree_flatten(out)
+    fakes = [i._fake_t for i in inputs]
+    specs: list[Any] = []
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            alias = next((i for i, f in enumerate(fakes) if f is leaf), None)
+            if alias is not None:
+                specs.append(("alias", alias))
+            else:
+                specs.append(
+                    ("new", leaf.shape, leaf.stride(), leaf.storage_offset(), leaf.dtype, leaf.device)
+                )
+        else:
+            specs.append(("value", leaf))
+    return spec, specs
+
+
+class _DropFakeErrors(logging.Filter):
+    """Drops the fake tensor mode's own log of an op that failed on fakes while this
+    module runs one: the error is raised to the user, once."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(_local, "faking", False)
+
+
+logging.getLogger("torch._subclasses.fake_tensor").addFilter(_DropFakeErrors())
+
+
+@contextlib.contextmanager
+def _quiet_fake_log() -> Iterator[None]:
+    _local.faking = True
+    try:
+        yield
+    finally:
+        _local.faking = False
+
+
+def _name(func: Any) -> str:
+    n = _names.get(func)
+    if n is None:
+        n = _names[func] = C.op_name(func)
+    return n
+
+
+def run_op(func: Any, args: Any, kwargs: Any, active: ProcMesh | None = None) -> Any:
+    """Issues ``func(*args, **kwargs)`` on the procs and returns its mesh tensors."""
+    a = _Args()
+    key: list[Any] = [func]
+    enc_args = a.walk(tuple(args), key)
+    enc_kwargs = a.walk(kwargs, key) if kwargs else {}
+    mesh = a.mesh
+    if active is not None:
+        if mesh is None:
+            mesh = active
+        elif not _same_mesh(mesh, active):
+            raise MeshTensorError(
+                f"{_name(func)}: a tensor of mesh {mesh.name!r} {mesh._shape.extent} is used while mesh "
+                f"{active.name!r} {active._shape.extent} is active. Move it with t.to_mesh(mesh), or "
+                "activate its mesh."
+            )
+    if mesh is None:  # (never from a Tensor's own dispatch: it has a mesh)
+        return func(*args, **kwargs)
+    try:
+        k: Any = tuple(key)
+        hit = _meta_cache.get(k)
+    except TypeError:  # an unhashable argument: no cache
+        k, hit = None, None
+    if hit is None:
+        for t in a.tensors:
+            t._fake()
+        hit = _meta_of(func, args, kwargs, a.tensors)
+        if k is not None:
+            _meta_cache[k] = hit
+    spec, specs = hit
+    client = client_of(mesh) if not a.tensors else a.tensors[0]._client
+    stream = a.tensors[0]._stream if a.tensors else None
+    leaves: list[Any] = []
+    outs: list[int | None] = []
+    for s in specs:
+        kind = s[0]
+        if kind == "new":
+            ref = client.new_id()
+            leaves.append(Tensor(s[1], s[2], s[3], s[4], s[5], mesh, client, ref, stream))
+            outs.append(ref)
+        elif kind == "alias":
+            t = a.tensors[s[1]]
+            leaves.append(t)
+            outs.append(t._ref)
+        else:
+            leaves.append(s[1])
+            outs.append(None)
+    client.send(mesh._shape, (C.OP, _name(func), enc_args, enc_kwargs, outs))
+    return pytree.tree_unflatten(leaves, spec)

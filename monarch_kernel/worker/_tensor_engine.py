@@ -1,0 +1,403 @@
+"""The worker side of the tensor engine: ``TensorEngine`` runs the controller's
+commands (``monarch_kernel.tensor._commands``) in order against a table of this
+proc's real tensors; ``TensorInbox`` takes tensors other procs send it (``to_mesh``).
+
+Both are built-in actors (``__tensor_engine__``, ``__tensor_inbox__``), spawned on a
+mesh the first time the controller activates it. The engine's thread runs one batch
+at a time (DISPATCH-1), so commands run in the order the controller issued them
+(TENSOR-1); the inbox has a thread of its own, so a proc waiting to receive never
+blocks the proc that sends to it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import traceback
+from typing import Any
+
+from monarch_kernel.actor import Actor, endpoint
+from monarch_kernel.mesh._shape import Extent, Shape
+from monarch_kernel.tensor import _commands as C
+
+#: How long a proc waits for a tensor another proc sends it before poisoning the
+#: result (the sender died, say).
+RECV_TIMEOUT_S = 300.0
+
+_arrived: dict[str, Any] = {}
+_arrival = threading.Condition()
+
+
+class Failure:
+    """Why a ref is poisoned: the first failed command behind it."""
+
+    __slots__ = ("op", "rank", "message", "trace", "exc")
+
+    def __init__(self, op: str, rank: int, exc: BaseException) -> None:
+        self.op, self.rank = op, rank
+        self.message = f"{type(exc).__name__}: {exc}"
+        self.trace = "".join(traceback.format_exception(exc))
+        self.exc = exc
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "rank": self.rank, "message": self.message, "trace": self.trace}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Failure:
+        f = cls.__new__(cls)
+        f.op, f.rank, f.message, f.trace, f.exc = d["op"], d["rank"], d["message"], d["trace"], None
+        return f
+
+
+def _me() -> int:
+    return int(os.environ.get("MONARCH_RANK", "0"))
+
+
+class TensorInbox(Actor):
+    """Takes the tensors other procs send this one, for its engine to pick up."""
+
+    @endpoint
+    def deposit(self, transfer_id: str, value: Any) -> None:
+        with _arrival:
+            _arrived[transfer_id] = value
+            _arrival.notify_all()
+
+
+def _take(transfer_id: str, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    with _arrival:
+        while transfer_id not in _arrived:
+            left = deadline - time.monotonic()
+            if left <= 0 or not _arrival.wait(left):
+                if transfer_id in _arrived:
+                    break
+                raise TimeoutError(f"nothing arrived for transfer {transfer_id} within {timeout:.0f} s")
+        return _arrived.pop(transfer_id)
+
+
+class TensorEngine(Actor):
+    """This proc's tensors (ref -> tensor, or the ``Failure`` that poisoned it) and
+    the commands that make them."""
+
+    def __init__(self, inbox: Any) -> None:
+        self.table: dict[int, Any] = {}
+        self.rank = _me()
+        self.inbox = inbox
+        #: Process groups by key (a set of mesh dims of one mesh): (group, my index, size).
+        self.groups: dict[Any, tuple[Any, int, int]] = {}
+
+    # -- endpoints ------------------------------------------------------------------
+
+    @endpoint
+    def run(self, batch: list[tuple[Any, ...]]) -> None:
+        for cmd in batch:
+            kind = cmd[0]
+            try:
+                getattr(self, "_" + kind)(*cmd[1:])
+            except Exception as e:  # a bug of the engine itself: poison what it made
+                self._poison(_outs_of(cmd), Failure(kind, self.rank, e))
+
+    @endpoint
+    def fetch(self, ids: list[int]) -> list[tuple[bool, Any]]:
+        """Each ref's value (True, tensor) or why it is poisoned (False, dict)."""
+        out: list[tuple[bool, Any]] = []
+        for i in ids:
+            v = self.table.get(i, _MISSING)
+            if v is _MISSING:
+                out.append(
+                    (
+                        False,
+                        {
+                            "op": "fetch",
+                            "rank": self.rank,
+                            "message": f"ref {i} is not here (deleted?)",
+                            "trace": "",
+                        },
+                    )
+                )
+            elif isinstance(v, Failure):
+                out.append((False, v.as_dict()))
+            else:
+                out.append((True, v.detach().cpu() if hasattr(v, "detach") else v))
+        return out
+
+    @endpoint
+    def meta(self, ids: list[int]) -> list[Any]:
+        """Each ref's (shape, stride, dtype, device), or its failure (a dict)."""
+        out: list[Any] = []
+        for i in ids:
+            v = self.table.get(i)
+            if isinstance(v, Failure):
+                out.append(v.as_dict())
+            elif v is None:
+                out.append(None)
+            else:
+                out.append((tuple(v.shape), tuple(v.stride()), v.dtype, str(v.device)))
+        return out
+
+    @endpoint
+    def summary(self, ref: int) -> str | dict[str, Any]:
+        """One short line for ``show``: the values (abbreviated), or why it is poisoned (a dict)."""
+        v = self.table.get(ref, _MISSING)
+        if v is _MISSING:
+            return "(deleted)"
+        if isinstance(v, Failure):
+            return v.as_dict()
+        import torch
+
+        with torch.no_grad():
+            text = repr(v.detach().cpu()) if v.numel() <= 16 else _brief(v)
+        return " ".join(text.split())
+
+    @endpoint
+    def memory(self) -> dict[str, int]:
+        """Bytes held by this proc's live tensors (storages counted once), and how many refs."""
+        seen: set[int] = set()
+        total = 0
+        for v in self.table.values():
+            if isinstance(v, Failure) or not hasattr(v, "untyped_storage"):
+                continue
+            s = v.untyped_storage()
+            key = s.data_ptr()
+            if key not in seen:
+                seen.add(key)
+                total += s.nbytes()
+        return {"bytes": total, "refs": len(self.table)}
+
+    # -- commands --------------------------------------------------------------------
+
+    def _poison(self, outs: Any, failure: Failure) -> None:
+        for o in [outs] if isinstance(outs, int) else outs:
+            if o is not None:
+                self.table[o] = failure
+
+    def _load(self, x: Any) -> Any:
+        """``x`` with refs replaced by tensors; raises _Poisoned for a poisoned one."""
+        t = type(x)
+        if t is C.Ref:
+            v = self.table.get(x, _MISSING)
+            if v is _MISSING:
+                raise KeyError(f"ref {int(x)} is not on rank {self.rank} (deleted, or made on another mesh)")
+            if isinstance(v, Failure):
+                raise _Poisoned(v)
+            return v
+        if t is tuple or t is list:
+            return t(self._load(y) for y in x)
+        if t is dict:
+            return {k: self._load(v) for k, v in x.items()}
+        return x
+
+    def _store(self, outs: Any, result: Any) -> None:
+        import torch.utils._pytree as pytree
+
+        if isinstance(outs, int):  # a remote result kept whole (C.CALL)
+            self.table[outs] = result
+            return
+        leaves = pytree.tree_leaves(result) if len(outs) != 1 or not hasattr(result, "dtype") else [result]
+        for o, v in zip(outs, leaves):
+            if o is not None:
+                self.table[o] = v
+
+    def _run_guarded(self, what: str, outs: Any, fn: Any, args: Any, kwargs: Any) -> None:
+        try:
+            a, k = self._load(args), self._load(kwargs)
+        except _Poisoned as p:
+            self._poison(outs, p.failure)
+            return
+        except Exception as e:
+            self._poison(outs, Failure(what, self.rank, e))
+            return
+        try:
+            result = fn(*a, **k)
+        except Exception as e:
+            self._poison(outs, Failure(what, self.rank, e))
+            return
+        self._store(outs, result)
+
+    def _op(self, name: str, args: Any, kwargs: Any, outs: list[Any]) -> None:
+        try:
+            op = C.resolve_op(name)
+        except Exception as e:
+            self._poison(outs, Failure(name, self.rank, e))
+            return
+        self._run_guarded(name, outs, op, args, kwargs)
+
+    def _call(self, fn: Any, args: Any, kwargs: Any, outs: Any) -> None:
+        name = fn if isinstance(fn, str) else getattr(fn, "__qualname__", repr(fn))
+        try:
+            f = C.resolve_function(fn)
+        except Exception as e:
+            self._poison(outs, Failure(f"remote {name}", self.rank, e))
+            return
+        self._run_guarded(f"remote {name}", outs, f, args, kwargs)
+
+    def _del(self, ids: list[int]) -> None:
+        for i in ids:
+            self.table.pop(i, None)
+
+    def _rank(self, out: int, labels: list[str], sizes: list[int], ranks: list[int], dims: list[str]) -> None:
+        import torch
+
+        idx = ranks.index(self.rank)
+        coords: dict[str, int] = {}
+        for label, size in zip(reversed(labels), reversed(sizes)):
+            coords[label] = idx % size
+            idx //= size
+        value = 0
+        for d in dims:
+            value = value * sizes[labels.index(d)] + coords[d]
+        self.table[out] = torch.tensor(value, dtype=torch.long)
+
+    def _group(self, key: Any, groups: list[list[int]], backend: str) -> None:
+        import torch.distributed as dist
+
+        for ranks in groups:
+            g = dist.new_group(ranks)
+            if self.rank in ranks:
+                self.groups[key] = (g, ranks.index(self.rank), len(ranks))
+
+    def _reduce(
+        self,
+        out: int,
+        src: int,
+        key: Any,
+        reduction: str,
+        scatter: bool,
+        inplace: bool,
+        shape: list[int],
+        dtype: Any,
+    ) -> None:
+        import torch
+
+        what = f"reduce({reduction}{', scatter' if scatter else ''})"
+        x = self.table.get(src)
+        poisoned: Failure | None = x if isinstance(x, Failure) else None
+        if x is None:
+            poisoned = Failure(what, self.rank, KeyError(f"ref {src} is not on rank {self.rank}"))
+        if poisoned is not None:  # take part all the same (TENSOR-1), with zeros
+            x = torch.zeros(shape if not scatter else shape, dtype=dtype)
+        try:
+            group, index, n = self.groups[key]
+            result = _collective(x, group, index, n, reduction, scatter)
+            if inplace and poisoned is None:
+                x.copy_(result)
+                result = x
+        except Exception as e:
+            self.table[out] = poisoned or Failure(what, self.rank, e)
+            return
+        self.table[out] = poisoned if poisoned is not None else result
+
+    def _send(self, src: int, prefix: str, routes: dict[int, list[int]]) -> None:
+        v = self.table.get(src)
+        value = (
+            v
+            if v is not None
+            else Failure("to_mesh", self.rank, KeyError(f"ref {src} is not on rank {self.rank}"))
+        )
+        if isinstance(value, Failure):
+            value = value.as_dict()
+        for dest in routes.get(self.rank, []):
+            tid = f"{prefix}:{self.rank}>{dest}"
+            if dest == self.rank:
+                with _arrival:
+                    _arrived[tid] = value
+                    _arrival.notify_all()
+                continue
+            target = self.inbox._new_with_shape(Shape(Extent(["_"], [1]), [dest]))
+            target.deposit.call_one(tid, value).get(timeout=RECV_TIMEOUT_S)
+
+    def _recv(self, out: int, prefix: str, sources: dict[int, int]) -> None:
+        source = sources[self.rank]
+        try:
+            value = _take(f"{prefix}:{source}>{self.rank}", RECV_TIMEOUT_S)
+        except TimeoutError as e:
+            self.table[out] = Failure(f"to_mesh from rank {source}", self.rank, e)
+            return
+        if isinstance(value, dict):  # the sender's value was poisoned
+            self.table[out] = Failure.from_dict(value)
+        else:
+            self.table[out] = value
+
+    def _unpack(self, tree: int, outs: list[Any]) -> None:
+        v = self.table.pop(tree, None)
+        if isinstance(v, Failure) or v is None:
+            self._poison(outs, v or Failure("remote", self.rank, KeyError(f"ref {tree} is not here")))
+            return
+        self._store(outs, v)
+
+    @endpoint
+    def describe(self, tree: int) -> Any:
+        """The structure of a ``remote`` result stored whole under ``tree``: tensors
+        replaced by (shape, stride, dtype, device); or its failure (a dict)."""
+        import torch
+        import torch.utils._pytree as pytree
+
+        v = self.table.get(tree)
+        if isinstance(v, Failure):
+            return v.as_dict()
+        leaves, spec = pytree.tree_flatten(v)
+        metas = [
+            ("t", tuple(x.shape), tuple(x.stride()), x.dtype, str(x.device))
+            if isinstance(x, torch.Tensor)
+            else ("v", x)
+            for x in leaves
+        ]
+        return metas, spec
+
+
+class _Poisoned(Exception):
+    def __init__(self, failure: Failure) -> None:
+        self.failure = failure
+
+
+_MISSING = object()
+
+
+def _outs_of(cmd: tuple[Any, ...]) -> list[Any]:
+    kind = cmd[0]
+    if kind in (C.OP, C.CALL):
+        return [cmd[4]] if isinstance(cmd[4], int) else list(cmd[4])
+    if kind in (C.RANK, C.REDUCE, C.RECV):
+        return [cmd[1]]
+    if kind == C.UNPACK:
+        return list(cmd[2])
+    return []
+
+
+def _brief(v: Any) -> str:
+    flat = v.detach().reshape(-1)
+    head = ", ".join(f"{x:.4g}" if v.is_floating_point() else str(int(x)) for x in flat[:4].tolist())
+    return f"tensor([{head}, ...]) shape={list(v.shape)} dtype={str(v.dtype).replace('torch.', '')}"
+
+
+_OPS = {
+    "sum": "SUM",
+    "avg": "SUM",
+    "product": "PRODUCT",
+    "min": "MIN",
+    "max": "MAX",
+    "band": "BAND",
+    "bor": "BOR",
+    "bxor": "BXOR",
+}
+
+
+def _collective(x: Any, group: Any, index: int, n: int, reduction: str, scatter: bool) -> Any:
+    """Monarch's reduce semantics over ``group`` (this proc is ``index`` of ``n``):
+    all-reduce, reduce-scatter (``scatter``), all-gather (``stack``), all-to-all
+    (``stack`` and ``scatter``)."""
+    import torch
+    import torch.distributed as dist
+
+    x = x.contiguous()
+    if reduction == "stack":
+        parts = [torch.empty_like(x) for _ in range(n)]
+        dist.all_gather(parts, x, group=group)
+        stacked = torch.stack(parts)
+        return stacked[:, index].contiguous() if scatter else stacked
+    y = x.clone()
+    dist.all_reduce(y, op=getattr(dist.ReduceOp, _OPS[reduction]), group=group)
+    if reduction == "avg":
+        y = y / n if not y.is_floating_point() else y.div_(n)
+    return y[index].contiguous() if scatter else y
