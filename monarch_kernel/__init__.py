@@ -51,14 +51,15 @@ if TYPE_CHECKING:
         MeshNotFoundError,
         MeshOwnershipError,
         MeshStoppedError,
+        MeshTensorError,
         MonarchKernelError,
+        RemoteException,
         SupervisionError,
     )
     from monarch_kernel.hosts._admin import MeshInfo
     from monarch_kernel.mesh import ActorMesh, Endpoint, Extent, Future, Point, ProcMesh, Shape, ValueMesh
     from monarch_kernel.mesh._transfer_buffer import TransferBuffer, gather, scatter
     from monarch_kernel.tensor import (
-        RemoteException,
         Stream,
         Tensor,
         coalescing,
@@ -91,7 +92,8 @@ _LAZY: dict[str, str] = {
     "reduce": "monarch_kernel.tensor._ops",
     "reduce_": "monarch_kernel.tensor._ops",
     "remote": "monarch_kernel.tensor._ops",
-    "RemoteException": "monarch_kernel.tensor._ops",
+    "RemoteException": "monarch_kernel.errors",
+    "MeshTensorError": "monarch_kernel.errors",
     "show": "monarch_kernel.tensor._ops",
     "slice_mesh": "monarch_kernel.tensor._ops",
     "Stream": "monarch_kernel.tensor._stream",
@@ -166,6 +168,7 @@ __all__ = [
     "reduce_",
     "remote",
     "RemoteException",
+    "MeshTensorError",
     "show",
     "slice_mesh",
     "Stream",

@@ -18,6 +18,8 @@
     ├── MeshNotFoundError          no running mesh of that name (also LookupError)
     ├── MeshStateError             the state folder cannot be written (also OSError)
     ├── DistributedSetupError      torch.distributed could not be set up (also RuntimeError)
+    ├── RemoteException            a mesh tensor's op failed on a proc (the tensor engine)
+    ├── MeshTensorError            a mesh tensor used where it cannot be (also ValueError)
     ├── UnknownEndpointError       no such endpoint on the actor (also AttributeError)
     ├── DimensionError             slicing names a dimension the mesh lacks (also TypeError)
     ├── MeshIndexError             slicing with an index out of range (also IndexError)
@@ -57,7 +59,9 @@ __all__ = [
     "MeshStateError",
     "MeshStoppedError",
     "MeshTLSError",
+    "MeshTensorError",
     "MeshUnreachableError",
+    "RemoteException",
     "MessageTooLargeError",
     "MonarchKernelError",
     "NativeError",
@@ -233,6 +237,28 @@ class MeshStartError(MonarchKernelError, RuntimeError):
 class DistributedSetupError(MonarchKernelError, RuntimeError):
     """torch.distributed could not be set up on every proc; the message names the
     ranks that failed and why."""
+
+
+class RemoteException(MonarchKernelError):
+    """An op or ``remote`` function of a mesh tensor failed on a proc (Monarch's
+    name). Raised at the sync point that needed its result; the mesh goes on."""
+
+    def __init__(self, op: str, rank: int, message: str, trace: str, mesh: str = "") -> None:
+        self.op, self.rank, self.message, self.remote_traceback, self.mesh = op, rank, message, trace, mesh
+        where = f"rank {rank}" + (f" of mesh {mesh!r}" if mesh else "")
+        super().__init__(
+            f"{op} failed on {where}: {message}\n"
+            "Everything computed from it is poisoned; the procs go on with later commands.\n"
+            f"Remote traceback:\n{trace.rstrip()}"
+        )
+
+    def __reduce__(self) -> Any:
+        return (RemoteException, (self.op, self.rank, self.message, self.remote_traceback, self.mesh))
+
+
+class MeshTensorError(MonarchKernelError, ValueError):
+    """A mesh tensor used where it cannot be: with a tensor of another mesh, or
+    where its values are needed in the controller (``inspect`` fetches them)."""
 
 
 class UnknownEndpointError(MonarchKernelError, AttributeError):

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 from monarch_kernel._lazy import lazy_getattr
 
 if TYPE_CHECKING:
+    from monarch_kernel.errors import MeshTensorError, RemoteException
     from monarch_kernel.tensor._ops import (
-        RemoteException,
         coalescing,
         fetch_shard,
         grad_generator,
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
         to_mesh,
     )
     from monarch_kernel.tensor._stream import Stream, get_active_stream
-    from monarch_kernel.tensor._tensor import MeshTensorError, Tensor, get_active_mesh, no_mesh
+    from monarch_kernel.tensor._tensor import Tensor, get_active_mesh, no_mesh
 
 _LAZY: dict[str, str] = {
     "coalescing": "monarch_kernel.tensor._ops",
@@ -41,12 +41,12 @@ _LAZY: dict[str, str] = {
     "get_active_stream": "monarch_kernel.tensor._stream",
     "grad_generator": "monarch_kernel.tensor._ops",
     "inspect": "monarch_kernel.tensor._ops",
-    "MeshTensorError": "monarch_kernel.tensor._tensor",
+    "MeshTensorError": "monarch_kernel.errors",
     "no_mesh": "monarch_kernel.tensor._tensor",
     "reduce": "monarch_kernel.tensor._ops",
     "reduce_": "monarch_kernel.tensor._ops",
     "remote": "monarch_kernel.tensor._ops",
-    "RemoteException": "monarch_kernel.tensor._ops",
+    "RemoteException": "monarch_kernel.errors",
     "show": "monarch_kernel.tensor._ops",
     "slice_mesh": "monarch_kernel.tensor._ops",
     "Stream": "monarch_kernel.tensor._stream",

@@ -9,8 +9,8 @@ as any tensor argument does).
 TENSOR-1: a worker runs the commands it is sent in the order they were issued. A
 command that fails, or whose input is poisoned, poisons its results (the first
 failure, with the op, the rank and the remote traceback, is what every later use
-reports); a collective whose input is poisoned still takes part, with zeros of the
-right shape, so the other ranks never wait for it.
+reports). A collective whose input is poisoned on any member is skipped by all of
+them together, and poisons every member's result, so no rank waits for another.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ RANK = "rank"
 #: ``("group", key, groups, world)``: make the process groups ``groups`` (lists of
 #: torch.distributed ranks) for a set of mesh dimensions, under ``key``.
 GROUP = "group"
-#: ``("reduce", out, src, key, reduction, scatter, inplace, shape, dtype)``.
+#: ``("reduce", out, src, key, reduction, scatter, inplace, device)``:
+#: Monarch's reduce of ``src`` over the groups under ``key``.
 REDUCE = "reduce"
 #: ``("send", src, prefix, routes)`` (proc rank -> the ranks it sends to) and
 #: ``("recv", out, prefix, sources)`` (proc rank -> the rank it receives from): move

@@ -14,34 +14,19 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from monarch_kernel.errors import MonarchKernelError
+from monarch_kernel.errors import MeshTensorError, RemoteException
 from monarch_kernel.mesh._future import Future
 from monarch_kernel.mesh._proc_mesh import ProcMesh
 from monarch_kernel.mesh._shape import Shape
 from monarch_kernel.tensor import _commands as C
 from monarch_kernel.tensor._client import TensorClient, client_of
 from monarch_kernel.tensor._tensor import (
-    MeshTensorError,
     Tensor,
     _Args,
     _fake_mode,
     active_mesh,
     get_active_mesh,
 )
-
-
-class RemoteException(MonarchKernelError):
-    """An op or ``remote`` function failed on a proc (Monarch's name). Raised at the
-    sync point that needed its result (TENSOR-1); the mesh goes on."""
-
-    def __init__(self, op: str, rank: int, message: str, trace: str, mesh: str = "") -> None:
-        self.op, self.rank, self.message, self.remote_traceback, self.mesh = op, rank, message, trace, mesh
-        where = f"rank {rank}" + (f" of mesh {mesh!r}" if mesh else "")
-        super().__init__(
-            f"{op} failed on {where}: {message}\n"
-            "Everything computed from it is poisoned; the procs go on with later commands.\n"
-            f"Remote traceback:\n{trace.rstrip()}"
-        )
 
 
 def _new(client: TensorClient, mesh: ProcMesh, fake: Any, stream: Any = None) -> Tensor:
@@ -141,7 +126,10 @@ def reduce_tensor(
     client = t._client
     key = client.group(shape, names)
     r = t if inplace else (out if out is not None else _new(client, t._mesh, fake, t._stream))
-    client.send(shape, (C.REDUCE, r._ref, t._ref, key, reduction, scatter, inplace, list(t.shape), t.dtype))
+    client.send(
+        shape,
+        (C.REDUCE, r._ref, t._ref, key, reduction, scatter, inplace, str(t.device)),
+    )
     if out is not None and not inplace:
         return out
     return r

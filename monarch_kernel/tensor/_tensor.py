@@ -27,7 +27,7 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from monarch_kernel.errors import MonarchKernelError
+from monarch_kernel.errors import MeshTensorError
 from monarch_kernel.mesh._proc_mesh import ProcMesh
 from monarch_kernel.tensor import _commands as C
 from monarch_kernel.tensor._client import TensorClient, client_of
@@ -36,11 +36,6 @@ _fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
 #: Per (op, argument metadata): how to make the result without a fake run.
 _meta_cache: dict[Any, Any] = {}
 _names: dict[Any, str] = {}
-
-
-class MeshTensorError(MonarchKernelError, ValueError):
-    """A mesh tensor used where it cannot be: on another mesh than the active one, or
-    where its values are needed in the controller (use ``inspect``)."""
 
 
 class Tensor(torch.Tensor):

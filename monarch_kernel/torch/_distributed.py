@@ -50,6 +50,10 @@ class TorchDistributed(Actor):
     @endpoint
     def state(self) -> dict[str, Any] | None:
         """This proc's process group (backend, rank, world size, master), or None."""
+        # torch first, then its submodule: ``import torch.distributed`` alone takes the
+        # submodule's import lock before torch's, and deadlocks (then aborts the
+        # process) against another thread importing torch, which imports it back.
+        import torch  # noqa: F401
         import torch.distributed as dist
 
         if not dist.is_available() or not dist.is_initialized():

@@ -119,7 +119,7 @@ class TensorEngine(Actor):
             elif isinstance(v, Failure):
                 out.append((False, v.as_dict()))
             else:
-                out.append((True, v.detach().cpu() if hasattr(v, "detach") else v))
+                out.append((True, _alone(v)))
         return out
 
     @endpoint
@@ -189,6 +189,7 @@ class TensorEngine(Actor):
         return x
 
     def _store(self, outs: Any, result: Any) -> None:
+        import torch  # noqa: F401 (first: see TorchDistributed.state)
         import torch.utils._pytree as pytree
 
         if isinstance(outs, int):  # a remote result kept whole (C.CALL)
@@ -250,6 +251,7 @@ class TensorEngine(Actor):
         self.table[out] = torch.tensor(value, dtype=torch.long)
 
     def _group(self, key: Any, groups: list[list[int]], backend: str) -> None:
+        import torch  # noqa: F401 (first: see TorchDistributed.state)
         import torch.distributed as dist
 
         for ranks in groups:
@@ -265,28 +267,37 @@ class TensorEngine(Actor):
         reduction: str,
         scatter: bool,
         inplace: bool,
-        shape: list[int],
-        dtype: Any,
+        device: str,
     ) -> None:
         import torch
+        import torch.distributed
 
         what = f"reduce({reduction}{', scatter' if scatter else ''})"
         x = self.table.get(src)
         poisoned: Failure | None = x if isinstance(x, Failure) else None
         if x is None:
             poisoned = Failure(what, self.rank, KeyError(f"ref {src} is not on rank {self.rank}"))
-        if poisoned is not None:  # take part all the same (TENSOR-1), with zeros
-            x = torch.zeros(shape if not scatter else shape, dtype=dtype)
         try:
             group, index, n = self.groups[key]
+            # Every member learns whether any input is poisoned, so all skip the
+            # collective together and none waits for another (TENSOR-1).
+            flag = torch.tensor([0 if poisoned is None else 1], dtype=torch.int32, device=device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=group)
+            if int(flag.item()):
+                self.table[out] = poisoned or Failure(
+                    what,
+                    self.rank,
+                    RuntimeError("the input on another rank of the group failed; inspect that rank for why"),
+                )
+                return
             result = _collective(x, group, index, n, reduction, scatter)
-            if inplace and poisoned is None:
+            if inplace:
                 x.copy_(result)
                 result = x
         except Exception as e:
             self.table[out] = poisoned or Failure(what, self.rank, e)
             return
-        self.table[out] = poisoned if poisoned is not None else result
+        self.table[out] = result
 
     def _send(self, src: int, prefix: str, routes: dict[int, list[int]]) -> None:
         v = self.table.get(src)
@@ -363,6 +374,19 @@ def _outs_of(cmd: tuple[Any, ...]) -> list[Any]:
     if kind == C.UNPACK:
         return list(cmd[2])
     return []
+
+
+def _alone(v: Any) -> Any:
+    """``v`` on the CPU, owning just its own memory: a view of a large tensor would
+    otherwise send all of its base."""
+    import torch
+
+    if not isinstance(v, torch.Tensor):
+        return v
+    v = v.detach().cpu()
+    if v.untyped_storage().nbytes() != v.numel() * v.element_size() or not v.is_contiguous():
+        v = v.clone(memory_format=torch.contiguous_format)
+    return v
 
 
 def _brief(v: Any) -> str:
