@@ -360,6 +360,18 @@ class Session:
         """``ProcMesh.setup_torch_distributed`` (see ``monarch_kernel.torch``)."""
         return torch_setup(self, procs, backend, timeout)
 
+    def activate(self, procs: ProcMesh) -> Any:
+        """``ProcMesh.activate`` (see ``monarch_kernel.tensor``)."""
+        from monarch_kernel.tensor._tensor import activate
+
+        return activate(procs)
+
+    def rank_tensor(self, procs: ProcMesh, dims: Any) -> Any:
+        """``ProcMesh.rank_tensor`` (see ``monarch_kernel.tensor``)."""
+        from monarch_kernel.tensor._ops import rank_tensor
+
+        return rank_tensor(procs, dims)
+
     def owns(self) -> bool:
         """True while this session still controls a running mesh (not closed, lost,
         nor fenced by a later controller)."""

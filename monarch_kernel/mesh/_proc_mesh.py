@@ -274,15 +274,11 @@ class ProcMesh(MeshTrait):
         """Within the block, torch code runs on these procs: each op makes one tensor
         per proc (a ``monarch_kernel.Tensor``), issued without a round trip. Blocks
         nest; ``no_mesh.activate()`` runs locally inside one."""
-        from monarch_kernel.tensor._tensor import activate
-
-        return activate(self)
+        return self._session("activate()").activate(self)  # type: ignore[no-any-return]
 
     def rank_tensor(self, dim: str | Sequence[str]) -> Any:
         """A 0-d long mesh tensor: each proc's index along ``dim`` (row-major over several)."""
-        from monarch_kernel.tensor._ops import rank_tensor
-
-        return rank_tensor(self, dim)
+        return self._session("rank_tensor()").rank_tensor(self, dim)
 
     def rank_tensors(self) -> dict[str, Any]:
         """``rank_tensor(dim)`` for each dimension."""

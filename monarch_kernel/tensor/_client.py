@@ -7,6 +7,10 @@ TENSOR-2: commands leave in the order they were issued. A batch goes when a comm
 for other procs comes (so each proc sees its commands in order), when it is full,
 at a sync point (a fetch, leaving ``activate()``), or after ``QUIET_S`` with no new
 command; no command waits for a reply.
+
+TENSOR-4: a proc's death fails every tensor of its mesh made before it: the next
+sync point on one raises the death's SupervisionError (the proc's table is gone, and
+a collective with it cannot run). Tensors made after a respawn work.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ def client_of(procs: ProcMesh) -> TensorClient:
 
 class TensorClient:
     def __init__(self, procs: ProcMesh) -> None:
-        from monarch_kernel.worker._tensor_engine import TensorEngine, TensorInbox
+        from monarch_kernel.tensor._engine import TensorEngine, TensorInbox
 
         self.root = ProcMesh(procs._proc, Shape(procs._proc.extent))
         inbox = self.root.spawn(INBOX, TensorInbox)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -24,24 +23,10 @@ from monarch_kernel.tensor._tensor import (
     Tensor,
     _Args,
     _fake_mode,
+    _new,
     active_mesh,
     get_active_mesh,
 )
-
-
-def _new(client: TensorClient, mesh: ProcMesh, fake: Any, stream: Any = None) -> Tensor:
-    return Tensor(
-        fake.shape,
-        fake.stride(),
-        fake.storage_offset(),
-        fake.dtype,
-        fake.device,
-        mesh,
-        client,
-        client.new_id(),
-        stream,
-    )
-
 
 # -- rank tensors ---------------------------------------------------------------------------
 
@@ -73,68 +58,6 @@ def rank_tensor(mesh: ProcMesh, dims: str | Sequence[str]) -> Tensor:
 # -- collectives ----------------------------------------------------------------------------
 
 
-def _fake_reduce(x: Any, n: int, reduction: str, scatter: bool) -> Any:
-    if scatter:
-        if x.ndim == 0 or x.size(0) != n:
-            raise ValueError(
-                f"reduce(scatter=True) splits the tensor's first dimension across the {n} procs: its shape "
-                f"{list(x.shape)} must start with {n}"
-            )
-        return x if reduction == "stack" else x.sum(dim=0)
-    if reduction == "stack":
-        return torch.empty([n, *x.shape], dtype=x.dtype, device=x.device)
-    return x.add(x)
-
-
-def reduce_tensor(
-    t: Tensor, dims: Any, reduction: str, scatter: bool, mesh: Any, inplace: bool, out: Any
-) -> Tensor:
-    if mesh is not None:
-        raise NotImplementedError("reduce(mesh=...) is not supported: reduce, then use to_mesh")
-    shape = t._mesh._shape
-    names = (dims,) if isinstance(dims, str) else tuple(dims)
-    if not names:
-        names = shape.labels
-    for d in names:
-        shape._check_dim(d)
-    if len(set(names)) != len(names):
-        raise ValueError(f"reducing the same dimension twice: {names}")
-    if len(names) > 1 and (reduction == "stack" or scatter):
-        raise ValueError(
-            f"reduction {reduction!r} or scatter=True is not valid over several dimensions {names}"
-        )
-    if reduction not in C.REDUCTIONS:
-        raise ValueError(
-            f"reduction {reduction!r} is not supported; the reductions are {', '.join(C.REDUCTIONS)}"
-        )
-    if t.requires_grad and torch.is_grad_enabled():
-        raise MeshTensorError(
-            "reduce() of a tensor that requires grad: collectives are not differentiated. Reduce under "
-            "torch.no_grad() (the gradients, say), or .detach() first"
-        )
-    n = shape.size(list(names))
-    if inplace:
-        if scatter and reduction != "stack":
-            raise ValueError(
-                f"reduction {reduction!r} with scatter=True changes the shape: it cannot be in place"
-            )
-        fake = t._fake()
-    else:
-        fake = _fake_reduce(t._fake(), n, reduction, scatter)
-        if out is not None and tuple(out.shape) != tuple(fake.shape):
-            raise ValueError(f"out has shape {tuple(out.shape)}; reduce makes {tuple(fake.shape)}")
-    client = t._client
-    key = client.group(shape, names)
-    r = t if inplace else (out if out is not None else _new(client, t._mesh, fake, t._stream))
-    client.send(
-        shape,
-        (C.REDUCE, r._ref, t._ref, key, reduction, scatter, inplace, str(t.device)),
-    )
-    if out is not None and not inplace:
-        return out
-    return r
-
-
 def reduce(tensors: Any, dims: Any, reduction: str = "sum", scatter: bool = False, mesh: Any = None) -> Any:
     """``Tensor.reduce`` for every mesh tensor in a pytree."""
     return pytree.tree_map(
@@ -150,45 +73,6 @@ def reduce_(tensors: Any, dims: Any, reduction: str = "sum", scatter: bool = Fal
 
 
 # -- moving between meshes ------------------------------------------------------------------
-
-
-def move(t: Tensor, src: Shape, mesh: ProcMesh, stream: Any = None) -> Tensor:
-    """``t`` (seen on ``src``, its mesh or a slice of it) on ``mesh``: dimensions are
-    matched by name and must have one size; ``mesh``'s other dimensions get copies."""
-    if t.requires_grad and torch.is_grad_enabled():
-        raise MeshTensorError(
-            "to_mesh() of a tensor that requires grad: use torch.no_grad() or .detach() first"
-        )
-    if mesh._proc.token != t._mesh._proc.token:
-        raise MeshTensorError(
-            f"to_mesh: mesh {mesh.name!r} is not part of mesh {t._mesh.name!r}; tensors move between slices "
-            "of one proc mesh"
-        )
-    dest = mesh._shape
-    missing = [d for d in src.labels if d not in dest.labels]
-    if missing:
-        raise ValueError(f"to_mesh: the destination mesh {dest.extent} has no dimension(s) {missing}")
-    for d in src.labels:
-        if dest.extent[d] != src.extent[d]:
-            raise ValueError(
-                f"to_mesh: dimension {d!r} has {src.extent[d]} procs here and {dest.extent[d]} on the destination"
-            )
-    routes: dict[int, list[int]] = {}
-    sources: dict[int, int] = {}
-    for point in dest.points():
-        coords = {d: point[d] for d in src.labels}
-        s = src.slice(**coords).ranks[0] if coords else src.ranks[0]
-        d_rank = dest.ranks[point.rank]
-        routes.setdefault(s, []).append(d_rank)
-        sources[d_rank] = s
-    client = t._client
-    with _fake_mode:
-        fake = torch.empty(t.shape, dtype=t.dtype, device=t.device)
-    r = _new(client, mesh, fake, stream)
-    prefix = uuid.uuid4().hex[:12]
-    client.send(t._mesh._shape, (C.SEND, t._ref, prefix, routes))
-    client.send(dest, (C.RECV, r._ref, prefix, sources))
-    return r
 
 
 def to_mesh(tensors: Any, mesh: ProcMesh, stream: Any = None) -> Any:

@@ -40,9 +40,7 @@ class Stream:
         """``t`` for use on this stream, and the ``Borrow`` whose ``drop()`` gives it back."""
         import torch
 
-        from monarch_kernel.tensor._tensor import Tensor
-
-        if not isinstance(t, Tensor):
+        if not hasattr(t, "_client"):  # (a mesh tensor: monarch_kernel.tensor._tensor.Tensor)
             raise TypeError(f"Stream.borrow takes a mesh tensor, not {type(t).__name__}")
         with torch.no_grad():
             alias = torch.ops.aten.alias.default(t)

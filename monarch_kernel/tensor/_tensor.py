@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,8 +30,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from monarch_kernel.errors import MeshTensorError
 from monarch_kernel.mesh._proc_mesh import ProcMesh
+from monarch_kernel.mesh._shape import Shape
 from monarch_kernel.tensor import _commands as C
 from monarch_kernel.tensor._client import TensorClient, client_of
+from monarch_kernel.tensor._stream import default_stream
 
 _fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
 #: Per (op, argument metadata): how to make the result without a fake run.
@@ -67,10 +70,10 @@ class Tensor(torch.Tensor):
         r._ref, r._client, r._mesh, r._gen, r._stream, r._fake_t = ref, client, mesh, client.gen, stream, None
         return r
 
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
 
     @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:  # type: ignore[override]
         return run_op(func, args, kwargs or {})
 
     def __del__(self) -> None:
@@ -86,11 +89,9 @@ class Tensor(torch.Tensor):
 
     @property
     def stream(self) -> Any:
-        from monarch_kernel.tensor._stream import default_stream
-
         return self._stream or default_stream()
 
-    def __repr__(self, *, tensor_contents: Any = None) -> str:
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         grad = ", requires_grad=True" if self.requires_grad else ""
         dtype = str(self.dtype).replace("torch.", "")
         return (
@@ -124,8 +125,6 @@ class Tensor(torch.Tensor):
         ``avg``, ``product``, ``min``, ``max``, ``band``, ``bor``, ``bxor`` all-reduce
         (``scatter=True``: reduce-scatter along the tensor's first dimension), and
         ``stack`` all-gathers into a new first dimension (``scatter=True``: all-to-all)."""
-        from monarch_kernel.tensor._ops import reduce_tensor
-
         return reduce_tensor(self, dims, reduction, scatter, mesh, _inplace, out)
 
     def reduce_(
@@ -141,8 +140,6 @@ class Tensor(torch.Tensor):
     def to_mesh(self, mesh: ProcMesh, stream: Any = None) -> Tensor:
         """This tensor moved to ``mesh`` (dimensions matched by name; ``mesh``'s extra
         dimensions receive a copy), proc to proc."""
-        from monarch_kernel.tensor._ops import move
-
         return move(self, self._mesh._shape, mesh, stream)
 
     def slice_mesh(self, **dims: int | slice) -> MeshSliceTensor:
@@ -162,13 +159,129 @@ class MeshSliceTensor:
         self.tensor, self.shape = tensor, shape
 
     def to_mesh(self, mesh: ProcMesh, stream: Any = None) -> Tensor:
-        from monarch_kernel.tensor._ops import move
-
         return move(self.tensor, self.shape, mesh, stream)
 
 
 def _extent(shape: Any, stride: Any) -> int:
     return 1 + sum((s - 1) * st for s, st in zip(shape, stride)) if all(shape) else 0
+
+
+# -- collectives and moves (Tensor.reduce, Tensor.to_mesh) ------------------------
+
+
+def _new(client: TensorClient, mesh: ProcMesh, fake: Any, stream: Any = None) -> Tensor:
+    return Tensor(
+        fake.shape,
+        fake.stride(),
+        fake.storage_offset(),
+        fake.dtype,
+        fake.device,
+        mesh,
+        client,
+        client.new_id(),
+        stream,
+    )
+
+
+def _fake_reduce(x: Any, n: int, reduction: str, scatter: bool) -> Any:
+    if scatter:
+        if x.ndim == 0 or x.size(0) != n:
+            raise ValueError(
+                f"reduce(scatter=True) splits the tensor's first dimension across the {n} procs: its shape "
+                f"{list(x.shape)} must start with {n}"
+            )
+        return x if reduction == "stack" else x.sum(dim=0)
+    if reduction == "stack":
+        return torch.empty([n, *x.shape], dtype=x.dtype, device=x.device)
+    return x.add(x)
+
+
+def reduce_tensor(
+    t: Tensor, dims: Any, reduction: str, scatter: bool, mesh: Any, inplace: bool, out: Any
+) -> Tensor:
+    if mesh is not None:
+        raise NotImplementedError("reduce(mesh=...) is not supported: reduce, then use to_mesh")
+    shape = t._mesh._shape
+    names = (dims,) if isinstance(dims, str) else tuple(dims)
+    if not names:
+        names = shape.labels
+    for d in names:
+        shape._check_dim(d)
+    if len(set(names)) != len(names):
+        raise ValueError(f"reducing the same dimension twice: {names}")
+    if len(names) > 1 and (reduction == "stack" or scatter):
+        raise ValueError(
+            f"reduction {reduction!r} or scatter=True is not valid over several dimensions {names}"
+        )
+    if reduction not in C.REDUCTIONS:
+        raise ValueError(
+            f"reduction {reduction!r} is not supported; the reductions are {', '.join(C.REDUCTIONS)}"
+        )
+    if t.requires_grad and torch.is_grad_enabled():
+        raise MeshTensorError(
+            "reduce() of a tensor that requires grad: collectives are not differentiated. Reduce under "
+            "torch.no_grad() (the gradients, say), or .detach() first"
+        )
+    n = shape.size(list(names))
+    if inplace:
+        if scatter and reduction != "stack":
+            raise ValueError(
+                f"reduction {reduction!r} with scatter=True changes the shape: it cannot be in place"
+            )
+        fake = t._fake()
+    else:
+        fake = _fake_reduce(t._fake(), n, reduction, scatter)
+        if out is not None and tuple(out.shape) != tuple(fake.shape):
+            raise ValueError(f"out has shape {tuple(out.shape)}; reduce makes {tuple(fake.shape)}")
+    client = t._client
+    key = client.group(shape, names)
+    r = t if inplace else (out if out is not None else _new(client, t._mesh, fake, t._stream))
+    client.send(
+        shape,
+        (C.REDUCE, r._ref, t._ref, key, reduction, scatter, inplace, str(t.device)),
+    )
+    if out is not None and not inplace:
+        return out
+    return r
+
+
+def move(t: Tensor, src: Shape, mesh: ProcMesh, stream: Any = None) -> Tensor:
+    """``t`` (seen on ``src``, its mesh or a slice of it) on ``mesh``: dimensions are
+    matched by name and must have one size; ``mesh``'s other dimensions get copies."""
+    if t.requires_grad and torch.is_grad_enabled():
+        raise MeshTensorError(
+            "to_mesh() of a tensor that requires grad: use torch.no_grad() or .detach() first"
+        )
+    if mesh._proc.token != t._mesh._proc.token:
+        raise MeshTensorError(
+            f"to_mesh: mesh {mesh.name!r} is not part of mesh {t._mesh.name!r}; tensors move between slices "
+            "of one proc mesh"
+        )
+    dest = mesh._shape
+    missing = [d for d in src.labels if d not in dest.labels]
+    if missing:
+        raise ValueError(f"to_mesh: the destination mesh {dest.extent} has no dimension(s) {missing}")
+    for d in src.labels:
+        if dest.extent[d] != src.extent[d]:
+            raise ValueError(
+                f"to_mesh: dimension {d!r} has {src.extent[d]} procs here and {dest.extent[d]} on the destination"
+            )
+    routes: dict[int, list[int]] = {}
+    sources: dict[int, int] = {}
+    for point in dest.points():
+        coords = {d: point[d] for d in src.labels}
+        s = src.slice(**coords).ranks[0] if coords else src.ranks[0]
+        d_rank = dest.ranks[point.rank]
+        routes.setdefault(s, []).append(d_rank)
+        sources[d_rank] = s
+    client = t._client
+    with _fake_mode:
+        fake = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    r = _new(client, mesh, fake, stream)
+    prefix = uuid.uuid4().hex[:12]
+    client.send(t._mesh._shape, (C.SEND, t._ref, prefix, routes))
+    client.send(dest, (C.RECV, r._ref, prefix, sources))
+    return r
 
 
 # -- the active mesh --------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """docs/monarch-compat.md stays true: it lists every public name of Monarch's
-``monarch.actor`` and ``monarch.job``, each name it lists exists here, and every
+``monarch.actor`` and ``monarch.job`` and the tensor engine's names of ``monarch``, each name it lists exists here, and every
 public name of ``monarch_kernel`` and ``monarch_kernel.job`` is in it."""
 
 from __future__ import annotations
@@ -25,6 +25,12 @@ MONARCH_ACTOR = [
     "MeshFailure", "Point", "Port", "PortReceiver", "proc_mesh", "ProcMesh",
     "run_worker_loop_forever", "send", "shutdown_context", "sim_proc_mesh", "this_host",
     "this_proc", "unhandled_fault_hook", "ValueMesh",
+]  # fmt: skip
+#: Monarch's tensor engine (``import monarch``), the names this package keeps.
+MONARCH_TENSOR = [
+    "coalescing", "fetch_shard", "get_active_mesh", "get_active_stream", "grad_generator",
+    "inspect", "no_mesh", "reduce", "reduce_", "remote", "RemoteException", "show",
+    "slice_mesh", "Stream", "Tensor", "to_mesh",
 ]  # fmt: skip
 #: ``monarch.job.__all__``.
 MONARCH_JOB = ["JobTrait", "job_load", "job_loads", "JobState", "LocalJob", "ProcessJob", "SlurmJob"]
@@ -57,6 +63,14 @@ def test_every_name_of_monarch_job_is_listed_with_a_status():
     listed = _table_names(_section("`monarch.job`"))
     assert sorted(set(MONARCH_JOB) - set(listed)) == []
     assert set(listed.values()) <= {"same", "different", "not here"}
+
+
+def test_every_tensor_engine_name_of_monarch_is_listed_with_a_status():
+    listed = _table_names(_section("`monarch` (distributed tensors)"))
+    assert sorted(set(MONARCH_TENSOR) - set(listed)) == []
+    assert set(listed.values()) <= {"same", "different", "not here"}
+    for name in listed:
+        assert hasattr(monarch_kernel, name), f"docs/monarch-compat.md lists {name}; monarch_kernel lacks it"
 
 
 @pytest.mark.parametrize("name", sorted(_table_names(_section("`monarch.actor`"))))

@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("hosts", ["monarch_kernel.hosts"]),
     ("mesh", ["monarch_kernel.mesh", "monarch_kernel.actor"]),
     ("torch", ["monarch_kernel.torch"]),
+    ("tensor", ["monarch_kernel.tensor"]),
     ("worker", ["monarch_kernel.worker"]),
     ("controller", ["monarch_kernel.controller"]),
     ("public", ["monarch_kernel._compat", "monarch_kernel.job", "monarch_kernel"]),

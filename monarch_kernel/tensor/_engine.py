@@ -34,6 +34,8 @@ class Failure:
 
     __slots__ = ("op", "rank", "message", "trace", "exc")
 
+    exc: BaseException | None
+
     def __init__(self, op: str, rank: int, exc: BaseException) -> None:
         self.op, self.rank = op, rank
         self.message = f"{type(exc).__name__}: {exc}"
@@ -292,6 +294,7 @@ class TensorEngine(Actor):
                 return
             result = _collective(x, group, index, n, reduction, scatter)
             if inplace:
+                assert x is not None
                 x.copy_(result)
                 result = x
         except Exception as e:
