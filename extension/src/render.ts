@@ -6,12 +6,15 @@
  * they come from whoever started the mesh.
  */
 
-/** A worker's CPU and memory, and its GPU's where NVML lists one. */
+/** A worker's CPU and memory, and its GPU's where NVML lists one; its distributed
+ * tensors' bytes and count once its mesh was activated (the inspector shows them). */
 export interface IUsage {
   cpu: number;
   rss: number;
   gpu?: number;
   gpu_mem?: number;
+  tensors?: number;
+  tensor_refs?: number;
 }
 
 export interface IRank {

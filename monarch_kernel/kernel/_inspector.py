@@ -1,6 +1,7 @@
 """The mesh inspector: a live widget (anywidget, so no front-end build or extension
 is needed) showing each proc's state, pid, CPU, memory, GPU (where NVIDIA GPUs
-exist), calls in flight and last error; clicking a proc shows its recent log lines
+exist), distributed-tensor memory (once the mesh was activated), calls in flight and
+last error; clicking a proc shows its recent log lines
 and current stacks.
 
 INSPECT-1: a background thread refreshes the state once a second, whether a cell
@@ -33,11 +34,13 @@ function render({ model, el }) {
   function draw() {
     const procs = model.get("procs");
     const gpu = model.get("gpu");
+    const tensors = model.get("tensors");
     let html = `<div><b>mesh ${model.get("mesh")}</b> <span class="monarch-state">${model.get("state")}</span></div>`;
     html += "<table><tr><th>rank</th><th>state</th><th>pid</th><th>CPU %</th><th>memory</th>";
     if (gpu) html += "<th>GPU %</th><th>GPU memory</th>";
+    if (tensors) html += "<th>tensors</th>";
     html += "<th>in flight</th><th>last error</th></tr>";
-    const columns = gpu ? 9 : 7;
+    const columns = 7 + (gpu ? 2 : 0) + (tensors ? 1 : 0);
     let host = null;
     for (const p of procs) {
       if (p.host && p.host !== host) {  // the grid: the procs of each host under its name
@@ -48,6 +51,7 @@ function render({ model, el }) {
         `<td>${p.rank}</td><td class="monarch-proc-state" style="color:${colors[p.state] || "#000"}">${p.state}</td>` +
         `<td>${p.pid || ""}</td><td>${p.cpu ?? ""}</td><td>${p.rss ?? ""}</td>` +
         (gpu ? `<td>${p.gpu ?? ""}</td><td>${p.gpu_mem ?? ""}</td>` : "") +
+        (tensors ? `<td>${p.tensors ?? ""}</td>` : "") +
         `<td>${p.inflight ?? ""}</td><td>${p.error || ""}</td></tr>`;
     }
     html += "</table>";
@@ -67,6 +71,15 @@ export default { render };
 """
 
 
+def _size(n: int) -> str:
+    """Bytes for a person: ``512 B``, ``3.0 KiB``, ``64.0 MiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
 def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
@@ -79,6 +92,8 @@ class MeshInspector(anywidget.AnyWidget):  # type: ignore[misc]
     state = traitlets.Unicode("").tag(sync=True)
     procs: traitlets.List[Any] = traitlets.List([]).tag(sync=True)
     gpu = traitlets.Bool(False).tag(sync=True)
+    #: A column of each proc's distributed-tensor memory, once its mesh was activated.
+    tensors = traitlets.Bool(False).tag(sync=True)
     selected = traitlets.Int(-1).tag(sync=True)
     detail = traitlets.Unicode("").tag(sync=True)
 
@@ -126,6 +141,8 @@ class MeshInspector(anywidget.AnyWidget):  # type: ignore[misc]
                 row["cpu"], row["rss"] = u["cpu"], f"{u['rss'] / 2**20:,.0f} MiB"
                 if "gpu" in u:
                     row["gpu"], row["gpu_mem"] = u["gpu"], f"{u['gpu_mem'] / 2**20:,.0f} MiB"
+                if "tensors" in u:
+                    row["tensors"] = f"{_size(u['tensors'])} in {u['tensor_refs']}"
             if p["state"] == "alive" and session is not None:
                 inflight = session.calls_in_flight(p["rank"])
                 if inflight is not None:
@@ -135,6 +152,7 @@ class MeshInspector(anywidget.AnyWidget):  # type: ignore[misc]
                 row["error"] = _escape(error[:200])
             rows.append(row)
         self.gpu = any("gpu" in r for r in rows)
+        self.tensors = any("tensors" in r for r in rows)
         self.state = "stopped" if view is None else view["state"]
         self.procs = rows
 

@@ -28,6 +28,10 @@ Line magic, one subcommand each (``%mesh?`` shows this text):
                                    Ranks waiting in pdb (breakpoint() in a call nobody
                                    waits for); attach to one; or debug a rank's last
                                    exception.
+    %mesh activate [NAME]          Run the torch code of the following cells on the
+                                   mesh (distributed tensors), as inside
+                                   ``with procs.activate():``, until
+    %mesh deactivate               runs torch locally again.
     %mesh push NAME=EXPR ...       Evaluate EXPR here, set NAME in every worker's
                                    %%mesh namespace.
     values = %mesh pull NAME       NAME from every worker's namespace, as a ValueMesh.
@@ -63,7 +67,9 @@ from monarch_kernel.errors import MeshIndexError, MeshNotFoundError, MeshSpecErr
 from monarch_kernel.kernel._cells import run_cell, select_ranks
 
 _HELP = __doc__
-_SUBCOMMANDS = "up, attach, ls, down, use, status, respawn, logs, stacks, debug, push, pull"
+_SUBCOMMANDS = (
+    "up, attach, ls, down, use, status, respawn, logs, stacks, debug, activate, deactivate, push, pull"
+)
 
 
 @magics_class
@@ -73,6 +79,8 @@ class MeshMagics(Magics):
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
         self.default: str | None = None
+        #: ``%mesh activate``: the mesh whose activation spans cells, and its context.
+        self.active: tuple[str, Any] | None = None
 
     # -- helpers -----------------------------------------------------------------------
 
@@ -248,6 +256,32 @@ class MeshMagics(Magics):
         self._procs(args.name)
         self.default = args.name
         print(f"default mesh: {args.name!r}")
+
+    @magic_arguments()
+    @argument("name", nargs="?")
+    def _mesh_activate(self, rest: str) -> None:
+        """Activate a mesh for the following cells (until %mesh deactivate)."""
+        args = parse_argstring(self._mesh_activate, rest)
+        procs = self._procs(args.name)
+        if self.active is not None:
+            self._mesh_deactivate("")
+        ctx = procs.activate()
+        ctx.__enter__()
+        self.active = (procs.name, ctx)
+        print(
+            f"mesh {procs.name!r} is active: torch code runs on its {len(procs)} procs until %mesh deactivate"
+        )
+
+    @magic_arguments()
+    def _mesh_deactivate(self, rest: str) -> None:
+        """Run torch locally again."""
+        parse_argstring(self._mesh_deactivate, rest)
+        if self.active is None:
+            raise UsageError("%mesh deactivate: no mesh is active (%mesh activate NAME activates one)")
+        name, ctx = self.active
+        self.active = None
+        ctx.__exit__(None, None, None)
+        print(f"mesh {name!r} is no longer active: torch runs locally")
 
     @magic_arguments()
     @argument("name", nargs="?")

@@ -26,6 +26,8 @@ from monarch_kernel.tensor import _commands as C
 RECV_TIMEOUT_S = 300.0
 
 _arrived: dict[str, Any] = {}
+#: This proc's engine (one per proc: its mesh's), for ``held``.
+_current: TensorEngine | None = None
 _arrival = threading.Condition()
 
 
@@ -78,6 +80,13 @@ def _take(transfer_id: str, timeout: float) -> Any:
         return _arrived.pop(transfer_id)
 
 
+def held() -> dict[str, int] | None:
+    """This proc's tensor memory (see ``TensorEngine.memory``), None without an engine;
+    the worker's ``usage`` reports it, for the inspector."""
+    engine = _current
+    return engine.held() if engine is not None else None
+
+
 class TensorEngine(Actor):
     """This proc's tensors (ref -> tensor, or the ``Failure`` that poisoned it) and
     the commands that make them."""
@@ -88,6 +97,8 @@ class TensorEngine(Actor):
         self.inbox = inbox
         #: Process groups by key (a set of mesh dims of one mesh): (group, my index, size).
         self.groups: dict[Any, tuple[Any, int, int]] = {}
+        global _current
+        _current = self
 
     # -- endpoints ------------------------------------------------------------------
 
@@ -155,9 +166,12 @@ class TensorEngine(Actor):
     @endpoint
     def memory(self) -> dict[str, int]:
         """Bytes held by this proc's live tensors (storages counted once), and how many refs."""
+        return self.held()
+
+    def held(self) -> dict[str, int]:
         seen: set[int] = set()
         total = 0
-        for v in self.table.values():
+        for v in list(self.table.values()):
             if isinstance(v, Failure) or not hasattr(v, "untyped_storage"):
                 continue
             s = v.untyped_storage()

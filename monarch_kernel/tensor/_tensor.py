@@ -302,7 +302,9 @@ def active_mesh() -> ProcMesh | None:
 
 
 class _ActiveMesh(TorchDispatchMode):
-    """Routes every op to the active mesh while one is active."""
+    """Routes ops to the active mesh while one is active: ops on mesh tensors, and
+    factories (``torch.rand``, ``torch.tensor``); an op on local tensors only stays
+    local (so a fetched value prints as usual)."""
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         mesh = active_mesh()
@@ -363,12 +365,13 @@ class _Args:
     """One walk over an op's arguments: the cache key, the arguments as a command
     carries them (refs for mesh tensors), the mesh tensors, and their mesh."""
 
-    __slots__ = ("key", "tensors", "mesh", "hashable")
+    __slots__ = ("key", "tensors", "mesh", "local")
 
     def __init__(self) -> None:
         self.tensors: list[Tensor] = []
         self.mesh: ProcMesh | None = None
-        self.hashable = True
+        #: A local tensor is among the arguments.
+        self.local = False
 
     def walk(self, x: Any, key: list[Any]) -> Any:
         t = type(x)
@@ -401,6 +404,7 @@ class _Args:
             key.append(tuple(sub))
             return out
         if isinstance(x, torch.Tensor):  # a local tensor: a constant, sent with the command
+            self.local = True
             key.append(("local", x.shape, x.dtype, x.device))
             return x.detach()
         key.append((t, x))
@@ -472,6 +476,11 @@ def _name(func: Any) -> str:
     return n
 
 
+#: ``torch.tensor(data)`` under ``activate()`` makes a local tensor and lifts it: the
+#: lift makes it a mesh tensor (the data travels with the command).
+_LIFTS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default)
+
+
 def run_op(func: Any, args: Any, kwargs: Any, active: ProcMesh | None = None) -> Any:
     """Issues ``func(*args, **kwargs)`` on the procs and returns its mesh tensors."""
     a = _Args()
@@ -481,6 +490,8 @@ def run_op(func: Any, args: Any, kwargs: Any, active: ProcMesh | None = None) ->
     mesh = a.mesh
     if active is not None:
         if mesh is None:
+            if a.local and func not in _LIFTS:  # local tensors stay local (printing one, say)
+                return func(*args, **kwargs)
             mesh = active
         elif not _same_mesh(mesh, active):
             raise MeshTensorError(

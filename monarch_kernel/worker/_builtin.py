@@ -130,7 +130,8 @@ _last_cpu: list[tuple[float, float]] = []
 
 
 def usage() -> dict[str, Any]:
-    """See ``serve_builtin``: ``{"cpu": %, "rss": bytes[, "gpu": %, "gpu_mem": bytes]}``."""
+    """See ``serve_builtin``: ``{"cpu": %, "rss": bytes[, "gpu": %, "gpu_mem": bytes]
+    [, "tensors": bytes, "tensor_refs": n]}`` (the last two: the tensor engine's)."""
     import os
     import time
 
@@ -145,6 +146,10 @@ def usage() -> dict[str, Any]:
         "cpu": round(100 * (busy - last[0]) / max(1e-6, now - last[1])) if last else 0,
         "rss": me.memory_info().rss,
     }
+    engine = sys.modules.get("monarch_kernel.tensor._engine")  # loaded only once a mesh was activated
+    held = engine.held() if engine is not None else None
+    if held is not None:
+        out["tensors"], out["tensor_refs"] = held["bytes"], held["refs"]
     if os.path.isdir("/proc/driver/nvidia/gpus"):
         try:
             import pynvml  # type: ignore[import-not-found]

@@ -277,3 +277,25 @@ def test_a_control_plane_error_shows_the_users_frame_and_the_message_not_monarch
         assert "monarch_kernel/mesh/" in "\n".join(full.error["traceback"])  # one flag away
     finally:
         kernel.run("%env MONARCH_FULL_TRACEBACK=0")
+
+
+def test_mesh_activate_runs_the_following_cells_torch_code_on_the_mesh_until_deactivate(kernel, mesh):
+    out = kernel.run(f"%mesh activate {mesh}")
+    assert out.error is None and f"mesh '{mesh}' is active" in out.stdout, out.traceback
+    made = kernel.run("import torch, monarch_kernel as mk\nw = torch.ones(3) * (procs.rank_tensor('procs') + 1)\nw")
+    assert made.error is None, made.traceback
+    assert made.result is not None and "monarch_kernel.Tensor(shape=(3,)" in made.result and mesh in made.result
+    # The next cell still runs on the mesh; a fetched value prints as any tensor.
+    summed = kernel.run("s = w.reduce('procs', 'sum')\nmk.inspect(s, procs=1)")
+    assert summed.error is None, summed.traceback
+    assert summed.result == "tensor([3., 3., 3.])"
+    off = kernel.run("%mesh deactivate")
+    assert off.error is None and "no longer active" in off.stdout
+    local = kernel.run("type(torch.ones(1)).__name__")
+    assert local.result == "'Tensor'" and "monarch" not in (local.result or "")
+    again = kernel.run("%mesh deactivate")
+    assert "UsageError" in again.stderr and "no mesh is active" in again.stderr, again.stderr
+    shown = kernel.run("mk.show(w)")
+    assert shown.error is None, shown.traceback
+    html = "".join(shown.html)  # one row per rank: the values differ
+    assert "rank 0</td>" in html and "tensor([1., 1., 1.])" in html and "tensor([2., 2., 2.])" in html, html
