@@ -282,9 +282,13 @@ def test_a_control_plane_error_shows_the_users_frame_and_the_message_not_monarch
 def test_mesh_activate_runs_the_following_cells_torch_code_on_the_mesh_until_deactivate(kernel, mesh):
     out = kernel.run(f"%mesh activate {mesh}")
     assert out.error is None and f"mesh '{mesh}' is active" in out.stdout, out.traceback
-    made = kernel.run("import torch, monarch_kernel as mk\nw = torch.ones(3) * (procs.rank_tensor('procs') + 1)\nw")
+    made = kernel.run(
+        "import torch, monarch_kernel as mk\nw = torch.ones(3) * (procs.rank_tensor('procs') + 1)\nw"
+    )
     assert made.error is None, made.traceback
-    assert made.result is not None and "monarch_kernel.Tensor(shape=(3,)" in made.result and mesh in made.result
+    assert (
+        made.result is not None and "monarch_kernel.Tensor(shape=(3,)" in made.result and mesh in made.result
+    )
     # The next cell still runs on the mesh; a fetched value prints as any tensor.
     summed = kernel.run("s = w.reduce('procs', 'sum')\nmk.inspect(s, procs=1)")
     assert summed.error is None, summed.traceback
