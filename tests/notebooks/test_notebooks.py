@@ -119,3 +119,15 @@ def test_the_ddp_notebook_trains_changes_code_and_trains_on_the_same_processes(j
     assert len(pids) == 4 and all(line.endswith(", True)") for line in pids)  # the same processes
     assert "shape (4, 1024, 32)" in text[10] and "weights equal on all ranks: True" in text[10]
     assert "stopped train" in text[-1]
+
+
+def test_the_distributed_tensors_notebook_recovers_reduces_pipelines_and_trains(jupyter_path):
+    nb = _execute(ROOT / "notebooks" / "distributed_tensors.ipynb")
+    everything = "\n".join(_text(c) for c in nb.cells if c.cell_type == "code")
+    assert "monarch_kernel.Tensor(shape=(3, 4), dtype=float32, device=cpu" in everything  # a repr, no fetch
+    assert "RemoteException" in everything and "aten::rand failed on rank 0" in everything
+    assert "RECOVERED!" in everything
+    assert "ranks 0, 2:" in everything  # reduce over host: equal along it, shown grouped
+    assert "{'dp': 1, 'pp': 2, 'tp': 2}" in everything  # split
+    assert "gpu: 0=2  1=3" in everything  # the pipeline's output is on the second stage
+    assert "the replicas agree: True" in everything  # data-parallel training
