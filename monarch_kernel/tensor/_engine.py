@@ -132,7 +132,7 @@ class TensorEngine(Actor):
             elif isinstance(v, Failure):
                 out.append((False, v.as_dict()))
             else:
-                out.append((True, _alone(v)))
+                out.append((True, _wire(_alone(v))))
         return out
 
     @endpoint
@@ -403,6 +403,25 @@ def _alone(v: Any) -> Any:
     v = v.detach().cpu()
     if v.untyped_storage().nbytes() != v.numel() * v.element_size() or not v.is_contiguous():
         v = v.clone(memory_format=torch.contiguous_format)
+    return v
+
+
+#: A fetched tensor smaller than this travels as plain bytes in the reply (the fast
+#: pickle path); larger ones as tensors, out of band through the transfer engine.
+INLINE_BYTES = 16 * 1024
+
+
+def _wire(v: Any) -> Any:
+    """How a fetched value travels: ("raw", bytes, dtype, shape) for a small CPU tensor
+    (rebuilt by ``monarch_kernel.tensor._ops``), else the value itself."""
+    import torch
+
+    if isinstance(v, torch.Tensor) and v.numel() * v.element_size() < INLINE_BYTES:
+        try:
+            data = v.contiguous().view(-1).view(torch.uint8).numpy().tobytes() if v.numel() else b""
+        except (RuntimeError, TypeError):  # a tensor that has no plain bytes (complex views, say)
+            return v
+        return ("raw", data, str(v.dtype).removeprefix("torch."), tuple(v.shape))
     return v
 
 

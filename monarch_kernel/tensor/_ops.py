@@ -99,11 +99,32 @@ def _tensors_of(obj: Any) -> tuple[list[Any], Any, list[Tensor]]:
     return leaves, spec, [x for x in leaves if isinstance(x, Tensor)]
 
 
+_ranks_at: dict[Any, int] = {}
+
+
 def _rank_at(shape: Shape, shard: dict[str, int]) -> int:
-    for d in shard:
-        shape._check_dim(d)
-    coords = {d: shard.get(d, 0) for d in shape.labels}
-    return shape.slice(**coords).ranks[0] if coords else shape.ranks[0]
+    """The proc rank at coordinates ``shard`` of ``shape`` (dimensions not named: 0)."""
+    key = (shape, tuple(sorted(shard.items())))
+    rank = _ranks_at.get(key)
+    if rank is None:
+        for d in shard:
+            shape._check_dim(d)
+        coords = {d: shard.get(d, 0) for d in shape.labels}
+        rank = shape.slice(**coords).ranks[0] if coords else shape.ranks[0]
+        if len(_ranks_at) < 4096:
+            _ranks_at[key] = rank
+    return rank
+
+
+def _unwire(v: Any) -> Any:
+    """A fetched value as the engine sent it (``_engine._wire``): a small tensor came as bytes."""
+    if type(v) is tuple and len(v) == 4 and v[0] == "raw":
+        _, data, dtype, shape = v
+        dt = getattr(torch, dtype)
+        if not data:
+            return torch.empty(shape, dtype=dt)
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dt).reshape(shape)
+    return v
 
 
 def _raise_failed(got: dict[str, Any], mesh: str) -> None:
@@ -115,7 +136,10 @@ def fetch_shard(obj: Any, shard: dict[str, int] | None = None, **kwargs: int) ->
     the one at coordinates ``shard`` (and ``kwargs``) of its mesh; dimensions not
     named are 0. Values come through the transfer engine, out of band."""
     coords = dict(shard or {}, **kwargs)
-    leaves, spec, tensors = _tensors_of(obj)
+    if type(obj) is Tensor:  # the common case, without a walk over a tree
+        leaves, spec, tensors = [obj], None, [obj]
+    else:
+        leaves, spec, tensors = _tensors_of(obj)
     if not tensors:
         return Future._resolved(obj)
     mesh = tensors[0]._mesh
@@ -141,10 +165,10 @@ def fetch_shard(obj: Any, shard: dict[str, int] | None = None, **kwargs: int) ->
                 ok, v = next(values)
                 if not ok:
                     _raise_failed(v, name)
-                out.append(v)
+                out.append(_unwire(v))
             else:
                 out.append(x)
-        return pytree.tree_unflatten(out, spec)
+        return out[0] if spec is None else pytree.tree_unflatten(out, spec)
 
     return Future(_calls=inner._calls, _finish=finish, _where=inner._where)
 

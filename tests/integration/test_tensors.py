@@ -99,6 +99,28 @@ def test_fetch_shard_gives_a_future_of_the_whole_structure(grid):
     assert got["a"].tolist() == [1.0, 1.0] and got["pair"][0].tolist() == [0.0] and got["pair"][1] == 7
 
 
+def test_fetched_values_keep_dtype_shape_and_values_small_or_large_views_or_not(grid):
+    with grid.activate():
+        base = torch.arange(24.0).reshape(4, 6)
+        kinds = {
+            "bf16": base.to(torch.bfloat16),
+            "bool": base > 10,
+            "int8": base.to(torch.int8),
+            "scalar": base.sum(),
+            "empty": base[:0],
+            "view": base.t()[1:3],  # strided, offset
+            "large": torch.ones(512, 1024),  # 2 MiB: out of band
+        }
+    got = mk.fetch_shard(kinds, gpu=1).get(timeout=TIMEOUT)
+    local = torch.arange(24.0).reshape(4, 6)
+    assert got["bf16"].dtype == torch.bfloat16 and torch.equal(got["bf16"], local.to(torch.bfloat16))
+    assert torch.equal(got["bool"], local > 10) and torch.equal(got["int8"], local.to(torch.int8))
+    assert got["scalar"].shape == () and got["scalar"].item() == local.sum().item()
+    assert got["empty"].shape == (0, 6)
+    assert torch.equal(got["view"], local.t()[1:3])
+    assert got["large"].shape == (512, 1024) and bool((got["large"] == 1).all())
+
+
 # -- failures -------------------------------------------------------------------------------
 
 

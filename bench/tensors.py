@@ -1,0 +1,151 @@
+"""Distributed tensors (the tensor engine) beside baselines measured in the same run:
+op issue rate, ``inspect`` against ``call_one``, a 64 MiB fetch against memcpy, the
+first ``activate()`` to its first value, and ``reduce`` against a plain
+``torch.distributed.all_reduce`` on the same procs. Run alone: ``python bench/tensors.py``."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+import monarch_kernel as mk
+from monarch_kernel import Actor, endpoint, this_host
+
+Row = tuple[str, float, str, str, float, str]
+
+
+class AllReduce(Actor):
+    """The baseline collective: torch.distributed directly, on the same procs."""
+
+    @endpoint
+    def all_reduce(self, nbytes: int) -> float:
+        import torch.distributed as dist
+
+        x = torch.ones(nbytes // 4)
+        dist.all_reduce(x)
+        return float(x[0])
+
+
+class Echo(Actor):
+    @endpoint
+    def ping(self, x: object) -> object:
+        return x
+
+
+def _median(fn: Callable[[], object], n: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t)
+    return statistics.median(samples)
+
+
+def _memcpy(nbytes: int) -> float:
+    src = torch.rand(nbytes // 4)
+    dst = torch.empty_like(src)
+    return _median(lambda: dst.copy_(src), 20)
+
+
+def rows() -> list[Row]:
+    procs = this_host().spawn_procs(per_host={"procs": 4})
+    try:
+        echo = procs.spawn("echo", Echo).slice(procs=0)
+        echo.ping.call_one(0).get()  # warm procs, as a notebook's are
+
+        t = time.perf_counter()
+        with procs.activate():
+            first = torch.ones(4)
+        mk.inspect(first)
+        first_value = time.perf_counter() - t
+
+        def thousand() -> None:
+            with procs.activate():
+                x = torch.zeros(4)
+                for _ in range(1000):
+                    x = x + 1
+            mk.inspect(x)
+
+        issue = 1000 / _median(thousand, 7, warmup=2)
+        local_x = torch.zeros(4)
+
+        def local_thousand() -> None:
+            x = local_x
+            for _ in range(1000):
+                x = x + 1
+
+        local = 1000 / _median(local_thousand, 7, warmup=2)
+
+        with procs.activate():
+            small = torch.ones(4)
+        call_one = _median(lambda: echo.ping.call_one(1).get(), 500, warmup=50)
+        inspect_small = _median(lambda: mk.inspect(small), 500, warmup=50)
+
+        nbytes = 64 << 20
+        with procs.activate():
+            big = torch.rand(nbytes // 4)
+        fetch64 = _median(lambda: mk.inspect(big), 15)
+        mcp = _memcpy(nbytes)
+
+        with procs.activate():
+            r = big.reduce("procs", "sum")  # sets torch.distributed up (once)
+        mk.inspect(r[:1])
+
+        def ours() -> None:
+            with procs.activate():
+                s = big.reduce("procs", "sum")
+            mk.inspect(s[:1])
+
+        baseline = procs.spawn("allreduce", AllReduce)
+        plain = _median(lambda: baseline.all_reduce.call(nbytes).get(), 7, warmup=2)
+        reduce64 = _median(ours, 7, warmup=2)
+        plain2 = _median(lambda: baseline.all_reduce.call(nbytes).get(), 7, warmup=1)
+    finally:
+        procs.stop()
+    us, ms = 1e6, 1e3
+    return [
+        (
+            "tensor ops issued, 1000 x = x + 1 then inspect",
+            issue,
+            "ops/s",
+            "local torch, same loop",
+            local,
+            ">= 20000/s",
+        ),
+        (
+            "inspect of a small mesh tensor",
+            inspect_small * us,
+            "us",
+            "call_one round trip",
+            call_one * us,
+            "<= 1.5 x",
+        ),
+        ("fetch of a 64 MiB shard", fetch64 * ms, "ms", "two memcpy of 64 MiB", 2 * mcp * ms, "<= 1.5 x"),
+        (
+            "first activate() on warm procs to first value",
+            first_value * ms,
+            "ms",
+            "",
+            float("nan"),
+            "<= 500 ms",
+        ),
+        (
+            "reduce(sum) of 64 MiB over 4 procs",
+            reduce64 * ms,
+            "ms",
+            "dist.all_reduce, gloo, same procs",
+            min(plain, plain2) * ms,
+            "<= 1.3 x",
+        ),
+    ]
+
+
+if __name__ == "__main__":
+    from run import print_table
+
+    print_table(rows())
