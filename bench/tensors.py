@@ -6,6 +6,8 @@ first ``activate()`` to its first value, and ``reduce`` against a plain
 from __future__ import annotations
 
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 
@@ -34,6 +36,12 @@ class Echo(Actor):
     def ping(self, x: object) -> object:
         return x
 
+    @endpoint
+    def use_torch(self) -> str:
+        import torch
+
+        return str(torch.__version__)
+
 
 def _median(fn: Callable[[], object], n: int, warmup: int = 3) -> float:
     for _ in range(warmup):
@@ -52,17 +60,35 @@ def _memcpy(nbytes: int) -> float:
     return _median(lambda: dst.copy_(src), 20)
 
 
+def _first_value(procs: mk.ProcMesh) -> float:
+    t = time.perf_counter()
+    with procs.activate():
+        first = torch.ones(4)
+    mk.inspect(first)
+    return time.perf_counter() - t
+
+
+def _import_torch() -> float:
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import torch"], check=True)
+    return time.perf_counter() - t
+
+
 def rows() -> list[Row]:
+    fresh = this_host().spawn_procs(per_host={"procs": 4})
+    try:
+        fresh.status()  # up; nothing of torch imported there yet
+        cold_value = _first_value(fresh)  # each proc imports torch first
+    finally:
+        fresh.stop()
+    import_torch = _import_torch()
     procs = this_host().spawn_procs(per_host={"procs": 4})
     try:
-        echo = procs.spawn("echo", Echo).slice(procs=0)
-        echo.ping.call_one(0).get()  # warm procs, as a notebook's are
-
-        t = time.perf_counter()
-        with procs.activate():
-            first = torch.ones(4)
-        mk.inspect(first)
-        first_value = time.perf_counter() - t
+        # Warm procs: torch is imported there, as in a notebook that used torch on them.
+        echoes = procs.spawn("echo", Echo)
+        echoes.use_torch.call().get()
+        echo = echoes.slice(procs=0)
+        first_value = _first_value(procs)
 
         def thousand() -> None:
             with procs.activate():
@@ -133,6 +159,14 @@ def rows() -> list[Row]:
             "",
             float("nan"),
             "<= 500 ms",
+        ),
+        (
+            "first activate() on procs without torch yet",
+            cold_value * ms,
+            "ms",
+            "python -c 'import torch'",
+            import_torch * ms,
+            "(each proc imports torch)",
         ),
         (
             "reduce(sum) of 64 MiB over 4 procs",

@@ -23,7 +23,6 @@ from typing import Any
 
 from monarch_kernel.errors import SupervisionError
 from monarch_kernel.mesh._proc_mesh import ProcMesh
-from monarch_kernel.mesh._proc_ref import _states
 from monarch_kernel.mesh._shape import Extent, Shape
 from monarch_kernel.tensor import _commands as C
 
@@ -73,9 +72,12 @@ class TensorClient:
         self.failure: SupervisionError | None = None
         self.gen = 0
         self._state_gen = -1
+        #: This process's view of the mesh (dead ranks, stopped), looked up once.
+        self._state: Any = None
         self.held = 0  # coalescing() blocks held open
         self.closed = False
         self._engines: dict[Shape, Any] = {}
+        self._fetchers: dict[int, Any] = {}
         threading.Thread(
             target=_flusher, args=(weakref.ref(self),), name="monarch-tensor-flush", daemon=True
         ).start()
@@ -98,6 +100,8 @@ class TensorClient:
                 self._wake.notify()
 
     def flush(self, deletes: bool = True) -> None:
+        if not self._batch and not self.deleted:  # (a sync point's hot path: nothing to send)
+            return
         with self._lock:
             self._flush_locked()
             if deletes or len(self.deleted) >= DELETES:
@@ -163,8 +167,10 @@ class TensorClient:
     def check(self, gen: int) -> None:
         """Raises the SupervisionError of a proc that died since generation ``gen``
         (every tensor made before a death is gone with it: TENSOR-4)."""
-        state = _states.get((self.root._proc.name, self.root._proc.token))
-        if state is not None and state.gen != self._state_gen:
+        state = self._state
+        if state is None:
+            state = self._state = self.root._proc.state()
+        if state.gen != self._state_gen:
             self._state_gen = state.gen
             err = state.lost or next(iter(state.dead.values()), None)
             if err is None and state.stopped:
@@ -180,6 +186,13 @@ class TensorClient:
 
     def engine_at_rank(self, rank: int) -> Any:
         return self._engine_at(Shape(Extent(["_"], [1]), [rank]))
+
+    def fetcher(self, rank: int) -> Any:
+        """The engine's ``fetch`` endpoint on proc ``rank`` (kept: a sync point's hot path)."""
+        f = self._fetchers.get(rank)
+        if f is None:
+            f = self._fetchers[rank] = self.engine_at_rank(rank).fetch
+        return f
 
     def close(self) -> None:
         with self._lock:

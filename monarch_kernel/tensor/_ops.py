@@ -104,6 +104,8 @@ _ranks_at: dict[Any, int] = {}
 
 def _rank_at(shape: Shape, shard: dict[str, int]) -> int:
     """The proc rank at coordinates ``shard`` of ``shape`` (dimensions not named: 0)."""
+    if not shard:
+        return shape.ranks[0]
     key = (shape, tuple(sorted(shard.items())))
     rank = _ranks_at.get(key)
     if rank is None:
@@ -116,15 +118,17 @@ def _rank_at(shape: Shape, shard: dict[str, int]) -> int:
     return rank
 
 
-def _unwire(v: Any) -> Any:
-    """A fetched value as the engine sent it (``_engine._wire``): a small tensor came as bytes."""
-    if type(v) is tuple and len(v) == 4 and v[0] == "raw":
-        _, data, dtype, shape = v
+def _unwire(item: tuple[Any, ...], mesh: str) -> Any:
+    """A fetched value as the engine sent it (``_engine.fetch``); raises its failure."""
+    if not item[0]:
+        _raise_failed(item[1], mesh)
+    if item[1] == "raw":
+        _, _, data, dtype, shape = item
         dt = getattr(torch, dtype)
         if not data:
             return torch.empty(shape, dtype=dt)
-        return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dt).reshape(shape)
-    return v
+        return torch.frombuffer(bytearray(data), dtype=dt).reshape(shape)
+    return item[2]
 
 
 def _raise_failed(got: dict[str, Any], mesh: str) -> None:
@@ -153,7 +157,7 @@ def fetch_shard(obj: Any, shard: dict[str, int] | None = None, **kwargs: int) ->
         client.check(t._gen)
     rank = _rank_at(mesh._shape, coords)
     client.flush()
-    inner = client.engine_at_rank(rank).fetch.call_one([t._ref for t in tensors])
+    inner = client.fetcher(rank).call_one([t._ref for t in tensors])
     name = mesh.name
 
     def finish(replies: list[Any]) -> Any:
@@ -161,13 +165,7 @@ def fetch_shard(obj: Any, shard: dict[str, int] | None = None, **kwargs: int) ->
         values = iter(got)
         out = []
         for x in leaves:
-            if isinstance(x, Tensor):
-                ok, v = next(values)
-                if not ok:
-                    _raise_failed(v, name)
-                out.append(_unwire(v))
-            else:
-                out.append(x)
+            out.append(_unwire(next(values), name) if isinstance(x, Tensor) else x)
         return out[0] if spec is None else pytree.tree_unflatten(out, spec)
 
     return Future(_calls=inner._calls, _finish=finish, _where=inner._where)
