@@ -84,11 +84,11 @@ if TYPE_CHECKING:
 _LAZY: dict[str, str] = {
     "coalescing": "monarch_kernel.tensor._ops",
     "fetch_shard": "monarch_kernel.tensor._ops",
-    "get_active_mesh": "monarch_kernel.tensor._tensor",
+    "get_active_mesh": "monarch_kernel.tensor._activate",
     "get_active_stream": "monarch_kernel.tensor._stream",
     "grad_generator": "monarch_kernel.tensor._ops",
     "inspect": "monarch_kernel.tensor._ops",
-    "no_mesh": "monarch_kernel.tensor._tensor",
+    "no_mesh": "monarch_kernel.tensor._activate",
     "reduce": "monarch_kernel.tensor._ops",
     "reduce_": "monarch_kernel.tensor._ops",
     "remote": "monarch_kernel.tensor._ops",

@@ -362,7 +362,7 @@ class Session:
 
     def activate(self, procs: ProcMesh) -> Any:
         """``ProcMesh.activate`` (see ``monarch_kernel.tensor``)."""
-        from monarch_kernel.tensor._tensor import activate
+        from monarch_kernel.tensor._activate import activate
 
         return activate(procs)
 

@@ -19,6 +19,7 @@ from monarch_kernel._lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from monarch_kernel.errors import MeshTensorError, RemoteException
+    from monarch_kernel.tensor._activate import get_active_mesh, no_mesh
     from monarch_kernel.tensor._ops import (
         coalescing,
         fetch_shard,
@@ -32,17 +33,17 @@ if TYPE_CHECKING:
         to_mesh,
     )
     from monarch_kernel.tensor._stream import Stream, get_active_stream
-    from monarch_kernel.tensor._tensor import Tensor, get_active_mesh, no_mesh
+    from monarch_kernel.tensor._tensor import Tensor
 
 _LAZY: dict[str, str] = {
     "coalescing": "monarch_kernel.tensor._ops",
     "fetch_shard": "monarch_kernel.tensor._ops",
-    "get_active_mesh": "monarch_kernel.tensor._tensor",
+    "get_active_mesh": "monarch_kernel.tensor._activate",
     "get_active_stream": "monarch_kernel.tensor._stream",
     "grad_generator": "monarch_kernel.tensor._ops",
     "inspect": "monarch_kernel.tensor._ops",
     "MeshTensorError": "monarch_kernel.errors",
-    "no_mesh": "monarch_kernel.tensor._tensor",
+    "no_mesh": "monarch_kernel.tensor._activate",
     "reduce": "monarch_kernel.tensor._ops",
     "reduce_": "monarch_kernel.tensor._ops",
     "remote": "monarch_kernel.tensor._ops",

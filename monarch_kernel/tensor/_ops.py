@@ -18,14 +18,13 @@ from monarch_kernel.mesh._future import Future
 from monarch_kernel.mesh._proc_mesh import ProcMesh
 from monarch_kernel.mesh._shape import Shape
 from monarch_kernel.tensor import _commands as C
+from monarch_kernel.tensor._activate import active_mesh, get_active_mesh
 from monarch_kernel.tensor._client import TensorClient, client_of
 from monarch_kernel.tensor._tensor import (
     Tensor,
     _Args,
     _fake_mode,
     _new,
-    active_mesh,
-    get_active_mesh,
 )
 
 # -- rank tensors ---------------------------------------------------------------------------

@@ -26,7 +26,6 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from monarch_kernel.errors import MeshTensorError
 from monarch_kernel.mesh._proc_mesh import ProcMesh
@@ -284,76 +283,6 @@ def move(t: Tensor, src: Shape, mesh: ProcMesh, stream: Any = None) -> Tensor:
     return r
 
 
-# -- the active mesh --------------------------------------------------------------------
-
-_local = threading.local()
-
-
-def _stack() -> list[ProcMesh | None]:
-    s = getattr(_local, "stack", None)
-    if s is None:
-        s = _local.stack = []
-    return s
-
-
-def active_mesh() -> ProcMesh | None:
-    s = _stack()
-    return s[-1] if s else None
-
-
-class _ActiveMesh(TorchDispatchMode):
-    """Routes ops to the active mesh while one is active: ops on mesh tensors, and
-    factories (``torch.rand``, ``torch.tensor``); an op on local tensors only stays
-    local (so a fetched value prints as usual)."""
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        mesh = active_mesh()
-        if mesh is None:
-            return func(*args, **(kwargs or {}))
-        return run_op(func, args, kwargs or {}, mesh)
-
-
-@contextlib.contextmanager
-def activate(mesh: ProcMesh | None) -> Iterator[None]:
-    """Makes ``mesh`` the active mesh (None: run locally) until the block ends; a
-    block inside another takes over, and gives back when it ends."""
-    stack = _stack()
-    client = client_of(mesh) if mesh is not None else None
-    stack.append(mesh)
-    mode = None
-    if len(stack) == 1 or getattr(_local, "mode", None) is None:
-        mode = _ActiveMesh()
-        mode.__enter__()
-        _local.mode = mode
-    try:
-        yield
-    finally:
-        stack.pop()
-        if mode is not None:
-            _local.mode = None
-            mode.__exit__(None, None, None)
-        if client is not None:
-            client.flush(deletes=False)
-
-
-class _NoMesh:
-    """``no_mesh.activate()``: torch runs locally inside the block, even within a mesh's."""
-
-    def activate(self) -> contextlib.AbstractContextManager[None]:
-        return activate(None)
-
-
-no_mesh = _NoMesh()
-
-
-def get_active_mesh() -> ProcMesh:
-    """The active mesh (Monarch's meaning); ValueError if none is."""
-    m = active_mesh()
-    if m is None:
-        raise ValueError("no device mesh is active: use `with procs.activate():` first")
-    return m
-
-
 # -- one op -----------------------------------------------------------------------------
 
 
@@ -447,6 +376,9 @@ def _meta_of(func: Any, args: Any, kwargs: Any, inputs: list[Tensor]) -> tuple[A
         else:
             specs.append(("value", leaf))
     return spec, specs
+
+
+_local = threading.local()
 
 
 class _DropFakeErrors(logging.Filter):
