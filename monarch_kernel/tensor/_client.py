@@ -25,6 +25,7 @@ from monarch_kernel.errors import SupervisionError
 from monarch_kernel.mesh._proc_mesh import ProcMesh
 from monarch_kernel.mesh._shape import Extent, Shape
 from monarch_kernel.tensor import _commands as C
+from monarch_kernel.tensor._stream import get_active_stream
 
 #: Commands per message at most (a full batch goes at once).
 BATCH = 1024
@@ -88,6 +89,9 @@ class TensorClient:
     # -- sending ------------------------------------------------------------------------
 
     def send(self, shape: Shape, cmd: tuple[Any, ...]) -> None:
+        stream = get_active_stream()
+        if stream is not None and not stream.default:
+            cmd = (C.ON, stream.name, cmd)
         with self._lock:
             if self._target is not None and self._target != shape:
                 self._flush_locked()

@@ -43,6 +43,15 @@ RECV = "recv"
 #: (its structure was not known when it was sent) into refs ``outs``.
 UNPACK = "unpack"
 
+#: ``("on", stream, cmd)``: run ``cmd`` on the named stream (a CUDA stream of its own
+#: where the proc has CUDA; the commands' order either way).
+ON = "on"
+#: ``("borrow", lender, borrower)`` and ``("drop", lender, borrower)``: the borrowing
+#: stream waits for the lender's work so far; at the drop, the lender waits for the
+#: borrower's (streams by name, None for the main one).
+BORROW = "borrow"
+DROP = "drop"
+
 #: Monarch's reductions (``Tensor.reduce``).
 REDUCTIONS = ("stack", "sum", "avg", "product", "min", "max", "band", "bor", "bxor")
 

@@ -98,6 +98,8 @@ class TensorEngine(Actor):
         self.inbox = inbox
         #: Process groups by key (a set of mesh dims of one mesh): (group, my index, size).
         self.groups: dict[Any, tuple[Any, int, int]] = {}
+        #: CUDA streams by name (``Stream``), made on first use.
+        self.streams: dict[str, Any] = {}
         global _current
         _current = self
 
@@ -106,11 +108,14 @@ class TensorEngine(Actor):
     @endpoint
     def run(self, batch: list[tuple[Any, ...]]) -> None:
         for cmd in batch:
-            kind = cmd[0]
-            try:
-                getattr(self, "_" + kind)(*cmd[1:])
-            except Exception as e:  # a bug of the engine itself: poison what it made
-                self._poison(_outs_of(cmd), Failure(kind, self.rank, e))
+            self._one(cmd)
+
+    def _one(self, cmd: tuple[Any, ...]) -> None:
+        kind = cmd[0]
+        try:
+            getattr(self, "_" + kind)(*cmd[1:])
+        except Exception as e:  # a bug of the engine itself: poison what it made
+            self._poison(_outs_of(cmd), Failure(kind, self.rank, e))
 
     @endpoint
     def fetch(self, ids: list[int]) -> list[tuple[Any, ...]]:
@@ -246,6 +251,41 @@ class TensorEngine(Actor):
             self._poison(outs, Failure(f"remote {name}", self.rank, e))
             return
         self._run_guarded(f"remote {name}", outs, f, args, kwargs)
+
+    # -- streams ---------------------------------------------------------------------
+
+    def _cuda_stream(self, name: str | None) -> Any:
+        """The CUDA stream named ``name`` (None: the current one), or None without CUDA."""
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        if name is None:
+            return torch.cuda.current_stream()
+        s = self.streams.get(name)
+        if s is None:
+            s = self.streams[name] = torch.cuda.Stream()
+        return s
+
+    def _on(self, stream: str, cmd: tuple[Any, ...]) -> None:
+        s = self._cuda_stream(stream)
+        if s is None:  # on the CPU a proc runs its commands in order: one valid schedule
+            self._one(cmd)
+            return
+        import torch
+
+        with torch.cuda.stream(s):
+            self._one(cmd)
+
+    def _borrow(self, lender: str | None, borrower: str | None) -> None:
+        a, b = self._cuda_stream(lender), self._cuda_stream(borrower)
+        if a is not None and b is not None:
+            b.wait_stream(a)
+
+    def _drop(self, lender: str | None, borrower: str | None) -> None:
+        a, b = self._cuda_stream(lender), self._cuda_stream(borrower)
+        if a is not None and b is not None:
+            a.wait_stream(b)
 
     def _del(self, ids: list[int]) -> None:
         for i in ids:
@@ -388,6 +428,8 @@ def _outs_of(cmd: tuple[Any, ...]) -> list[Any]:
         return [cmd[1]]
     if kind == C.UNPACK:
         return list(cmd[2])
+    if kind == C.ON:
+        return _outs_of(cmd[2])
     return []
 
 

@@ -1,9 +1,12 @@
 """``Stream``: Monarch's streams of ops on each proc, and borrows between them.
 
-On the CPU a proc runs its commands one at a time, in order (TENSOR-1), which is one
-valid schedule of any program written with streams and borrows: streams change when
-work may overlap on a GPU, never what it computes. A borrow here is an alias of the
-tensor marked with the borrowing stream; ``drop()`` ends it.
+Ops issued under ``stream.activate()`` run, on procs with CUDA, on a CUDA stream of
+that name (``_commands.ON``); a borrow makes the borrowing stream wait for the
+lender's work so far, and ``drop()`` makes the lender wait for the borrower's. On the
+CPU a proc runs its commands one at a time, in order (TENSOR-1), which is one valid
+schedule of any program written with streams and borrows: streams change when work
+may overlap, never what it computes. A borrowed tensor is an alias marked with the
+borrowing stream.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import contextlib
 import threading
 from collections.abc import Iterator
 from typing import Any
+
+from monarch_kernel.tensor import _commands as C
 
 _local = threading.local()
 
@@ -42,7 +47,9 @@ class Stream:
 
         if not hasattr(t, "_client"):  # (a mesh tensor: monarch_kernel.tensor._tensor.Tensor)
             raise TypeError(f"Stream.borrow takes a mesh tensor, not {type(t).__name__}")
-        with torch.no_grad():
+        lender = t.stream
+        t._client.send(t._mesh._shape, (C.BORROW, _name(lender), _name(self)))
+        with torch.no_grad(), self.activate():
             alias = torch.ops.aten.alias.default(t)
         alias._stream = self
         b = Borrow(t, alias, self, mutable)
@@ -57,8 +64,13 @@ class Borrow:
         self.dropped = False
 
     def drop(self) -> None:
-        """Ends the borrow: the lending stream may use the tensor again."""
+        """Ends the borrow: the lending stream may use the tensor again (it waits, on
+        each proc, for the work the borrower issued so far)."""
+        if self.dropped:
+            return
         self.dropped = True
+        t = self.tensor
+        t._client.send(t._mesh._shape, (C.DROP, _name(t.stream), _name(self.stream)))
 
     def __enter__(self) -> Borrow:
         return self
@@ -68,6 +80,11 @@ class Borrow:
 
 
 _default = Stream("main", _default=True)
+
+
+def _name(stream: Stream) -> str | None:
+    """A stream as commands name it: None for the main one."""
+    return None if stream.default else stream.name
 
 
 def default_stream() -> Stream:

@@ -433,3 +433,59 @@ def test_a_dead_proc_fails_the_tensors_made_before_and_new_ones_work_after_respa
         assert fetch(s, procs=1).tolist() == [6.0, 6.0]
     finally:
         procs.stop()
+
+
+# -- GPUs ---------------------------------------------------------------------------------
+
+
+class _Backend(mk.Actor):
+    @mk.endpoint
+    def backend(self) -> str:
+        import torch.distributed as dist
+
+        return str(dist.get_backend())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_gpus_ops_run_on_cuda_reduce_uses_nccl_and_values_come_back_on_the_cpu(state_home):
+    n = min(2, torch.cuda.device_count())
+    procs = this_host().spawn_procs(per_host={"gpus": n})
+    try:
+        with procs.activate():
+            t = torch.ones(1024, device="cuda") * (procs.rank_tensor("gpus") + 1)
+            s = t.reduce("gpus", "sum")
+            g = t.reduce("gpus", "stack")
+        assert t.device.type == "cuda" and "device=cuda" in repr(t)
+        got = fetch(s, gpus=n - 1)
+        assert got.device.type == "cpu" and bool((got == n * (n + 1) / 2).all())
+        assert fetch(g).shape == (n, 1024)
+        assert set(procs.spawn("backend", _Backend).backend.call().get().values()) == {"nccl"}
+    finally:
+        procs.stop()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_gpus_a_reduce_on_a_comms_stream_with_borrows_computes_what_one_stream_does(state_home):
+    n = min(2, torch.cuda.device_count())
+    procs = this_host().spawn_procs(per_host={"gpus": n})
+    comms = mk.Stream("comms")
+    try:
+        with procs.activate():
+            grads = [
+                torch.full((1 << 20,), float(i), device="cuda") * (procs.rank_tensor("gpus") + 1)
+                for i in range(4)
+            ]
+            params = [torch.zeros(1 << 20, device="cuda") for _ in range(4)]
+            for p, g in zip(params, grads):
+                borrowed, borrow = comms.borrow(g, mutable=True)
+                with comms.activate():
+                    borrowed.reduce_("gpus", "sum")
+                borrow.drop()
+                p += g  # on the main stream, after the drop: sees the reduced values
+        total = n * (n + 1) / 2
+        for i, p in enumerate(params):
+            assert bool((fetch(p) == i * total).all())
+    finally:
+        procs.stop()
