@@ -530,8 +530,10 @@ def main() -> None:
             "(the panel looks every 500 ms)",
         ),
     ]
+    import tensors  # (imports torch: after the rows above, whose procs never need it)
+
     more, skipped = multihost_rows()
-    print_table(rows + more)
+    print_table(rows + tensors.rows() + more)
     if skipped:
         print(skipped)
     sys.stdout.flush()

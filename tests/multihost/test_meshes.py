@@ -575,3 +575,20 @@ def test_ports_work_between_hosts_and_the_controller(controllers, cluster, state
     assert c.eval("receiver.recv().get(timeout=30)") == ["h2", 2]
     assert c.eval("relay.slice(hosts=1).later.call_one(21).get(timeout=30)") == ["h2", 42]
     c.run("procs.stop()")
+
+
+def test_distributed_tensors_reduce_and_move_across_hosts(controllers, cluster, state_home):
+    c = _new(controllers, cluster, state_home)
+    code = f"SSHJob(hosts=['h1', 'h2'], ssh_args=['-F', {str(cluster.ssh_config)!r}]).state(cached_path=None).hosts"
+    c.run(f"procs = {code}.spawn_procs(per_host={{'procs': 2}})")
+    c.run("import torch, monarch_kernel as mk")
+    c.run(
+        "with procs.activate():\n"
+        "    x = torch.ones(4) * (procs.rank_tensor(('hosts', 'procs')) + 1)\n"
+        "    across = x.reduce('hosts', 'sum')\n"  # gloo between the two hosts
+        "    everywhere = x.reduce(('hosts', 'procs'), 'sum')\n"
+    )
+    assert c.eval("mk.inspect(across, hosts=1, procs=1).tolist()") == [6.0] * 4  # 2 + 4
+    assert c.eval("mk.inspect(everywhere, hosts=0).tolist()") == [10.0] * 4
+    c.run("moved = x.slice_mesh(hosts=0).to_mesh(procs.slice(hosts=1))")  # h1 -> h2, proc to proc
+    assert c.eval("[mk.inspect(moved, procs=p).tolist()[0] for p in (0, 1)]") == [1.0, 2.0]
