@@ -344,11 +344,7 @@ class TensorEngine(Actor):
                     RuntimeError("the input on another rank of the group failed; inspect that rank for why"),
                 )
                 return
-            result = _collective(x, group, index, n, reduction, scatter)
-            if inplace:
-                assert x is not None
-                x.copy_(result)
-                result = x
+            result = _collective(x, group, index, n, reduction, scatter, inplace)
         except Exception as e:
             self.table[out] = poisoned or Failure(what, self.rank, e)
             return
@@ -488,21 +484,30 @@ _OPS = {
 }
 
 
-def _collective(x: Any, group: Any, index: int, n: int, reduction: str, scatter: bool) -> Any:
+def _collective(x: Any, group: Any, index: int, n: int, reduction: str, scatter: bool, inplace: bool) -> Any:
     """Monarch's reduce semantics over ``group`` (this proc is ``index`` of ``n``):
     all-reduce, reduce-scatter (``scatter``), all-gather (``stack``), all-to-all
-    (``stack`` and ``scatter``)."""
+    (``stack`` and ``scatter``). ``inplace``: the result goes into ``x`` (an
+    all-reduce of a contiguous ``x`` runs on it directly, with no copy)."""
     import torch
     import torch.distributed as dist
 
-    x = x.contiguous()
     if reduction == "stack":
-        parts = [torch.empty_like(x) for _ in range(n)]
-        dist.all_gather(parts, x, group=group)
+        src = x.contiguous()
+        parts = [torch.empty_like(src) for _ in range(n)]
+        dist.all_gather(parts, src, group=group)
         stacked = torch.stack(parts)
-        return stacked[:, index].contiguous() if scatter else stacked
-    y = x.clone()
-    dist.all_reduce(y, op=getattr(dist.ReduceOp, _OPS[reduction]), group=group)
-    if reduction == "avg":
-        y = y / n if not y.is_floating_point() else y.div_(n)
-    return y[index].contiguous() if scatter else y
+        result = stacked[:, index].contiguous() if scatter else stacked
+    else:
+        direct = inplace and not scatter and x.is_contiguous()
+        y = x if direct else x.contiguous().clone()
+        dist.all_reduce(y, op=getattr(dist.ReduceOp, _OPS[reduction]), group=group)
+        if reduction == "avg":  # (integers: floor division, keeping the dtype)
+            y.div_(n) if y.is_floating_point() else y.div_(n, rounding_mode="floor")
+        if direct:
+            return x
+        result = y[index].contiguous() if scatter else y
+    if inplace:
+        x.copy_(result)
+        return x
+    return result

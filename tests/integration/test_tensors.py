@@ -226,6 +226,12 @@ def test_reduce_in_place_and_the_module_level_names(grid):
         tree = mk.reduce({"y": y}, "gpu", "sum")
         mk.reduce_([y], "gpu", "sum")
     assert same is x and fetch(x, host=0, gpu=1).tolist() == [3.0, 3.0]
+    with grid.activate():
+        ints = torch.ones(2, dtype=torch.int64) * (grid.rank_tensor(("host", "gpu")) + 1)  # 1..4
+        mean = ints.reduce(("host", "gpu"), "avg")  # 10 // 4: integers keep their dtype
+        ints.reduce_("gpu", "avg")  # (1+2)//2, (3+4)//2
+    assert mean.dtype == torch.int64 and fetch(mean).tolist() == [2, 2]
+    assert [fetch(ints, host=h).tolist()[0] for h in (0, 1)] == [1, 3]
     assert fetch(tree["y"]).tolist() == [2.0, 2.0] and fetch(y).tolist() == [2.0, 2.0]
 
 
