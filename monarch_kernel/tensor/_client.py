@@ -134,10 +134,13 @@ class TensorClient:
         self._engine_at(self.root._shape).run.broadcast([(C.DEL, ids)])
 
     def quiet_flush(self) -> bool:
-        """Sends the batch if no command came for ``QUIET_S``; False once closed."""
+        """Sends the batch if no command came for ``QUIET_S``; False once closed (or
+        its mesh stopped or lost: the client goes, and the next ``client_of`` makes one)."""
         with self._lock:
             while not self._batch and not self.closed:
                 self._wake.wait(1.0)
+                if self._ended():
+                    self.close()
             if self.closed:
                 return False
             seen = self._seq
@@ -198,10 +201,18 @@ class TensorClient:
             f = self._fetchers[rank] = self.engine_at_rank(rank).fetch
         return f
 
+    def _ended(self) -> bool:
+        state = self.root._proc.state()
+        return state.stopped or state.lost is not None
+
     def close(self) -> None:
         with self._lock:
             self.closed = True
             self._wake.notify_all()
+        with _clients_lock:
+            key = (self.root._proc.name, self.root._proc.token)
+            if _clients.get(key) is self:
+                del _clients[key]
 
 
 def _flusher(ref: weakref.ref[TensorClient]) -> None:

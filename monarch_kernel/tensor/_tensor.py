@@ -98,6 +98,35 @@ class Tensor(torch.Tensor):
             f"mesh={self._mesh.name!r} {self._mesh._shape.extent})"
         )
 
+    def _held_elsewhere(self, what: str) -> MeshTensorError:
+        return MeshTensorError(
+            f"{what}: this tensor's values are on the procs of mesh {self._mesh.name!r}, not here. "
+            "monarch_kernel.inspect(t) (or fetch_shard) brings one proc's value; "
+            "monarch_kernel.remote(fn) runs code on the procs"
+        )
+
+    def tolist(self) -> Any:  # type: ignore[override]
+        raise self._held_elsewhere("tolist()")
+
+    def numpy(self, *, force: bool = False) -> Any:  # type: ignore[override]
+        raise self._held_elsewhere("numpy()")
+
+    def __array__(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        raise self._held_elsewhere("numpy conversion")
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> torch.Tensor:
+        """A copy on the procs (``copy.deepcopy(model)`` of a module on the mesh)."""
+        with torch.no_grad():
+            c = self.clone()
+        c.requires_grad_(self.requires_grad)
+        if getattr(self, "_is_param", False):
+            c._is_param = True  # type: ignore[attr-defined]
+        memo[id(self)] = c
+        return c
+
+    def __reduce_ex__(self, protocol: Any) -> Any:  # type: ignore[override]
+        raise self._held_elsewhere("pickling a mesh tensor (an actor call's argument, say)")
+
     def _fake(self) -> Any:
         f = self._fake_t
         if f is None:

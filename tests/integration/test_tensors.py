@@ -4,8 +4,6 @@ dimensions, moving between meshes, ``remote``, autograd and training."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 from collections.abc import Iterator
 
 import pytest
@@ -15,6 +13,7 @@ import torch.nn as nn
 import monarch_kernel as mk
 from monarch_kernel import ProcMesh, this_host
 from monarch_kernel.errors import DimensionError, SupervisionError
+from monarch_kernel.tensor import _ops as ops
 from monarch_kernel.tensor._ops import memory
 
 TIMEOUT = 60
@@ -79,16 +78,17 @@ def test_a_thousand_pipelined_ops_arrive_in_order(grid):
     assert fetch(x, host=1, gpu=1).tolist() == [2000.0] * 3
 
 
-def test_show_groups_the_ranks_with_equal_values_and_with_coordinates_shows_one(grid):
+def test_show_groups_the_ranks_with_equal_values_and_with_coordinates_shows_one(grid, monkeypatch):
+    shown: list[object] = []
+    monkeypatch.setattr(ops, "_display", shown.append)  # (IPython's display where a shell runs)
     with grid.activate():
         t = torch.zeros(2) + grid.rank_tensor("host")
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        mk.show(t)
-        mk.show(t, host=1, gpu=0)
-    text = out.getvalue()
+    mk.show(t)
+    mk.show(t, host=1, gpu=0)
+    text = repr(shown[0])
     assert "ranks 0-1: tensor([0., 0.])" in text and "ranks 2-3: tensor([1., 1.])" in text, text
-    assert text.rstrip().endswith("tensor([1., 1.])")
+    assert "<table>" in shown[0]._repr_html_()
+    assert torch.equal(shown[1], torch.ones(2))
 
 
 def test_fetch_shard_gives_a_future_of_the_whole_structure(grid):
@@ -156,6 +156,9 @@ def test_values_needed_in_the_controller_say_to_use_inspect(grid):
     with pytest.raises(mk.MeshTensorError, match="inspect"):
         if t.sum() > 0:
             pass
+    for use in (t.tolist, t.numpy, lambda: __import__("pickle").dumps(t)):
+        with pytest.raises(mk.MeshTensorError, match=f"on the procs of mesh {grid.name!r}"):
+            use()
 
 
 def test_a_tensor_of_another_mesh_is_refused_under_activate_and_to_mesh_is_named(grid):
@@ -369,6 +372,20 @@ def test_a_module_built_under_activate_trains_data_parallel_like_one_device(grid
                 p -= 0.1 * sum(g[i] for g in grads) / 4
     for p, q in zip(model.parameters(), ref.parameters()):
         assert torch.allclose(fetch(p, dp=0), q, atol=1e-5) and torch.allclose(fetch(p, dp=3), q, atol=1e-5)
+
+
+def test_a_deep_copy_of_a_module_on_the_mesh_is_a_copy_on_the_procs(grid):
+    import copy
+
+    with grid.activate():
+        model = nn.Linear(3, 2)
+    twin = copy.deepcopy(model)
+    assert isinstance(twin.weight, mk.Tensor) and isinstance(twin.weight, nn.Parameter)
+    assert twin.weight.requires_grad and twin.weight._ref != model.weight._ref
+    assert torch.equal(fetch(twin.weight, gpu=1), fetch(model.weight, gpu=1))
+    with torch.no_grad():
+        twin.weight.zero_()
+    assert not bool((fetch(model.weight) == 0).all())
 
 
 def test_streams_and_borrows_order_the_work_as_written(grid):
