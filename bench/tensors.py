@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from run import timed
 
 import monarch_kernel as mk
 from monarch_kernel import Actor, endpoint, this_host
@@ -57,17 +58,6 @@ class Echo(Actor):
         return str(torch.__version__)
 
 
-def _median(fn: Callable[[], object], n: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t)
-    return statistics.median(samples)
-
-
 def _alternating(fns: list[Callable[[], object]], rounds: int, block: int) -> list[float]:
     """Median seconds of each of ``fns``, measured in alternating blocks of ``block``
     runs (the machine's state then weighs on each alike)."""
@@ -87,7 +77,7 @@ def _alternating(fns: list[Callable[[], object]], rounds: int, block: int) -> li
 def _memcpy(nbytes: int) -> float:
     src = torch.rand(nbytes // 4)
     dst = torch.empty_like(src)
-    return _median(lambda: dst.copy_(src), 20)
+    return timed(lambda: dst.copy_(src), 20, warmup=3)
 
 
 def _first_value(procs: mk.ProcMesh) -> float:
@@ -127,7 +117,7 @@ def rows() -> list[Row]:
                     x = x + 1
             mk.inspect(x)
 
-        issue = 1000 / _median(thousand, 7, warmup=2)
+        issue = 1000 / timed(thousand, 7, warmup=2)
         local_x = torch.zeros(4)
 
         def local_thousand() -> None:
@@ -135,7 +125,7 @@ def rows() -> list[Row]:
             for _ in range(1000):
                 x = x + 1
 
-        local = 1000 / _median(local_thousand, 7, warmup=2)
+        local = 1000 / timed(local_thousand, 7, warmup=2)
 
         with procs.activate():
             small = torch.ones(4)
@@ -146,7 +136,7 @@ def rows() -> list[Row]:
         nbytes = 64 << 20
         with procs.activate():
             big = torch.rand(nbytes // 4)
-        fetch64 = _median(lambda: mk.inspect(big), 15)
+        fetch64 = timed(lambda: mk.inspect(big), 15)
         mcp = _memcpy(nbytes)
 
         with procs.activate():
