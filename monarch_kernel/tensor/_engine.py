@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 import time
 import traceback
@@ -22,6 +23,10 @@ from monarch_kernel.actor import Actor, endpoint
 from monarch_kernel.mesh._shape import Extent, Shape
 from monarch_kernel.tensor import _commands as C
 
+#: A collective's dropped CPU result of at least this size is kept for the next
+#: collective to reuse, up to SPARE_MAX_BYTES per proc (counted in ``memory()``).
+SPARE_MIN_BYTES = 1 << 20
+SPARE_MAX_BYTES = 512 << 20
 #: How long a proc waits for a tensor another proc sends it before poisoning the
 #: result (the sender died, say).
 RECV_TIMEOUT_S = 300.0
@@ -100,6 +105,12 @@ class TensorEngine(Actor):
         self.groups: dict[Any, tuple[Any, int, int]] = {}
         #: CUDA streams by name (``Stream``), made on first use.
         self.streams: dict[str, Any] = {}
+        #: Dropped large CPU results of collectives, kept for the next collective's new
+        #: result (``_keep_spare``), by (bytes, dtype), oldest first.
+        self.spare: dict[tuple[int, Any], list[Any]] = {}
+        self.spare_bytes = 0
+        #: Refs that hold a collective's new result (only those become spares).
+        self.collected: set[int] = set()
         global _current
         _current = self
 
@@ -107,8 +118,12 @@ class TensorEngine(Actor):
 
     @endpoint
     def run(self, batch: list[tuple[Any, ...]]) -> None:
+        # Spares kept before this batch: used by it, or freed after it.
+        stale = {id(t) for kept in self.spare.values() for t in kept} if self.spare else None
         for cmd in batch:
             self._one(cmd)
+        if stale:
+            self._free_spares(stale)
 
     def _one(self, cmd: tuple[Any, ...]) -> None:
         kind = cmd[0]
@@ -182,7 +197,7 @@ class TensorEngine(Actor):
             if key not in seen:
                 seen.add(key)
                 total += s.nbytes()
-        return {"bytes": total, "refs": len(self.table)}
+        return {"bytes": total + self.spare_bytes, "refs": len(self.table)}
 
     # -- commands --------------------------------------------------------------------
 
@@ -289,7 +304,56 @@ class TensorEngine(Actor):
 
     def _del(self, ids: list[int]) -> None:
         for i in ids:
-            self.table.pop(i, None)
+            v = self.table.pop(i, None)
+            if i in self.collected:
+                self.collected.discard(i)
+                if v is not None and not isinstance(v, Failure):
+                    self._keep_spare(v)
+            del v
+
+    # -- spare buffers for collectives ---------------------------------------------------
+
+    def _keep_spare(self, v: Any) -> None:
+        """Keeps the large CPU result of a collective that the controller dropped, if
+        nothing else holds its memory, for the next collective that needs a new tensor
+        of its size (a loop of ``r = t.reduce(...)``): a fresh one costs the kernel's
+        zeroing of its pages, a copy's worth. It lives until the end of the next batch
+        (``run``), at most ``SPARE_MAX_BYTES``; CUDA tensors are left to torch's
+        caching allocator."""
+        import torch
+
+        if not isinstance(v, torch.Tensor) or v.device.type != "cpu":
+            return  # (CUDA has torch's own caching allocator)
+        n = v.numel() * v.element_size()
+        if n < SPARE_MIN_BYTES or self.spare_bytes + n > SPARE_MAX_BYTES:
+            return
+        if not v.is_contiguous() or v.storage_offset() != 0 or v.untyped_storage().nbytes() != n:
+            return
+        # Nothing else may hold the memory: no view of it (the storage's use count is its
+        # tensor's and the temporary handle's) and no other reference to the tensor.
+        if torch._C._storage_Use_Count(v.untyped_storage()._cdata) != 2 or sys.getrefcount(v) > 3:
+            return
+        self.spare.setdefault((n, v.dtype), []).append(v)
+        self.spare_bytes += n
+
+    def _free_spares(self, stale: set[int]) -> None:
+        """Frees the spares ``stale`` (by id) that are still kept."""
+        for key in list(self.spare):
+            kept = [t for t in self.spare[key] if id(t) not in stale]
+            self.spare_bytes -= key[0] * (len(self.spare[key]) - len(kept))
+            if kept:
+                self.spare[key] = kept
+            else:
+                del self.spare[key]
+
+    def _spare_like(self, x: Any) -> Any:
+        """A kept tensor of ``x``'s size and dtype (shaped like it), or None."""
+        n = x.numel() * x.element_size()
+        kept = self.spare.get((n, x.dtype)) if x.device.type == "cpu" else None
+        if not kept:
+            return None
+        self.spare_bytes -= n
+        return kept.pop().view(x.shape)
 
     def _rank(self, out: int, labels: list[str], sizes: list[int], ranks: list[int], dims: list[str]) -> None:
         import torch
@@ -344,11 +408,13 @@ class TensorEngine(Actor):
                     RuntimeError("the input on another rank of the group failed; inspect that rank for why"),
                 )
                 return
-            result = _collective(x, group, index, n, reduction, scatter, inplace)
+            result = _collective(x, group, index, n, reduction, scatter, inplace, self._spare_like)
         except Exception as e:
             self.table[out] = poisoned or Failure(what, self.rank, e)
             return
         self.table[out] = result
+        if not inplace:
+            self.collected.add(out)
 
     def _send(self, src: int, prefix: str, routes: dict[int, list[int]]) -> None:
         v = self.table.get(src)
@@ -484,7 +550,16 @@ _OPS = {
 }
 
 
-def _collective(x: Any, group: Any, index: int, n: int, reduction: str, scatter: bool, inplace: bool) -> Any:
+def _collective(
+    x: Any,
+    group: Any,
+    index: int,
+    n: int,
+    reduction: str,
+    scatter: bool,
+    inplace: bool,
+    spare: Any = lambda x: None,
+) -> Any:
     """Monarch's reduce semantics over ``group`` (this proc is ``index`` of ``n``):
     all-reduce, reduce-scatter (``scatter``), all-gather (``stack``), all-to-all
     (``stack`` and ``scatter``). ``inplace``: the result goes into ``x`` (an
@@ -500,7 +575,11 @@ def _collective(x: Any, group: Any, index: int, n: int, reduction: str, scatter:
         result = stacked[:, index].contiguous() if scatter else stacked
     else:
         direct = inplace and not scatter and x.is_contiguous()
-        y = x if direct else x.contiguous().clone()
+        if direct:
+            y = x
+        else:
+            kept = spare(x)
+            y = kept.copy_(x) if kept is not None else x.contiguous().clone()
         dist.all_reduce(y, op=getattr(dist.ReduceOp, _OPS[reduction]), group=group)
         if reduction == "avg":  # (integers: floor division, keeping the dtype)
             y.div_(n) if y.is_floating_point() else y.div_(n, rounding_mode="floor")

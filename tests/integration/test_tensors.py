@@ -431,6 +431,26 @@ def test_dropping_a_mesh_tensor_frees_the_procs_memory(grid):
     assert all(after[r]["bytes"] <= held[r]["bytes"] - 4 * 1024 * 1024 for r in after)
 
 
+def test_a_loop_of_new_reduce_results_reuses_their_memory_and_keeps_none_for_long(grid):
+    mib = 1 << 20
+    with grid.activate():
+        x = torch.ones(mib)  # 4 MiB on each proc
+    mk.inspect(x[:1])
+    base = memory(grid)
+    for i in range(4):
+        with grid.activate():
+            r = (x * (i + 1)).reduce("gpu", "sum")  # the last result, dropped, makes the next
+        assert fetch(r[:2], host=1, gpu=0).tolist() == [2.0 * (i + 1)] * 2
+    held = memory(grid)
+    # r, the spare kept for the next reduce, and the x * i of the batch in flight at most
+    assert all(held[p]["bytes"] <= base[p]["bytes"] + 3 * 4 * mib for p in held), (base, held)
+    del r
+    mk.inspect(x[:1])  # a batch with no collective: the spare goes after it
+    mk.inspect(x[1:2])
+    after = memory(grid)
+    assert all(after[p]["bytes"] <= base[p]["bytes"] for p in after), (base, after)
+
+
 def test_a_dead_proc_fails_the_tensors_made_before_and_new_ones_work_after_respawn(state_home):
     import os
     import signal
