@@ -431,6 +431,28 @@ def test_dropping_a_mesh_tensor_frees_the_procs_memory(grid):
     assert all(after[r]["bytes"] <= held[r]["bytes"] - 4 * 1024 * 1024 for r in after)
 
 
+def test_each_procs_tensor_memory_is_in_the_picture_the_inspector_and_panel_read(grid):
+    from proc_helpers import wait_for
+
+    from monarch_kernel import controller
+
+    with grid.activate():
+        held = torch.zeros(256, 1024)  # 1 MiB on each proc
+    mk.inspect(held[:1])
+
+    def usage() -> list[dict[str, int]]:
+        view = controller.view_of(grid.name)
+        return [r["usage"] for r in view["ranks"]] if view else []
+
+    def holding() -> list[dict[str, int]]:
+        got = [u for u in usage() if u and u.get("tensors", 0) >= 1 << 20]
+        return got if len(got) == 4 else []
+
+    got = wait_for(holding)
+    assert len(got) == 4, usage()
+    assert all(u["tensor_refs"] >= 1 for u in got)
+
+
 def test_a_loop_of_new_reduce_results_reuses_their_memory_and_keeps_none_for_long(grid):
     mib = 1 << 20
     with grid.activate():
