@@ -29,7 +29,7 @@ from monarch_kernel.mesh._control import MeshControl, MeshFailure, session_for
 from monarch_kernel.mesh._future import Future, wait_calls
 from monarch_kernel.mesh._proc_ref import ProcRef
 from monarch_kernel.mesh._serial import dumps, loads
-from monarch_kernel.mesh._shape import MeshTrait, Shape
+from monarch_kernel.mesh._shape import MeshTrait, Point, Shape
 
 T = TypeVar("T")
 
@@ -294,13 +294,10 @@ class ProcMesh(MeshTrait):
             return f"{self._proc.host_of(r)}.{r}" if multi else str(r)
 
         cells = [cell(r) for r in self._shape.ranks]
-        if len(labels) <= 1:
-            head = labels[0] if labels else ""
-            return (
-                "\n".join([f"{head}: " + "  ".join(f"{i}={c}" for i, c in enumerate(cells))])
-                if labels
-                else "(no procs)"
-            )
+        if not labels:
+            return "(no procs)"
+        if len(labels) == 1:
+            return f"{labels[0]}: " + "  ".join(f"{i}={c}" for i, c in enumerate(cells))
         cols = sizes[-1]
         rows_label = " x ".join(labels[:-1])
         width = max(len(c) for c in cells + [str(cols)]) + 1
@@ -308,11 +305,8 @@ class ProcMesh(MeshTrait):
             f"{rows_label} \\ {labels[-1]}".ljust(12) + "".join(str(i).rjust(width) for i in range(cols))
         ]
         for i in range(len(cells) // cols):
-            idx, coords = i, []
-            for size in reversed(sizes[:-1]):
-                coords.append(idx % size)
-                idx //= size
-            name = ",".join(str(c) for c in reversed(coords))
+            first = Point(i * cols, self._shape.extent)  # the row's first proc
+            name = ",".join(str(first[d]) for d in labels[:-1])
             lines.append(name.ljust(12) + "".join(c.rjust(width) for c in cells[i * cols : (i + 1) * cols]))
         return "\n".join(lines)
 

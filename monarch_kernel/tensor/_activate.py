@@ -15,8 +15,6 @@ from monarch_kernel.mesh._proc_mesh import ProcMesh
 from monarch_kernel.tensor._client import client_of
 from monarch_kernel.tensor._tensor import run_op
 
-# --------------------------------------------------------------------
-
 _local = threading.local()
 
 
@@ -51,17 +49,14 @@ def activate(mesh: ProcMesh | None) -> Iterator[None]:
     stack = _stack()
     client = client_of(mesh) if mesh is not None else None
     stack.append(mesh)
-    mode = None
-    if len(stack) == 1 or getattr(_local, "mode", None) is None:
-        mode = _ActiveMesh()
+    mode = _ActiveMesh() if len(stack) == 1 else None  # the outermost block's, for all
+    if mode is not None:
         mode.__enter__()
-        _local.mode = mode
     try:
         yield
     finally:
         stack.pop()
         if mode is not None:
-            _local.mode = None
             mode.__exit__(None, None, None)
         if client is not None:
             client.flush(deletes=False)

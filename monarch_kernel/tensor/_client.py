@@ -73,8 +73,8 @@ class TensorClient:
         self.failure: SupervisionError | None = None
         self.gen = 0
         self._state_gen = -1
-        #: This process's view of the mesh (dead ranks, stopped), looked up once.
-        self._state: Any = None
+        #: This process's view of the mesh (dead ranks, stopped).
+        self._state = self.root._proc.state()
         self.held = 0  # coalescing() blocks held open
         self.closed = False
         self._engines: dict[Shape, Any] = {}
@@ -111,7 +111,8 @@ class TensorClient:
             if deletes or len(self.deleted) >= DELETES:
                 self._send_deletes()
 
-    def _engine_at(self, shape: Shape) -> Any:
+    def engine_at(self, shape: Shape) -> Any:
+        """The engine's actor mesh on the procs of ``shape`` (kept per shape)."""
         e = self._engines.get(shape)
         if e is None:
             e = self._engines[shape] = self.engine._new_with_shape(shape)
@@ -122,7 +123,7 @@ class TensorClient:
             return
         batch, self._batch = self._batch, []
         assert self._target is not None
-        self._engine_at(self._target).run.broadcast(batch)
+        self.engine_at(self._target).run.broadcast(batch)
         if len(self.deleted) >= DELETES:
             self._send_deletes()
 
@@ -131,7 +132,7 @@ class TensorClient:
             return
         n = len(self.deleted)
         ids, self.deleted[:n] = self.deleted[:n], []
-        self._engine_at(self.root._shape).run.broadcast([(C.DEL, ids)])
+        self.engine_at(self.root._shape).run.broadcast([(C.DEL, ids)])
 
     def quiet_flush(self) -> bool:
         """Sends the batch if no command came for ``QUIET_S``; False once closed (or
@@ -165,7 +166,7 @@ class TensorClient:
             self.root.setup_torch_distributed("auto")
             self._dist = True
         groups = _groups_along(shape, dims)
-        self.send(self.root._shape, (C.GROUP, key, groups, "auto"))
+        self.send(self.root._shape, (C.GROUP, key, groups))
         self._groups.add(key)
         return key
 
@@ -175,8 +176,6 @@ class TensorClient:
         """Raises the SupervisionError of a proc that died since generation ``gen``
         (every tensor made before a death is gone with it: TENSOR-4)."""
         state = self._state
-        if state is None:
-            state = self._state = self.root._proc.state()
         if state.gen != self._state_gen:
             self._state_gen = state.gen
             err = state.lost or next(iter(state.dead.values()), None)
@@ -192,7 +191,7 @@ class TensorClient:
             raise self.failure
 
     def engine_at_rank(self, rank: int) -> Any:
-        return self._engine_at(Shape(Extent(["_"], [1]), [rank]))
+        return self.engine_at(Shape(Extent(["_"], [1]), [rank]))
 
     def fetcher(self, rank: int) -> Any:
         """The engine's ``fetch`` endpoint on proc ``rank`` (kept: a sync point's hot path)."""
@@ -202,8 +201,7 @@ class TensorClient:
         return f
 
     def _ended(self) -> bool:
-        state = self.root._proc.state()
-        return state.stopped or state.lost is not None
+        return self._state.stopped or self._state.lost is not None
 
     def close(self) -> None:
         with self._lock:
@@ -225,19 +223,8 @@ def _flusher(ref: weakref.ref[TensorClient]) -> None:
 
 def _groups_along(shape: Shape, dims: tuple[str, ...]) -> list[list[int]]:
     """The proc ranks of each group that varies along ``dims`` (the others fixed)."""
-    labels, sizes = list(shape.labels), [shape.extent[d] for d in shape.labels]
-    strides = [1] * len(sizes)
-    for i in range(len(sizes) - 2, -1, -1):
-        strides[i] = strides[i + 1] * sizes[i + 1]
-    inner = [labels.index(d) for d in dims]
-    outer = [i for i in range(len(labels)) if i not in inner]
-    groups = []
-    for o in itertools.product(*(range(sizes[i]) for i in outer)):
-        ranks = []
-        for c in itertools.product(*(range(sizes[i]) for i in inner)):
-            idx = sum(v * strides[i] for v, i in zip(o, outer)) + sum(
-                v * strides[i] for v, i in zip(c, inner)
-            )
-            ranks.append(shape.ranks[idx])
-        groups.append(ranks)
-    return groups
+    others = [d for d in shape.labels if d not in dims]
+    return [
+        list(shape.slice(**dict(zip(others, coords))).ranks)
+        for coords in itertools.product(*(range(shape.extent[d]) for d in others))
+    ]

@@ -25,10 +25,10 @@ OP = "op"
 CALL = "call"
 #: ``("del", [ids])``: drop these refs.
 DEL = "del"
-#: ``("rank", out, labels, sizes, ranks, dims)``: a 0-d long tensor, this proc's index
-#: along ``dims`` of the mesh (``labels``, ``sizes``, ``ranks``).
+#: ``("rank", out, shape, dims)``: a 0-d long tensor, this proc's index along ``dims``
+#: of the mesh ``shape`` (a ``Shape``).
 RANK = "rank"
-#: ``("group", key, groups, world)``: make the process groups ``groups`` (lists of
+#: ``("group", key, groups)``: make the process groups ``groups`` (lists of
 #: torch.distributed ranks) for a set of mesh dimensions, under ``key``.
 GROUP = "group"
 #: ``("reduce", out, src, key, reduction, scatter, inplace, device)``:

@@ -20,7 +20,7 @@ import traceback
 from typing import Any
 
 from monarch_kernel.actor import Actor, endpoint
-from monarch_kernel.mesh._shape import Extent, Shape
+from monarch_kernel.mesh._shape import Extent, Point, Shape
 from monarch_kernel.tensor import _commands as C
 
 #: A collective's dropped CPU result of at least this size is kept for the next
@@ -64,14 +64,19 @@ def _me() -> int:
     return int(os.environ.get("MONARCH_RANK", "0"))
 
 
+def _deposit(transfer_id: str, value: Any) -> None:
+    """Hands a tensor sent to this proc (or its sender's failure) to its engine."""
+    with _arrival:
+        _arrived[transfer_id] = value
+        _arrival.notify_all()
+
+
 class TensorInbox(Actor):
     """Takes the tensors other procs send this one, for its engine to pick up."""
 
     @endpoint
     def deposit(self, transfer_id: str, value: Any) -> None:
-        with _arrival:
-            _arrived[transfer_id] = value
-            _arrival.notify_all()
+        _deposit(transfer_id, value)
 
 
 def _take(transfer_id: str, timeout: float) -> Any:
@@ -140,31 +145,11 @@ class TensorEngine(Actor):
         for i in ids:
             v = self.table.get(i, _MISSING)
             if v is _MISSING:
-                gone = {
-                    "op": "fetch",
-                    "rank": self.rank,
-                    "message": f"ref {i} is not here (deleted?)",
-                    "trace": "",
-                }
-                out.append((False, gone))
+                out.append((False, self._missing(i, "fetch").as_dict()))
             elif isinstance(v, Failure):
                 out.append((False, v.as_dict()))
             else:
                 out.append(_wire(v))
-        return out
-
-    @endpoint
-    def meta(self, ids: list[int]) -> list[Any]:
-        """Each ref's (shape, stride, dtype, device), or its failure (a dict)."""
-        out: list[Any] = []
-        for i in ids:
-            v = self.table.get(i)
-            if isinstance(v, Failure):
-                out.append(v.as_dict())
-            elif v is None:
-                out.append(None)
-            else:
-                out.append((tuple(v.shape), tuple(v.stride()), v.dtype, str(v.device)))
         return out
 
     @endpoint
@@ -200,6 +185,10 @@ class TensorEngine(Actor):
         return {"bytes": total + self.spare_bytes, "refs": len(self.table)}
 
     # -- commands --------------------------------------------------------------------
+
+    def _missing(self, ref: int, what: str) -> Failure:
+        """The failure of a command that names a ref this proc does not hold."""
+        return Failure(what, self.rank, KeyError(f"ref {ref} is not on rank {self.rank} (deleted?)"))
 
     def _poison(self, outs: Any, failure: Failure) -> None:
         for o in [outs] if isinstance(outs, int) else outs:
@@ -355,20 +344,16 @@ class TensorEngine(Actor):
         self.spare_bytes -= n
         return kept.pop().view(x.shape)
 
-    def _rank(self, out: int, labels: list[str], sizes: list[int], ranks: list[int], dims: list[str]) -> None:
+    def _rank(self, out: int, shape: Shape, dims: list[str]) -> None:
         import torch
 
-        idx = ranks.index(self.rank)
-        coords: dict[str, int] = {}
-        for label, size in zip(reversed(labels), reversed(sizes)):
-            coords[label] = idx % size
-            idx //= size
+        point = Point(shape.ranks.index(self.rank), shape.extent)
         value = 0
         for d in dims:
-            value = value * sizes[labels.index(d)] + coords[d]
+            value = value * point.size(d) + point[d]
         self.table[out] = torch.tensor(value, dtype=torch.long)
 
-    def _group(self, key: Any, groups: list[list[int]], backend: str) -> None:
+    def _group(self, key: Any, groups: list[list[int]]) -> None:
         import torch  # noqa: F401 (first: see TorchDistributed.state)
         import torch.distributed as dist
 
@@ -394,7 +379,7 @@ class TensorEngine(Actor):
         x = self.table.get(src)
         poisoned: Failure | None = x if isinstance(x, Failure) else None
         if x is None:
-            poisoned = Failure(what, self.rank, KeyError(f"ref {src} is not on rank {self.rank}"))
+            poisoned = self._missing(src, what)
         try:
             group, index, n = self.groups[key]
             # Every member learns whether any input is poisoned, so all skip the
@@ -417,20 +402,15 @@ class TensorEngine(Actor):
             self.collected.add(out)
 
     def _send(self, src: int, prefix: str, routes: dict[int, list[int]]) -> None:
-        v = self.table.get(src)
-        value = (
-            v
-            if v is not None
-            else Failure("to_mesh", self.rank, KeyError(f"ref {src} is not on rank {self.rank}"))
-        )
+        value = self.table.get(src)
+        if value is None:
+            value = self._missing(src, "to_mesh")
         if isinstance(value, Failure):
             value = value.as_dict()
         for dest in routes.get(self.rank, []):
             tid = f"{prefix}:{self.rank}>{dest}"
             if dest == self.rank:
-                with _arrival:
-                    _arrived[tid] = value
-                    _arrival.notify_all()
+                _deposit(tid, value)
                 continue
             target = self.inbox._new_with_shape(Shape(Extent(["_"], [1]), [dest]))
             target.deposit.call_one(tid, value).get(timeout=RECV_TIMEOUT_S)
@@ -450,7 +430,7 @@ class TensorEngine(Actor):
     def _unpack(self, tree: int, outs: list[Any]) -> None:
         v = self.table.pop(tree, None)
         if isinstance(v, Failure) or v is None:
-            self._poison(outs, v or Failure("remote", self.rank, KeyError(f"ref {tree} is not here")))
+            self._poison(outs, v or self._missing(tree, "remote"))
             return
         self._store(outs, v)
 

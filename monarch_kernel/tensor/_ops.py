@@ -16,16 +16,10 @@ import torch.utils._pytree as pytree
 from monarch_kernel.errors import MeshTensorError, RemoteException
 from monarch_kernel.mesh._future import Future
 from monarch_kernel.mesh._proc_mesh import ProcMesh
-from monarch_kernel.mesh._shape import Shape
 from monarch_kernel.tensor import _commands as C
 from monarch_kernel.tensor._activate import active_mesh, get_active_mesh
 from monarch_kernel.tensor._client import TensorClient, client_of
-from monarch_kernel.tensor._tensor import (
-    Tensor,
-    _Args,
-    _fake_mode,
-    _new,
-)
+from monarch_kernel.tensor._tensor import MeshSliceTensor, Tensor, _Args, _fake_mode, _new, _rank_at
 
 # -- rank tensors ---------------------------------------------------------------------------
 
@@ -34,23 +28,12 @@ def rank_tensor(mesh: ProcMesh, dims: str | Sequence[str]) -> Tensor:
     """A 0-d long tensor on ``mesh``: each proc's index along ``dims`` (row-major over several)."""
     names = [dims] if isinstance(dims, str) else list(dims)
     shape = mesh._shape
-    for d in names:
-        shape._check_dim(d)
+    shape.size(names)  # (names a dimension the mesh lacks: DimensionError)
     client = client_of(mesh)
     with _fake_mode:
         fake = torch.zeros((), dtype=torch.long)
     t = _new(client, mesh, fake)
-    client.send(
-        shape,
-        (
-            C.RANK,
-            t._ref,
-            list(shape.labels),
-            [shape.extent[d] for d in shape.labels],
-            list(shape.ranks),
-            names,
-        ),
-    )
+    client.send(shape, (C.RANK, t._ref, shape, names))
     return t
 
 
@@ -76,8 +59,6 @@ def reduce_(tensors: Any, dims: Any, reduction: str = "sum", scatter: bool = Fal
 
 def to_mesh(tensors: Any, mesh: ProcMesh, stream: Any = None) -> Any:
     """Moves every mesh tensor (or ``slice_mesh`` result) in a pytree to ``mesh``."""
-    from monarch_kernel.tensor._tensor import MeshSliceTensor
-
     return pytree.tree_map(
         lambda x: x.to_mesh(mesh, stream) if isinstance(x, (Tensor, MeshSliceTensor)) else x,
         tensors,
@@ -96,25 +77,6 @@ def slice_mesh(tensors: Any, **dims: int | slice) -> Any:
 def _tensors_of(obj: Any) -> tuple[list[Any], Any, list[Tensor]]:
     leaves, spec = pytree.tree_flatten(obj)
     return leaves, spec, [x for x in leaves if isinstance(x, Tensor)]
-
-
-_ranks_at: dict[Any, int] = {}
-
-
-def _rank_at(shape: Shape, shard: dict[str, int]) -> int:
-    """The proc rank at coordinates ``shard`` of ``shape`` (dimensions not named: 0)."""
-    if not shard:
-        return shape.ranks[0]
-    key = (shape, tuple(sorted(shard.items())))
-    rank = _ranks_at.get(key)
-    if rank is None:
-        for d in shard:
-            shape._check_dim(d)
-        coords = {d: shard.get(d, 0) for d in shape.labels}
-        rank = shape.slice(**coords).ranks[0] if coords else shape.ranks[0]
-        if len(_ranks_at) < 4096:
-            _ranks_at[key] = rank
-    return rank
 
 
 def _unwire(item: tuple[Any, ...], mesh: str) -> Any:
@@ -213,15 +175,15 @@ def _spans(ranks: list[int]) -> str:
 
 def show(obj: Any, shard: dict[str, int] | None = None, **kwargs: int) -> Any:
     """Shows a mesh tensor in the notebook: with coordinates, that proc's value;
-    without, a compact per-rank view (ranks with equal values grouped). Returns the
-    view (a plain value for other objects)."""
+    without, a compact per-rank view (ranks with equal values grouped). Returns None
+    (what is shown goes to the notebook, or to stdout outside IPython)."""
     if not isinstance(obj, Tensor) or shard or kwargs:
         value = inspect(obj, shard, **kwargs)
         _display(value)
         return None
     obj._client.check(obj._gen)
     obj._client.flush()
-    lines = obj._client.engine._new_with_shape(obj._mesh._shape).summary.call(obj._ref).get()
+    lines = obj._client.engine_at(obj._mesh._shape).summary.call(obj._ref).get()
     rows: dict[str, list[int]] = {}
     for i, line in enumerate(lines.values()):
         if isinstance(line, dict):  # poisoned on this rank
@@ -255,17 +217,15 @@ class Remote:
     def __init__(self, fn: Any, propagate: Any) -> None:
         self.fn, self.propagate = fn, propagate
         self._cache: dict[Any, Any] = {}
-        functools.update_wrapper(self, fn) if callable(fn) else None
+        if callable(fn):
+            functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         a = _Args()
         key: list[Any] = []
         enc_args = a.walk(args, key)
         enc_kwargs = a.walk(kwargs, key)
-        mesh = a.mesh
-        active = active_mesh()
-        if mesh is None:
-            mesh = active if active is not None else None
+        mesh = a.mesh if a.mesh is not None else active_mesh()
         if mesh is None:
             raise MeshTensorError(f"remote {self._what()}: no mesh: activate one, or pass a mesh tensor")
         client = a.tensors[0]._client if a.tensors else client_of(mesh)
@@ -387,5 +347,5 @@ def memory(mesh: ProcMesh) -> dict[int, dict[str, int]]:
     """Bytes of tensor memory each proc of ``mesh`` holds for the tensor engine, by rank."""
     client = client_of(mesh)
     client.flush()
-    got = client.engine._new_with_shape(mesh._shape).memory.call().get()
+    got = client.engine_at(mesh._shape).memory.call().get()
     return {mesh._shape.ranks[i]: v for i, v in enumerate(got.values())}

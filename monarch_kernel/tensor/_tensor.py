@@ -190,6 +190,25 @@ class MeshSliceTensor:
         return move(self.tensor, self.shape, mesh, stream)
 
 
+_ranks_at: dict[Any, int] = {}
+
+
+def _rank_at(shape: Shape, shard: dict[str, int]) -> int:
+    """The proc rank at coordinates ``shard`` of ``shape`` (dimensions not named: 0)."""
+    if not shard:
+        return shape.ranks[0]
+    key = (shape, tuple(sorted(shard.items())))
+    rank = _ranks_at.get(key)
+    if rank is None:
+        for d in shard:
+            shape._check_dim(d)
+        coords = {d: shard.get(d, 0) for d in shape.labels}
+        rank = shape.slice(**coords).ranks[0] if coords else shape.ranks[0]
+        if len(_ranks_at) < 4096:
+            _ranks_at[key] = rank
+    return rank
+
+
 def _extent(shape: Any, stride: Any) -> int:
     return 1 + sum((s - 1) * st for s, st in zip(shape, stride)) if all(shape) else 0
 
@@ -233,8 +252,7 @@ def reduce_tensor(
     names = (dims,) if isinstance(dims, str) else tuple(dims)
     if not names:
         names = shape.labels
-    for d in names:
-        shape._check_dim(d)
+    n = shape.size(list(names))  # (names a dimension the mesh lacks: DimensionError)
     if len(set(names)) != len(names):
         raise ValueError(f"reducing the same dimension twice: {names}")
     if len(names) > 1 and (reduction == "stack" or scatter):
@@ -250,7 +268,6 @@ def reduce_tensor(
             "reduce() of a tensor that requires grad: collectives are not differentiated. Reduce under "
             "torch.no_grad() (the gradients, say), or .detach() first"
         )
-    n = shape.size(list(names))
     if inplace:
         if scatter and reduction != "stack":
             raise ValueError(
@@ -297,8 +314,7 @@ def move(t: Tensor, src: Shape, mesh: ProcMesh, stream: Any = None) -> Tensor:
     routes: dict[int, list[int]] = {}
     sources: dict[int, int] = {}
     for point in dest.points():
-        coords = {d: point[d] for d in src.labels}
-        s = src.slice(**coords).ranks[0] if coords else src.ranks[0]
+        s = _rank_at(src, {d: point[d] for d in src.labels})
         d_rank = dest.ranks[point.rank]
         routes.setdefault(s, []).append(d_rank)
         sources[d_rank] = s
@@ -323,7 +339,7 @@ class _Args:
     """One walk over an op's arguments: the cache key, the arguments as a command
     carries them (refs for mesh tensors), the mesh tensors, and their mesh."""
 
-    __slots__ = ("key", "tensors", "mesh", "local")
+    __slots__ = ("tensors", "mesh", "local")
 
     def __init__(self) -> None:
         self.tensors: list[Tensor] = []
