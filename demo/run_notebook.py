@@ -86,8 +86,24 @@ def show(nb: nbformat.NotebookNode) -> None:
             continue
         print(f"\nIn [{cell.execution_count}]:")
         print("\n".join(f"    {line}" for line in cell.source.splitlines()))
-        for out in cell.outputs:
-            sys.stdout.write("".join(f"  | {line}\n" for line in _text(out).rstrip("\n").splitlines()))
+        for text in _joined(cell.outputs):
+            sys.stdout.write("".join(f"  | {line}\n" for line in text.rstrip("\n").splitlines()))
+
+
+def _joined(outputs: list[Any]) -> list[str]:
+    """Each output's text, consecutive stream outputs of one stream as one text, as
+    front ends show them: a line written in several pieces (``print(a, b)``) may
+    arrive as several messages."""
+    texts: list[str] = []
+    stream = None
+    for out in outputs:
+        name = out.get("name") if out["output_type"] == "stream" else None
+        if name is not None and name == stream:
+            texts[-1] += _text(out)
+        else:
+            texts.append(_text(out))
+        stream = name
+    return texts
 
 
 def main() -> None:
