@@ -8,7 +8,7 @@ NATIVE_SRC := $(shell find native/src proto -type f) native/Cargo.toml native/bu
 export CARGO_TERM_COLOR ?= never
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo demo-multihost test test-rust test-python test-extension bench lint fmt stubs clean
+.PHONY: help setup demo demo-multihost test test-rust test-unit test-fast test-python test-extension bench lint fmt stubs clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -22,10 +22,15 @@ $(PY):
 # (built into it once JupyterLab is installed).
 WHEEL_DATA := wheel-data
 
+# The dependencies only, read from pyproject.toml: installing the package itself
+# (pip install -e) would build the Rust core, and maturin develop builds it again
+# below. The core is built once, by maturin develop, which installs the package.
 $(STAMPS)/deps: pyproject.toml | $(PY)
 	@mkdir -p $(STAMPS)
-	$(PIP) install -q -e '.[dev]'
-	@touch $(STAMPS)/deps $(STAMPS)/native
+	$(PY) -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+	  print("\n".join(p["dependencies"] + p["optional-dependencies"]["dev"]))' > $(VENV)/requirements.txt
+	$(PIP) install -q -r $(VENV)/requirements.txt
+	@touch $@
 
 # After the panel: maturin develop installs it from the wheel's data into the venv.
 $(STAMPS)/native: $(NATIVE_SRC) $(STAMPS)/labext | $(STAMPS)/deps
@@ -74,11 +79,17 @@ test-extension: ## jest tests of the Meshes panel's rendering, extension/src/__t
 	@command -v npm >/dev/null || { apt-get update -qq && apt-get install -y -qq nodejs npm; }
 	cd extension && npm install --no-audit --no-fund --loglevel=error && npm test
 
+test-unit: $(STAMPS)/native ## The unit tests only (no workers, hosts or browser): under a minute
+	$(PY) -m pytest -q tests/unit
+
+test-fast: setup ## Every test but the slow, browser and multi-host ones (their markers)
+	$(PY) -m pytest -q -m "not slow and not browser and not multihost"
+
 test-python: setup $(STAMPS)/browser $(STAMPS)/cluster ## pytest: unit and integration tests against real agents and workers
 	$(PY) -m pytest -q
 
-bench: setup ## Print this project's figures beside baselines measured in the same run
-	$(PY) bench/run.py
+bench: setup ## Print this project's figures beside baselines measured in the same run (AB=COMMIT: the call rows of this checkout and of COMMIT's build, run alternately)
+	$(if $(AB),$(PY) bench/ab.py $(AB),$(PY) bench/run.py)
 
 lint: setup ## ruff, mypy, stubtest of _native.pyi, cargo fmt and clippy
 	$(VENV)/bin/ruff check monarch_kernel tests bench demo

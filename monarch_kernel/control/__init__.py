@@ -1,5 +1,5 @@
 """The kernel's management client of host agents (grpcio): the one client of the
-``HostAgent`` service."""
+``HostAgent`` service, and the typed kinds of the worker output lines it carries."""
 
 from monarch_kernel.control._agent_client import (
     WORKER_EXITED,
@@ -9,5 +9,18 @@ from monarch_kernel.control._agent_client import (
     has_exited,
     worker_dict,
 )
+from monarch_kernel.control._events import WIDGET_MIME, ActorFailure, DisplayMessage, LineKind, Prompt
 
-__all__ = ["WORKER_EXITED", "WORKER_RUNNING", "AgentClient", "agent_client", "has_exited", "worker_dict"]
+__all__ = [
+    "WIDGET_MIME",
+    "WORKER_EXITED",
+    "WORKER_RUNNING",
+    "ActorFailure",
+    "AgentClient",
+    "DisplayMessage",
+    "LineKind",
+    "Prompt",
+    "agent_client",
+    "has_exited",
+    "worker_dict",
+]

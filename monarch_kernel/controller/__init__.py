@@ -9,7 +9,8 @@ front ends:
   meshes come from (also exported by ``monarch_kernel``);
 - ``session(name)`` / ``sessions()``: the sessions of this process;
 - ``set_frontend(Frontend(...))``: where worker output, failures, notices and slow
-  waits go (the kernel shows them in the notebook);
+  waits go (the kernel shows them in the notebook); the lines a front end gets are
+  typed by ``LineKind``, a display's payload decoded once as a ``DisplayMessage``;
 - ``run_cell(...)``: a ``%%mesh`` cell on ranks of a mesh, one native call;
 - ``interrupt(futures)``, ``escalate_interrupted()``: the stop button;
 - ``describe_wait(calls)``: what a long wait waits behind (a busy or silent rank);
@@ -23,6 +24,7 @@ CONTROL-1: importing this package registers its sessions with the mesh API
 
 from __future__ import annotations
 
+from monarch_kernel.control import DisplayMessage, LineKind, Prompt
 from monarch_kernel.controller._admin import all_names, down, left_running, mesh_table, plan_down_all
 from monarch_kernel.controller._cells import CELLS_ACTOR, run_cell, spmd_actors
 from monarch_kernel.controller._frontend import Frontend, frontend, set_frontend
@@ -56,6 +58,9 @@ def sessions() -> list[Session]:
 
 __all__ = [
     "CELLS_ACTOR",
+    "DisplayMessage",
+    "LineKind",
+    "Prompt",
     "TORCH_BACKENDS",
     "Frontend",
     "HostMesh",

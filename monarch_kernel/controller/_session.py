@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from monarch_kernel import _native, _origin
-from monarch_kernel._wire import BUILTIN, FLUSH_MARK, SUPERVISION_MARK
-from monarch_kernel.control import has_exited
+from monarch_kernel._wire import BUILTIN
+from monarch_kernel.control import ActorFailure, DisplayMessage, LineKind, has_exited
 from monarch_kernel.control._agent_client import check_tail
 from monarch_kernel.control._group import AgentGroup, HostLink
 from monarch_kernel.controller._frontend import frontend
@@ -143,9 +143,9 @@ class Session:
             else:
                 sys.stderr.write(text)
         elif ev.HasField("log") and not self.closed:
-            line = ev.log
-            if line.text.startswith(SUPERVISION_MARK):  # OWN-1: an actor of the mesh failed
-                self.supervisor.actor_failed(line.rank, line.text[len(SUPERVISION_MARK) :])
+            line, kind = ev.log, ev.log.kind
+            if kind == LineKind.ACTOR_FAILURE:  # OWN-1: an actor of the mesh failed
+                self.supervisor.actor_failed(ActorFailure.of(line))
                 return
             if not self.show_output:  # logging_option(stream_to_client=False): logs() has them
                 return
@@ -153,10 +153,17 @@ class Session:
             if on_line is not None:
                 on_line(self, line)
                 return
-            if not _forward_output() or line.text == FLUSH_MARK:
+            # A script: text as it comes, a display as its text form; a prompt cannot
+            # come (a breakpoint outside a notebook cell is skipped), nor is a mark shown.
+            if not _forward_output() or kind not in (LineKind.TEXT, LineKind.DISPLAY):
                 return
+            text = (
+                line.text
+                if kind == LineKind.TEXT
+                else DisplayMessage.of(self.name, line, self.token).as_text()
+            )
             out = sys.stderr if line.stream == "stderr" else sys.stdout
-            out.write(f"[{self.name} {line.rank}] {line.text}\n")  # one write: lines stay whole
+            out.write(f"[{self.name} {line.rank}] {text}\n")  # one write: lines stay whole
             out.flush()
 
     def _cancel_watch(self) -> None:
@@ -495,7 +502,11 @@ class Session:
         events = self.client.watch()
         try:
             for ev in events:
-                if ev.HasField("log") and (rank is None or ev.log.rank == rank):
+                if (
+                    ev.HasField("log")
+                    and ev.log.kind == LineKind.TEXT
+                    and (rank is None or ev.log.rank == rank)
+                ):
                     yield f"[{self.name} {ev.log.rank}] {ev.log.text}"
         finally:
             events.close()

@@ -22,14 +22,13 @@ waiting on them fail, the other hosts go on.
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 from monarch_kernel import _native
-from monarch_kernel.control import has_exited, worker_dict
+from monarch_kernel.control import ActorFailure, has_exited, worker_dict
 from monarch_kernel.controller._frontend import frontend
 from monarch_kernel.errors import MonarchKernelError, SupervisionError
 from monarch_kernel.mesh import _control
@@ -243,13 +242,9 @@ class Supervisor:
             text = failure.message if failure.kind == "actor_failed" else failure.message.splitlines()[0]
             print(f"monarch: {text}{f' ({hint})' if hint else ''}", file=sys.stderr, flush=True)
 
-    def actor_failed(self, rank: int, data: str) -> None:
-        """OWN-1: a worker said one of its actors failed (``SUPERVISION_MARK``)."""
-        try:
-            message = str(json.loads(data)["message"])
-        except (ValueError, KeyError, TypeError):
-            message = f"an actor on rank {rank} failed (its report could not be read: {data[:200]!r})"
-        self.notify(MeshFailure(self.s.name, "actor_failed", message, rank))
+    def actor_failed(self, failure: ActorFailure) -> None:
+        """OWN-1: a worker said one of its actors failed (``ACTOR_FAILURE_MARK``)."""
+        self.notify(MeshFailure(self.s.name, "actor_failed", failure.message, failure.rank))
 
     def _supervise(self, failure: MeshFailure) -> bool:
         """Sends ``__supervise__(failure)`` to the live actors of every actor mesh

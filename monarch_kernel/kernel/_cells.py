@@ -15,10 +15,10 @@ from IPython.core.error import UsageError
 from IPython.display import display, update_display
 
 from monarch_kernel import Shape, _origin, controller
-from monarch_kernel._wire import DISPLAY_MARK
+from monarch_kernel.controller import DisplayMessage
 from monarch_kernel.errors import FULL_TRACEBACK_ENV, ActorError, MonarchKernelError, SupervisionError
 from monarch_kernel.kernel._progress import EVERY, Bar, answer_prompts, say_what_it_waits_for
-from monarch_kernel.kernel._router import decode_display, without_widgets
+from monarch_kernel.kernel._router import Captured, bridged
 
 #: Remote tracebacks shown in full when many ranks fail.
 SHOW_TRACEBACKS = 3
@@ -396,7 +396,7 @@ class _Blocks:
         else:
             self._opened.pop(rank, None)
 
-    def add(self, item: tuple[str, int, str, str]) -> None:
+    def add(self, item: Captured) -> None:
         """Takes one line of a rank (shown by the next ``drain``). A line with ``\r``
         is what a terminal would show of it: the text after its last ``\r``, and it
         rewrites the rank's last line if that one was such a line too (a progress bar
@@ -405,8 +405,8 @@ class _Blocks:
         if rank in self.clear_on_next:
             self.clear_on_next.discard(rank)
             self._clear(rank)
-        if text.startswith(DISPLAY_MARK):
-            self._display(rank, text[len(DISPLAY_MARK) :])
+        if isinstance(text, DisplayMessage):
+            self._display(rank, text)
             return
         rewrite = "\r" in text
         if rewrite:
@@ -469,38 +469,33 @@ class _Blocks:
             else:
                 self._show(rank)  # (once, as the cell ends)
             return
-        self._rich_output(rank, {"data": data, "metadata": value.get("metadata", {})})
+        body = {"data": data, "metadata": value.get("metadata", {})}
+        self._rich_output(rank, DisplayMessage(self.mesh, rank, body))
 
     # -- rich output (DISPLAY-1) ------------------------------------------------------------
 
-    def _display(self, rank: int, body: str) -> None:
+    def _display(self, rank: int, msg: DisplayMessage) -> None:
         """A display message from ``rank``: a bundle, an update of one, or a clear."""
-        try:
-            msg = decode_display(body, self.token or "")
-        except Exception as e:  # shown, never lost silently
-            print(f"[rank {rank}] (a display from this rank could not be read: {e})")
-            return
-        if "comm" in msg:  # DISPLAY-2: a widget's model, bridged to the front end
+        if msg.comm is not None:  # DISPLAY-2: a widget's model, bridged to the front end
             kernel = _kernel()
-            msg["mesh"], msg["rank"] = self.mesh, rank
             if kernel is not None:
                 kernel.send_bridged(kernel.get_parent("shell"), msg)
             return
-        if msg.get("clear"):
-            if msg.get("wait"):
+        if msg.clear:
+            if msg.wait:
                 self.clear_on_next.add(rank)
             else:
                 self._clear(rank)
             return
         self._rich_output(rank, msg)
 
-    def _rich_output(self, rank: int, msg: dict[str, Any]) -> None:
+    def _rich_output(self, rank: int, msg: DisplayMessage) -> None:
         """Shows a bundle as its own output, after what the rank printed before it;
         the rank's later lines go on in a new block."""
-        wid = (msg.get("transient") or {}).get("display_id")
+        wid = msg.display_id
         kid = self.ids.get((rank, wid)) if wid else None
-        data, metadata = without_widgets(msg.get("data", {}), f"rank {rank}"), msg.get("metadata", {})
-        if msg.get("update"):
+        data, metadata = msg.data(bridged), msg.metadata
+        if msg.update:
             if kid is not None:
                 update_display(data, display_id=kid, metadata=metadata, raw=True)
             return

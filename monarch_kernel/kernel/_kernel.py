@@ -24,6 +24,7 @@ from typing import Any
 from ipykernel.ipkernel import IPythonKernel
 
 from monarch_kernel import _origin, controller
+from monarch_kernel.controller import DisplayMessage
 from monarch_kernel.kernel._magics import MeshMagics
 from monarch_kernel.kernel._progress import bar_here, slow_wait
 from monarch_kernel.kernel._router import Router, bridged, format_failure
@@ -116,11 +117,11 @@ class MonarchKernel(IPythonKernel):
     def banner(self) -> str:  # type: ignore[override]
         return f"{super().banner}\n{self._banner_line}\n"
 
-    def _send_stream(self, parent: dict[str, Any], stream: str, text: str) -> None:
+    def _send_stream(self, parent: dict[str, Any], stream: str, text: str | DisplayMessage) -> None:
         """Writes ``text`` as output of the cell whose request is ``parent`` (any thread);
-        ``stream == "display"``: ``text`` is a worker's display message (DISPLAY-1)."""
+        a worker's display message (DISPLAY-1) as a display message."""
         assert self.session is not None
-        if stream == "display":
+        if isinstance(text, DisplayMessage):
             self._send_display(parent, text)
             return
         name = "stderr" if stream == "stderr" else "stdout"
@@ -132,30 +133,29 @@ class MonarchKernel(IPythonKernel):
             ident=self._topic("stream"),
         )
 
-    def _send_display(self, parent: dict[str, Any], text: str) -> None:
+    def _send_display(self, parent: dict[str, Any], msg: DisplayMessage) -> None:
         """A worker's bundle as a display message of the cell ``parent`` (DISPLAY-1):
         its updates update it; a clear is not passed on (it would clear the cell's
         other output too)."""
         assert self.session is not None
-        msg = json.loads(text)
-        if "comm" in msg:
+        if msg.comm is not None:
             self.send_bridged(parent, msg)
             return
-        if msg.get("clear"):
+        if msg.clear:
             return
         transient = {}
-        wid = (msg.get("transient") or {}).get("display_id")
+        wid = msg.display_id
         if wid:
-            transient["display_id"] = f"{msg.get('label', '')}{wid}"
-        kind = "update_display_data" if msg.get("update") and wid else "display_data"
-        content = {"data": msg.get("data", {}), "metadata": msg.get("metadata", {}), "transient": transient}
+            transient["display_id"] = f"{msg.label}{wid}"
+        kind = "update_display_data" if msg.update and wid else "display_data"
+        content = {"data": msg.data(bridged), "metadata": msg.metadata, "transient": transient}
         self.session.send(self.iopub_socket, kind, content, parent=parent, ident=self._topic(kind))
 
-    def send_bridged(self, parent: dict[str, Any], msg: dict[str, Any]) -> None:
+    def send_bridged(self, parent: dict[str, Any], display: DisplayMessage) -> None:
         """DISPLAY-2: a comm message of a worker (its widget's model opening, updating,
         closing) as the kernel's own, to the front end, under the cell ``parent``."""
         assert self.session is not None
-        kind = str(msg["comm"])
+        kind, msg = display.comm, display.body
         if kind not in ("comm_open", "comm_msg", "comm_close"):
             return
         content: dict[str, Any] = {"comm_id": msg["comm_id"], "data": msg.get("data") or {}}
@@ -164,7 +164,7 @@ class MonarchKernel(IPythonKernel):
             if msg.get("target_module"):
                 content["target_module"] = msg["target_module"]
             bridged.add(str(msg["comm_id"]))
-            self._proxy_comm(msg)
+            self._proxy_comm(display)
         buffers: list[Any] = [base64.b64decode(b) for b in msg.get("buffers") or []]
         self.session.send(
             self.iopub_socket,
@@ -176,20 +176,18 @@ class MonarchKernel(IPythonKernel):
             ident=self._topic(kind),
         )
 
-    def _proxy_comm(self, msg: dict[str, Any]) -> None:
+    def _proxy_comm(self, display: DisplayMessage) -> None:
         """DISPLAY-2, the way back: a comm of this kernel stands for the worker's, and
         what the front end sends to it (a slider dragged) goes to that worker's comm
         (the built-in ``comm_msg``), without waiting."""
-        name, rank = msg.get("mesh"), msg.get("rank")
-        if name is None or rank is None:
-            return
+        name, rank, msg = display.mesh, display.rank, display.body
         import comm
         from ipykernel.comm import Comm
 
         proxy = Comm(comm_id=str(msg["comm_id"]), primary=False, target_name=str(msg.get("target_name", "")))
 
         def forward(m: dict[str, Any]) -> None:
-            session = controller.session(str(name))
+            session = controller.session(name)
             if session is None:
                 return
             body = {
@@ -197,7 +195,7 @@ class MonarchKernel(IPythonKernel):
                 "data": m["content"].get("data", {}),
                 "buffers": [base64.b64encode(bytes(b)).decode("ascii") for b in m.get("buffers") or []],
             }
-            session.send_builtin(int(rank), "comm_msg", json.dumps(body).encode())
+            session.send_builtin(rank, "comm_msg", json.dumps(body).encode())
 
         proxy.on_msg(forward)
         comm.get_comm_manager().register_comm(proxy)
@@ -215,7 +213,7 @@ class MonarchKernel(IPythonKernel):
             print(self._start_line)
             self._start_line = None
         for stream, text in pending:
-            if stream == "display":
+            if isinstance(text, DisplayMessage):
                 self._send_display(parent, text)
             else:
                 (sys.stderr if stream == "stderr" else sys.stdout).write(text)

@@ -14,17 +14,14 @@ that its calls printed.
 
 from __future__ import annotations
 
-import base64
 import collections
-import json
 import queue
 import threading
 import time
 from collections import OrderedDict
 from typing import Any
 
-from monarch_kernel import _native
-from monarch_kernel._wire import DISPLAY_MARK, FLUSH_MARK, INPUT_MARK, PROMPT_MARK
+from monarch_kernel.controller import DisplayMessage, LineKind, Prompt
 
 # Cells of this kernel, remembered: output of another origin is not ours (ROUTE-4).
 _MAX_PARENTS = 1000
@@ -34,33 +31,11 @@ _MAX_PENDING = 1000
 _LEAVES_PDB = frozenset({"c", "cont", "continue", "q", "quit", "exit"})
 
 
-def decode_display(body: str, token: str) -> dict[str, Any]:
-    """A display message from a worker's line (DISPLAY-1): inline JSON, or pulled
-    through the transfer engine with the mesh's ``token`` when it was large."""
-    msg: dict[str, Any] = json.loads(body)
-    if "pull" in msg:
-        desc = _native.Descriptor(base64.b64decode(msg["pull"]))
-        msg = json.loads(bytes(desc.fetch_new(token)))
-    return msg
-
-
-#: A widget's MIME type: its model lives in the worker, where no front end can reach it.
-WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
-
-
 #: Comms a worker opened through the bridge (DISPLAY-2), by id: their widgets render.
 bridged: set[str] = set()
 
-
-def without_widgets(data: dict[str, Any], where: str) -> dict[str, Any]:
-    """A worker's bundle as the notebook can show it: a widget whose model was not
-    bridged (DISPLAY-2) becomes its text form, with a note saying why."""
-    if WIDGET_MIME not in data or (data[WIDGET_MIME] or {}).get("model_id") in bridged:
-        return data
-    out = {k: v for k, v in data.items() if k != WIDGET_MIME}
-    note = f"(a widget from {where} whose model did not reach the notebook: it shows as text)"
-    out["text/plain"] = f"{out.get('text/plain', '')}\n{note}".lstrip("\n")
-    return out
+#: What a captured line is: (mesh, rank, stream, its text or its display message).
+Captured = tuple[str, int, str, "str | DisplayMessage"]
 
 
 class Router:
@@ -71,11 +46,11 @@ class Router:
         self._lock = threading.Condition()
         self._parents: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.current: str = ""  # the origin (msg id) of the cell running now, if any
-        self._captures: dict[str, queue.SimpleQueue[tuple[str, int, str, str]]] = {}
+        self._captures: dict[str, queue.SimpleQueue[Captured]] = {}
         self._marks: collections.defaultdict[str, set[tuple[str, int, str]]] = collections.defaultdict(set)
         #: Captured lines so far (a cell waiting for its marks wakes on each).
         self._lines_seen = 0
-        self._pending: list[tuple[str, str]] = []  # (stream, text) while idle
+        self._pending: list[tuple[str, str | DisplayMessage]] = []  # (stream, text) while idle
         self._failures: list[Any] = []
         #: (mesh, rank) whose output goes to the running cell (`%mesh debug --rank`).
         self._attached: set[tuple[str, int]] = set()
@@ -86,7 +61,9 @@ class Router:
 
     # -- cells (main thread) -----------------------------------------------------------
 
-    def cell_started(self, origin: str, parent: dict[str, Any]) -> tuple[list[tuple[str, str]], list[Any]]:
+    def cell_started(
+        self, origin: str, parent: dict[str, Any]
+    ) -> tuple[list[tuple[str, str | DisplayMessage]], list[Any]]:
         """Remembers the cell; returns what waited for it (output, failures)."""
         with self._lock:
             self._parents[origin] = parent
@@ -101,9 +78,10 @@ class Router:
         with self._lock:
             self.current = ""
 
-    def capture(self, origin: str) -> queue.SimpleQueue[tuple[str, int, str, str]]:
-        """ROUTE-2: lines of ``origin`` go to the returned queue as (mesh, rank, stream, text)."""
-        q: queue.SimpleQueue[tuple[str, int, str, str]] = queue.SimpleQueue()
+    def capture(self, origin: str) -> queue.SimpleQueue[Captured]:
+        """ROUTE-2: lines of ``origin`` go to the returned queue as (mesh, rank, stream,
+        text), a display message in place of the text (DISPLAY-1)."""
+        q: queue.SimpleQueue[Captured] = queue.SimpleQueue()
         with self._lock:
             self._captures[origin] = q
         return q
@@ -154,22 +132,28 @@ class Router:
     # -- watch threads -----------------------------------------------------------------
 
     def on_line(self, session: Any, line: Any) -> None:
-        mesh, origin = session.name, line.origin
-        if line.text == PROMPT_MARK or line.text.startswith(INPUT_MARK):
-            if line.text != PROMPT_MARK:  # input(): its own question instead of pdb's
+        """A line of a worker's output, of any kind but an actor's failure (the
+        session's own), as the agent classified it (``control.LineKind``)."""
+        mesh, origin, kind = session.name, line.origin, line.kind
+        if kind == LineKind.PROMPT or kind == LineKind.INPUT:
+            prompt = Prompt.of(line)
+            if prompt.question is not None:  # input(): its own question instead of pdb's
                 with self._lock:
-                    self._questions[(mesh, line.rank)] = line.text[len(INPUT_MARK) :]
+                    self._questions[(mesh, line.rank)] = prompt.question
             self.prompts.put((session, line.rank, origin))
             return
-        if line.text == FLUSH_MARK:
+        if kind == LineKind.END_MARK:
             with self._lock:
                 self._marks[origin].add((mesh, line.rank, line.stream))
                 self._lock.notify_all()
             return
+        text: str | DisplayMessage = line.text
+        if kind == LineKind.DISPLAY:  # DISPLAY-1: a bundle, decoded once, shown as one
+            text = DisplayMessage.of(mesh, line, session.token)
         with self._lock:
             q = self._captures.get(origin)
             if q is not None:
-                q.put((mesh, line.rank, line.stream, line.text))
+                q.put((mesh, line.rank, line.stream, text))
                 self._lines_seen += 1
                 self._lock.notify_all()  # (a cell waiting for its marks shows it meanwhile)
                 return
@@ -179,30 +163,15 @@ class Router:
             # To the running cell: its own output, output with no origin or whose cell has
             # ended (ROUTE-4).
             self._lines_seen += 1  # (a flush waiting for its marks sees output still comes)
-            if line.text.startswith(DISPLAY_MARK):  # DISPLAY-1: a bundle, shown as one
-                stream, text = "display", self._display_of(session, line.rank, line.text)
+            if isinstance(text, DisplayMessage):
+                stream: str = "display"
             else:
-                stream, text = line.stream, f"[{mesh} {line.rank}] {line.text}\n"
+                stream, text = line.stream, f"[{mesh} {line.rank}] {text}\n"
             parent = self._running_or_keep(stream, text)
         if parent is not None:
             self._send(parent, stream, text)
 
-    @staticmethod
-    def _display_of(session: Any, rank: int, text: str) -> str:
-        """A worker's display line (DISPLAY-1) as the JSON of its message, for a cell
-        that shows it as it comes (an endpoint displayed something); a message that
-        cannot be read becomes text saying so."""
-        try:
-            msg = decode_display(text[len(DISPLAY_MARK) :], session.token)
-        except Exception as e:
-            msg = {"data": {"text/plain": f"[{session.name} {rank}] (a display could not be read: {e})"}}
-        msg["label"] = f"[{session.name} {rank}]"
-        msg["mesh"], msg["rank"] = session.name, rank  # (a bridged comm's way back)
-        if "data" in msg:
-            msg["data"] = without_widgets(msg["data"], f"rank {rank} of {session.name!r}")
-        return json.dumps(msg)
-
-    def _running_or_keep(self, stream: str, text: str) -> dict[str, Any] | None:
+    def _running_or_keep(self, stream: str, text: str | DisplayMessage) -> dict[str, Any] | None:
         """The request of the cell running now; while none runs, ``text`` waits for
         the next one (up to ``_MAX_PENDING`` lines) and this returns None. Called
         with the lock held."""

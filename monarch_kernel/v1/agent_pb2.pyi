@@ -90,20 +90,36 @@ class LogsRequest(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., tail: _Optional[int] = ...) -> None: ...
 
 class LogLine(_message.Message):
-    __slots__ = ("rank", "stream", "text", "origin", "time_us", "pid")
+    __slots__ = ("rank", "stream", "text", "origin", "time_us", "pid", "kind")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        TEXT: _ClassVar[LogLine.Kind]
+        END_MARK: _ClassVar[LogLine.Kind]
+        PROMPT: _ClassVar[LogLine.Kind]
+        INPUT: _ClassVar[LogLine.Kind]
+        DISPLAY: _ClassVar[LogLine.Kind]
+        ACTOR_FAILURE: _ClassVar[LogLine.Kind]
+    TEXT: LogLine.Kind
+    END_MARK: LogLine.Kind
+    PROMPT: LogLine.Kind
+    INPUT: LogLine.Kind
+    DISPLAY: LogLine.Kind
+    ACTOR_FAILURE: LogLine.Kind
     RANK_FIELD_NUMBER: _ClassVar[int]
     STREAM_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
     TIME_US_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     rank: int
     stream: str
     text: str
     origin: str
     time_us: int
     pid: int
-    def __init__(self, rank: _Optional[int] = ..., stream: _Optional[str] = ..., text: _Optional[str] = ..., origin: _Optional[str] = ..., time_us: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
+    kind: LogLine.Kind
+    def __init__(self, rank: _Optional[int] = ..., stream: _Optional[str] = ..., text: _Optional[str] = ..., origin: _Optional[str] = ..., time_us: _Optional[int] = ..., pid: _Optional[int] = ..., kind: _Optional[_Union[LogLine.Kind, str]] = ...) -> None: ...
 
 class LogsReply(_message.Message):
     __slots__ = ("lines",)

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from monarch_kernel import _native, _origin
-from monarch_kernel._wire import ACTOR_FAILED, BUILTIN, SUPERVISION_MARK
+from monarch_kernel._wire import ACTOR_FAILED, ACTOR_FAILURE_MARK, BUILTIN
 from monarch_kernel.actor import (
     Context,
     Instance,
@@ -714,7 +714,7 @@ class Dispatcher:
         """Tells this worker's controller (by a line its agent forwards) that an actor failed."""
         import json
 
-        line = SUPERVISION_MARK + json.dumps({"actor": actor, "message": message[:16384]})
+        line = ACTOR_FAILURE_MARK + json.dumps({"actor": actor, "message": message[:16384]})
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
 

@@ -14,7 +14,7 @@ from kernel_harness import TALKER, TIMEOUT, Kernel, Outcome
 from proc_helpers import sigstop, still_alive
 
 from monarch_kernel import controller
-from monarch_kernel.hosts import _admin
+from monarch_kernel.hosts import _admin, _local
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -400,3 +400,46 @@ def test_the_inspector_widget_shows_the_procs_and_follows_a_death(kernel, mesh):
     assert out.error is None, out.traceback
     assert out.result == "[1]" and f"mesh '{mesh}': restarted rank(s) [1]" in out.stdout
     assert kernel.run(f"%mesh respawn {mesh}").result == "[]"
+
+
+def test_a_rank_that_displays_asks_and_fails_an_actor_leaves_only_its_printed_text_in_its_logs(kernel, mesh):
+    """Typed worker events: the agent reads a control line's mark once; the display
+    reaches the cell, the question the notebook, the actor's failure the controller,
+    and none of them ``%mesh logs`` (the Logs tab's source too) or ``rank-N.log``."""
+    out = Outcome(
+        kernel.kc.execute(
+            "%%mesh --ranks 0\nfrom IPython.display import HTML, display\nprint('typed: before')\n"
+            "display(HTML('<b>typed: shown</b>'))\nanswer = input('typed: asked? ')\nprint('typed: got', answer)",
+            allow_stdin=True,
+        )
+    )
+    assert _answer_pdb(kernel, out, ["yes"]) == [f"[{mesh} 0] typed: asked? "]
+    kernel.collect(out)
+    assert out.error is None, out.traceback
+    assert any("<b>typed: shown</b>" in h for h in out.html), out.html
+    assert "typed: got yes" in "".join(t for _k, t, _d in out.displays)
+    failing = kernel.run(
+        "from monarch_kernel import context\n"
+        "class Quitter(Actor):\n"
+        "    @endpoint\n"
+        "    def go(self):\n"
+        "        print('typed: quitting', flush=True)\n"
+        "        context().actor_instance.abort('typed: it chose to')\n"
+        "quitter = procs.slice(procs=0).spawn('typed_quitter', Quitter)\n"
+        "for _ in range(2):  # (the actor ends once its message is done: the second call fails)\n"
+        "    try:\n"
+        "        quitter.go.call_one().get(timeout=30)\n"
+        "    except Exception as e:\n"
+        "        print(type(e).__name__)\n"
+        "        break\n"
+    )
+    assert "SupervisionError" in failing.stdout, (failing.stdout, failing.stderr, failing.traceback)
+    logs = kernel.run("%mesh logs --rank 0 -n 500").stdout
+    files = list((_local.state_dir() / "logs").glob(f"{mesh}*/rank-0.log"))
+    assert len(files) == 1, files
+    for where, text in (("%mesh logs", logs), ("rank-0.log", files[0].read_text())):
+        for printed in ("typed: before", "typed: got yes", "typed: quitting"):
+            assert printed in text, (where, text)
+        for control in ("\x1d", "monarch display", "monarch input", "monarch supervision", "typed: shown"):
+            assert control not in text, (where, control, text)
+        assert "typed: asked?" not in text.replace("input('typed: asked? ')", ""), (where, text)

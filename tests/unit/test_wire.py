@@ -12,7 +12,8 @@ from monarch_kernel.worker import _output
 
 def test_what_rust_owns_python_takes_from_the_native_module():
     assert _wire.MESSAGE_HEADER == bytes(_native.MESSAGE_HEADER) == _buffers.HEADER
-    assert _wire.FLUSH_MARK == _native.FLUSH_MARK
+    for name in ("FLUSH_MARK", "PROMPT_MARK", "INPUT_MARK", "DISPLAY_MARK", "ACTOR_FAILURE_MARK"):
+        assert getattr(_wire, name) == getattr(_native, name), name
     assert (_wire.ORIGIN_START, _wire.ORIGIN_END) == (_native.ORIGIN_START, _native.ORIGIN_END)
     assert _wire.TRANSFER_STREAMS_ENV == _native.TRANSFER_STREAMS_ENV == "MONARCH_TRANSFER_STREAMS"
 
@@ -43,3 +44,36 @@ def test_the_worker_states_are_the_protos():
 
     assert control.WORKER_RUNNING == agent_pb2.WORKER_STATE_RUNNING
     assert control.WORKER_EXITED == agent_pb2.WORKER_STATE_EXITED
+
+
+def test_the_line_kinds_are_the_protos():
+    from monarch_kernel.control import LineKind
+    from monarch_kernel.v1 import agent_pb2
+
+    assert {k.name: k.value for k in LineKind} == dict(agent_pb2.LogLine.Kind.items())
+
+
+def test_the_agent_reads_each_control_line_a_worker_writes_as_its_kind():
+    """What the worker's writers put on stdout is classified by the agent's own code
+    into the kind Python dispatches on, with the text after the mark."""
+    import contextlib
+    import json
+
+    from monarch_kernel.control import LineKind
+    from monarch_kernel.worker import _debug, _display
+
+    def classify(written: str) -> tuple[LineKind, str]:
+        line = written.strip("\n").split("\n")[-1].encode()
+        kind, payload = _native.classify_line(_native.split_origin(line)[1])
+        return LineKind(kind), payload.decode()
+
+    sink = io.StringIO()
+    with contextlib.redirect_stdout(sink):
+        _display.send({"data": {"text/plain": "x"}})
+    kind, payload = classify(sink.getvalue())
+    assert kind == LineKind.DISPLAY and json.loads(payload)["data"] == {"text/plain": "x"}
+    assert classify(_wire.FLUSH_MARK) == (LineKind.END_MARK, "")
+    assert classify(_debug.PROMPT_MARK) == (LineKind.PROMPT, "")
+    assert classify(f"{_debug.INPUT_MARK}your name? ") == (LineKind.INPUT, "your name? ")
+    assert classify(_wire.ACTOR_FAILURE_MARK + '{"actor": "a"}') == (LineKind.ACTOR_FAILURE, '{"actor": "a"}')
+    assert classify("what the user printed") == (LineKind.TEXT, "what the user printed")

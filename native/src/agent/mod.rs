@@ -12,6 +12,7 @@
 //! Given the mesh's TLS identity, the agent serves TLS and hands the identity to each
 //! worker it starts, on the worker's stdin (TLS-1, TLS-3; `rpc/tls.rs`).
 
+pub mod marks;
 pub mod oom;
 pub mod process;
 pub mod relay;

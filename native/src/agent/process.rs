@@ -7,8 +7,9 @@
 //! token as the first line on stdin (never in argv or the environment); and, as the
 //! second, the mesh's TLS identity as JSON ([`tls_line`]; TLS-3).
 
+use crate::agent::marks::classify;
 use crate::proto::v1::{
-    agent_event, AgentEvent, LogLine, SpawnWorkersRequest, WorkerInfo, WorkerState,
+    agent_event, log_line::Kind, AgentEvent, LogLine, SpawnWorkersRequest, WorkerInfo, WorkerState,
 };
 use crate::rpc::tls::ServerIdentity;
 use std::collections::VecDeque;
@@ -63,10 +64,6 @@ fn hostname() -> String {
     let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
-
-/// What a worker writes to mark the end of a call's output (the Python dispatcher's
-/// `FLUSH_MARK`): passed on to watchers, kept out of log files and the ring buffer.
-pub const FLUSH_MARK: &[u8] = b"\x1d monarch flush";
 
 /// Starts a worker line's origin tag (`ORIGIN_START origin ORIGIN_END text`).
 pub const ORIGIN_START: u8 = 0x1e;
@@ -395,24 +392,23 @@ impl Workers {
                     Ok(_) => {}
                 }
                 let (origin, body) = split_origin(&buf);
-                let is_mark = body.strip_suffix(b"\n").unwrap_or(body) == FLUSH_MARK;
-                if let (Some(f), false) = (file.as_mut(), is_mark) {
+                let (kind, payload) = classify(body.strip_suffix(b"\n").unwrap_or(body));
+                let is_text = kind == Kind::Text;
+                if let (Some(f), true) = (file.as_mut(), is_text) {
                     let _ = f.write_all(body);
                 }
-                let text = String::from_utf8_lossy(body)
-                    .trim_end_matches('\n')
-                    .to_string();
                 let line = LogLine {
                     rank,
                     stream: stream.to_string(),
-                    text,
+                    text: String::from_utf8_lossy(payload).into_owned(),
                     origin,
                     time_us: std::time::SystemTime::now()
                         .duration_since(std::time::UNIX_EPOCH)
                         .map_or(0, |d| d.as_micros() as u64),
                     pid,
+                    kind: kind as i32,
                 };
-                if !is_mark {
+                if is_text {
                     let mut recs = records.lock().unwrap_or_else(|e| e.into_inner());
                     if let Some(rec) = recs.iter_mut().find(|r| r.info.rank == rank) {
                         if rec.ring.len() == RING_LINES {

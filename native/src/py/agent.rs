@@ -109,14 +109,32 @@ fn split_origin<'py>(py: Python<'py>, line: &[u8]) -> (String, Bound<'py, pyo3::
     (origin, pyo3::types::PyBytes::new(py, text))
 }
 
+/// How the host agent classifies a worker's output line (without its origin tag):
+/// `(kind, payload)`, the kind as `LogLine.Kind`'s number (for the test that what
+/// Python's worker writes is read as the kind it means).
+#[pyfunction]
+fn classify_line<'py>(py: Python<'py>, line: &[u8]) -> (i32, Bound<'py, pyo3::types::PyBytes>) {
+    let (kind, payload) = crate::agent::marks::classify(line);
+    (kind as i32, pyo3::types::PyBytes::new(py, payload))
+}
+
 pub fn register_python_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    use crate::agent::process::{FLUSH_MARK, ORIGIN_END, ORIGIN_START};
+    use crate::agent::marks::{
+        ACTOR_FAILURE_MARK, DISPLAY_MARK, FLUSH_MARK, INPUT_MARK, PROMPT_MARK,
+    };
+    use crate::agent::process::{ORIGIN_END, ORIGIN_START};
     m.add_class::<PyAgent>()?;
     m.add_function(wrap_pyfunction!(split_origin, m)?)?;
-    m.add(
-        "FLUSH_MARK",
-        String::from_utf8_lossy(FLUSH_MARK).into_owned(),
-    )?;
+    m.add_function(wrap_pyfunction!(classify_line, m)?)?;
+    for (name, mark) in [
+        ("FLUSH_MARK", FLUSH_MARK),
+        ("PROMPT_MARK", PROMPT_MARK),
+        ("INPUT_MARK", INPUT_MARK),
+        ("DISPLAY_MARK", DISPLAY_MARK),
+        ("ACTOR_FAILURE_MARK", ACTOR_FAILURE_MARK),
+    ] {
+        m.add(name, String::from_utf8_lossy(mark).into_owned())?;
+    }
     m.add("ORIGIN_START", char::from(ORIGIN_START).to_string())?;
     m.add("ORIGIN_END", char::from(ORIGIN_END).to_string())?;
     m.add_function(wrap_pyfunction!(start_agent, m)?)?;
