@@ -1,6 +1,8 @@
 /**
  * What the Meshes panel shows, as text and HTML, from the server extension's JSON
- * (GET /monarch/meshes, the /monarch/events stream). Pure functions of their
+ * (GET /monarch/meshes, the /monarch/events stream). Its shape is
+ * schema/mesh-view.schema.json, the one schema of it that the Python tests (real
+ * views) and the jest tests (the fixtures) validate against. Pure functions of their
  * arguments, with no JupyterLab or DOM imports, so jest tests them without a lab
  * (src/__tests__/render.spec.ts). Every name and host goes through `escapeHtml`:
  * they come from whoever started the mesh.
@@ -34,6 +36,8 @@ export interface IHost {
   procs: number;
   alive: number;
   state: 'alive' | 'unreachable' | 'gone';
+  /** The mesh's ranks on this host. */
+  ranks: number[];
 }
 
 /** The controller that holds a mesh: a kernel (of a notebook, where known) or a script. */
@@ -51,7 +55,7 @@ export interface IMesh {
    * namespace); it may run, `why` says where, and it has no ranks to show. */
   state: 'alive' | 'degraded' | 'lost' | 'unreachable';
   /** Why the mesh is unreachable from here, where it runs and what to do; else null. */
-  why?: string | null;
+  why: string | null;
   procs: number;
   alive: number;
   unresponsive: number;

@@ -16,10 +16,16 @@ from pathlib import Path
 
 import jupyter_servers
 import pytest
+from view_schema import valid_view
 
 from monarch_kernel import controller, this_host
 from monarch_kernel.controller._admin import mesh_table
 from monarch_kernel.hosts import _admin
+
+
+def _view(name: str) -> dict | None:
+    """The mesh's picture, checked against the panel's schema (VIEW-1)."""
+    return valid_view(controller.view_of(name))
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -78,34 +84,34 @@ def test_the_agents_know_who_holds_a_mesh_and_when_an_idle_one_stops(held):
 
 def test_the_view_says_dead_with_the_signal_and_unresponsive_for_a_stopped_worker(held):
     # VIEW-1: the same states the panel and the inspector show.
-    view = controller.view_of(held)
+    view = _view(held)
     assert view is not None
     assert [r["state"] for r in view["ranks"]] == ["alive", "alive"] and view["state"] == "alive"
     assert all(r["usage"]["rss"] > 0 for r in view["ranks"])  # measured by each worker
     pids = [r["pid"] for r in view["ranks"]]
     os.kill(pids[0], signal.SIGSTOP)  # alive, but it cannot answer
     try:
-        view = controller.view_of(held)
+        view = _view(held)
         assert view is not None
         assert view["ranks"][0]["state"] == "unresponsive" and view["unresponsive"] == 1
         assert view["state"] == "degraded" and view["alive"] == 1
     finally:
         os.kill(pids[0], signal.SIGCONT)
-    _until("alive again", lambda: controller.view_of(held)["ranks"][0]["state"] == "alive")  # type: ignore[index]
+    _until("alive again", lambda: _view(held)["ranks"][0]["state"] == "alive")  # type: ignore[index]
     os.kill(pids[1], signal.SIGKILL)
-    view = _until("dead", lambda: (v := controller.view_of(held)) and v["ranks"][1]["state"] == "dead" and v)
+    view = _until("dead", lambda: (v := _view(held)) and v["ranks"][1]["state"] == "dead" and v)
     assert view["ranks"][1]["why"] == "SIGKILL" and view["state"] == "degraded"  # type: ignore[index]
 
 
 def test_respawn_restarts_the_dead_ranks_of_a_mesh_nobody_holds(script_mesh):
-    view = controller.view_of(script_mesh)
+    view = _view(script_mesh)
     assert view is not None and not view["attached"]
     os.kill(view["ranks"][1]["pid"], signal.SIGKILL)
-    _until("dead", lambda: controller.view_of(script_mesh)["ranks"][1]["state"] == "dead")  # type: ignore[index]
+    _until("dead", lambda: _view(script_mesh)["ranks"][1]["state"] == "dead")  # type: ignore[index]
     out = _cli("respawn", script_mesh)
     assert out.returncode == 0, out.stderr
     assert f"{script_mesh}: restarted rank(s) [1]" in out.stdout
-    view = controller.view_of(script_mesh)
+    view = _view(script_mesh)
     assert view is not None and [r["state"] for r in view["ranks"]] == ["alive", "alive"]
     assert view["ranks"][1]["restarts"] == 1 and not view["attached"]  # let go again
     assert _cli("respawn", script_mesh).stdout.strip() == f"{script_mesh}: no rank is dead"

@@ -15,6 +15,7 @@ import psutil
 import pytest
 from proc_helpers import mesh_of_another_host
 from tornado.httpclient import HTTPClientError
+from view_schema import valid_view
 
 from monarch_kernel.hosts import _registry
 
@@ -36,7 +37,7 @@ async def _json(jp_fetch, *parts: str, method: str = "GET", **kwargs) -> dict:
 
 
 async def _meshes(jp_fetch) -> dict[str, dict]:
-    return {m["name"]: m for m in (await _json(jp_fetch, "monarch", "meshes"))["meshes"]}
+    return {m["name"]: valid_view(m) for m in (await _json(jp_fetch, "monarch", "meshes"))["meshes"]}
 
 
 async def test_the_list_of_meshes_is_json_with_a_meshes_list(jp_fetch):

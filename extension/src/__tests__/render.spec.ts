@@ -2,9 +2,9 @@
  * What the Meshes panel shows, from the server's JSON (render.ts), read back the
  * way a user sees it: the HTML parsed by jsdom.
  */
+import { NOW, mesh, rank } from './fixtures';
 import {
   IMesh,
-  IRank,
   escapeHtml,
   formatDuration,
   hasDeadRank,
@@ -16,42 +16,6 @@ import {
   respawningNote,
   statusText
 } from '../render';
-
-const NOW = 1_700_000_000;
-
-function rank(r: number, extra: Partial<IRank> = {}): IRank {
-  return {
-    rank: r,
-    pid: 1000 + r,
-    host: 'node0',
-    state: 'alive',
-    why: null,
-    restarts: 0,
-    usage: { cpu: 1.5, rss: 200 * 2 ** 20 },
-    ...extra
-  };
-}
-
-function mesh(extra: Partial<IMesh> = {}): IMesh {
-  const ranks = extra.ranks ?? [rank(0), rank(1)];
-  return {
-    name: 'train',
-    state: 'alive',
-    procs: ranks.length,
-    alive: ranks.filter(r => r.state === 'alive').length,
-    unresponsive: 0,
-    hosts: [{ host: 'node0', addr: '10.0.0.1', procs: ranks.length, alive: 2, state: 'alive' }],
-    epoch: 3,
-    attached: false,
-    owner: null,
-    ephemeral: false,
-    idle_timeout: 600,
-    idle_deadline: NOW + 600,
-    created: NOW - 60,
-    ranks,
-    ...extra
-  };
-}
 
 /** The mesh's HTML as the browser builds it. */
 function rendered(m: IMesh, note = ''): HTMLElement {
@@ -127,7 +91,7 @@ describe('escaping', () => {
   it('keeps a hostile mesh or host name out of the page structure', () => {
     const m = mesh({
       name: hostile,
-      hosts: [{ host: '<script>x()</script>', addr: '', procs: 2, alive: 2, state: 'alive' }],
+      hosts: [{ host: '<script>x()</script>', addr: '', procs: 2, alive: 2, state: 'alive', ranks: [0, 1] }],
       ranks: [rank(0, { host: '<b onclick="x()">h</b>' })],
       owner: { kind: 'kernel', notebook: '<img src=x onerror=y>.ipynb', kernel_id: 'k', pid: 1, host: 'h' }
     });
@@ -236,7 +200,7 @@ describe('a mesh unreachable from this server', () => {
       procs: 2,
       ranks: [],
       idle_deadline: null,
-      hosts: [{ host: 'login', addr: '127.0.0.1:5', procs: 2, alive: 0, state: 'unreachable' }]
+      hosts: [{ host: 'login', addr: '127.0.0.1:5', procs: 2, alive: 0, state: 'unreachable', ranks: [0, 1] }]
     });
     const el = rendered(m);
     const state = el.querySelector('.monarch-mesh-state') as HTMLElement;

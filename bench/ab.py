@@ -1,0 +1,153 @@
+"""A/B of the call path against another commit: ``make bench AB=COMMIT``.
+
+Builds COMMIT's wheel (``maturin build --release``; its Rust build is kept under
+``target/ab``, so a second run only builds what changed) into a scratch venv under
+``$TMPDIR/monarch-ab/COMMIT`` that takes every other package from this venv, then
+runs the call rows (``call_one``, ``call()`` to 2 procs, pipelined ``call_one``)
+with this checkout and with COMMIT alternately, ``BENCH_AB_PAIRS`` pairs (default
+3), each in a fresh process, and prints each pair and the medians. A change on the
+hot path is shown by this, not by two runs at different times: this machine's call
+latency varies more between minutes than between builds.
+
+    python bench/ab.py COMMIT            (from the repository root)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PAIRS = int(os.environ.get("BENCH_AB_PAIRS", "3"))
+
+#: The call rows, as ``bench/run.py`` measures them, in a process of its own: the same
+#: code for both builds (only names every version has: Actor, endpoint, this_host).
+CALLS = r"""
+import json, statistics, sys, time
+from monarch_kernel import Actor, endpoint, this_host
+
+class Echo(Actor):
+    @endpoint
+    def ping(self, x):
+        return x
+
+def timed(fn, n, warmup=100):
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t)
+    return statistics.median(samples)
+
+procs = this_host().spawn_procs(per_host={"procs": 2})
+try:
+    e = procs.spawn("echo", Echo)
+    one = e.slice(procs=0).ping
+    n = int(sys.argv[1])
+    rt = timed(lambda: one.call_one(7).get(), n)
+    both = timed(lambda: e.ping.call(7).get(), n)
+    rates = []
+    for _ in range(5):
+        t = time.perf_counter()
+        futures = [one.call_one(i) for i in range(1000)]
+        for f in futures:
+            f.get()
+        rates.append(1000 / (time.perf_counter() - t))
+    print(json.dumps({"call_one": rt * 1e6, "call": both * 1e6, "pipelined": statistics.median(rates)}))
+finally:
+    procs.stop()
+"""
+
+
+def _run(cmd: list[str], **kw: object) -> None:
+    subprocess.run(cmd, check=True, **kw)  # type: ignore[call-overload]
+
+
+def scratch_python(commit: str) -> Path:
+    """A venv with ``commit``'s build of the package (built once per commit)."""
+    sha = subprocess.run(
+        ["git", "rev-parse", "--verify", f"{commit}^{{commit}}"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    home = Path(tempfile.gettempdir()) / "monarch-ab" / sha[:12]
+    python = home / "venv" / "bin" / "python"
+    if (home / "installed").exists():
+        return python
+    src = home / "src"
+    if not src.exists():
+        src.mkdir(parents=True)
+        archive = subprocess.run(["git", "archive", sha], cwd=ROOT, check=True, capture_output=True).stdout
+        _run(["tar", "-x", "-C", str(src)], input=archive)
+    wheels = home / "wheels"
+    shutil.rmtree(wheels, ignore_errors=True)
+    env = {**os.environ, "CARGO_TARGET_DIR": str(ROOT / "target" / "ab")}
+    maturin = Path(sys.executable).parent / "maturin"
+    _run(
+        [str(maturin), "build", "--release", "-q", "-o", str(wheels), "-i", sys.executable], cwd=src, env=env
+    )
+    if not python.exists():
+        _run([sys.executable, "-m", "venv", str(home / "venv")])
+    # Every other package from this venv (its folder is read after the scratch venv's own).
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    Path(site, "from-main-venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    wheel = next(wheels.glob("*.whl"))
+    _run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(wheel)])
+    (home / "installed").touch()
+    return python
+
+
+def calls_with(python: Path, n: int) -> dict[str, float]:
+    """The call rows with ``python``'s build, run outside the checkout (so that its
+    ``monarch_kernel`` folder is not the one imported)."""
+    out = subprocess.run(
+        [str(python), "-c", CALLS, str(n)],
+        cwd=tempfile.gettempdir(),
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    ).stdout
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def main() -> None:
+    if len(sys.argv) != 2:
+        sys.exit("usage: python bench/ab.py COMMIT   (or: make bench AB=COMMIT)")
+    commit = sys.argv[1]
+    other = scratch_python(commit)
+    n = int(os.environ.get("BENCH_CALLS", "2000"))
+    rows: dict[str, dict[str, list[float]]] = {"this": {}, commit: {}}
+    for i in range(PAIRS):
+        for name, python in (("this", Path(sys.executable)), (commit, other)):
+            got = calls_with(python, n)
+            for k, v in got.items():
+                rows[name].setdefault(k, []).append(v)
+            print(
+                f"pair {i + 1}, {name:>12}: " + ", ".join(f"{k} {v:,.0f}" for k, v in got.items()), flush=True
+            )
+    print(f"\nmedians of {PAIRS} alternating pairs (call_one and call in us, pipelined in calls/s):")
+    print(f"{'':<12} {'call_one':>10} {'call':>10} {'pipelined':>10}")
+    for name, got in rows.items():
+        med = {k: statistics.median(v) for k, v in got.items()}
+        print(f"{name:<12} {med['call_one']:>10,.0f} {med['call']:>10,.0f} {med['pipelined']:>10,.0f}")
+
+
+if __name__ == "__main__":
+    main()
