@@ -31,6 +31,7 @@ use crate::proto::v1::{
     Call, Calls, CancelRequest, Delivery, PingRequest, Received, Reply, ReplyKind,
     SpawnActorRequest, StatsReply, StatsRequest, StopActorRequest,
 };
+use crate::sync::lock;
 use bytes::Bytes;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -136,7 +137,7 @@ async fn error_of(addr: &str, s: &tonic::Status, plaintext_unanswered: bool) -> 
 pub fn epoch_cell(token: &str) -> Arc<AtomicU64> {
     static CELLS: OnceLock<Mutex<HashMap<String, Arc<AtomicU64>>>> = OnceLock::new();
     let cells = CELLS.get_or_init(Default::default);
-    let mut map = cells.lock().unwrap_or_else(|e| e.into_inner());
+    let mut map = lock(cells);
     map.entry(token.to_string())
         .or_insert_with(|| Arc::new(AtomicU64::new(0)))
         .clone()
@@ -152,10 +153,6 @@ fn next_call_id() -> u64 {
     static NEXT: OnceLock<AtomicU64> = OnceLock::new();
     NEXT.get_or_init(|| AtomicU64::new(resume::random_id() >> 1))
         .fetch_add(1, Ordering::Relaxed)
-}
-
-fn lock(p: &Mutex<Pending>) -> std::sync::MutexGuard<'_, Pending> {
-    p.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Fails every pending call with the *first* cause of the loss (a later failure,
@@ -537,11 +534,7 @@ impl WorkerConn {
     fn abandon_in(table: &OnceLock<ConnTable>, addr: &str, token: &str, err: RpcError) -> bool {
         let conns = table.get_or_init(Default::default);
         let key = (addr.to_string(), token.to_string());
-        let conn = conns
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-            .cloned();
+        let conn = lock(conns).get(&key).cloned();
         conn.map(|c| c.abandon(err)).is_some()
     }
 
@@ -560,7 +553,7 @@ impl WorkerConn {
     ) -> Result<Arc<WorkerConn>, RpcError> {
         let conns = table.get_or_init(Default::default);
         let key = (addr.to_string(), token.to_string());
-        let mut map = conns.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = lock(conns);
         if let Some(c) = map.get(&key) {
             let same_ca = match (&c.ca, super::tls::mesh_ca(token)) {
                 (None, None) => true,
