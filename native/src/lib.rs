@@ -11,6 +11,7 @@ pub mod agent;
 pub mod node;
 pub mod proto;
 pub mod rpc;
+mod sync;
 pub mod transfer;
 
 #[cfg(feature = "python")]

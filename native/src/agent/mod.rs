@@ -27,6 +27,7 @@ use crate::proto::v1::{
 };
 use crate::rpc::auth::TokenCheck;
 use crate::rpc::tls::ServerIdentity;
+use crate::sync::lock;
 use process::Workers;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -111,11 +112,7 @@ struct Lease(Arc<Agent>);
 impl Drop for Lease {
     fn drop(&mut self) {
         if self.0.watchers.fetch_sub(1, Ordering::SeqCst) == 1 {
-            *self
-                .0
-                .detached_since
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+            *lock(&self.0.detached_since) = Some(Instant::now());
         }
     }
 }
@@ -161,21 +158,14 @@ impl Agent {
         Ok(())
     }
 
-    fn actors(&self) -> std::sync::MutexGuard<'_, Vec<ActorRecord>> {
-        self.actors.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// How long until the idle timeout stops the mesh; None while a controller is
     /// attached (AGENT-2).
     fn idle_left(&self) -> Option<Duration> {
         if self.watchers.load(Ordering::SeqCst) > 0 {
             return None;
         }
-        let since = (*self
-            .detached_since
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()))?;
-        let limit = if *self.ever_attached.lock().unwrap_or_else(|e| e.into_inner()) {
+        let since = (*lock(&self.detached_since))?;
+        let limit = if *lock(&self.ever_attached) {
             self.cfg.idle_timeout
         } else {
             self.cfg.first_attach_timeout.max(self.cfg.idle_timeout)
@@ -232,10 +222,7 @@ impl HostAgent for Service {
     async fn watch(&self, _req: Request<WatchRequest>) -> Result<Response<EventStream>, Status> {
         let agent = self.0.clone();
         agent.watchers.fetch_add(1, Ordering::SeqCst);
-        *agent
-            .ever_attached
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = true;
+        *lock(&agent.ever_attached) = true;
         let lease = Lease(agent.clone());
         let mut events = agent.events.subscribe();
         let (tx, rx) = tokio::sync::mpsc::channel(1024);
@@ -298,12 +285,7 @@ impl HostAgent for Service {
                 .0
                 .idle_left()
                 .map_or(0, |d| (d.as_millis() as u64).max(1)),
-            owner: self
-                .0
-                .owner
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone(),
+            owner: lock(&self.0.owner).clone(),
         }))
     }
 
@@ -318,13 +300,13 @@ impl HostAgent for Service {
             })
             .unwrap_or_default();
         let epoch = (before + 1).max(at_least);
-        *a.owner.lock().unwrap_or_else(|e| e.into_inner()) = r.owner;
+        *lock(&a.owner) = r.owner;
         Ok(Response::new(AttachReply {
             epoch,
             name: a.cfg.name.clone(),
             meta: a.cfg.meta.clone(),
             workers: a.workers.list(),
-            actors: a.actors().clone(),
+            actors: lock(&a.actors).clone(),
         }))
     }
 
@@ -334,7 +316,7 @@ impl HostAgent for Service {
     ) -> Result<Response<RecordActorReply>, Status> {
         let r = req.into_inner();
         self.0.admit(r.epoch)?;
-        let mut actors = self.0.actors();
+        let mut actors = lock(&self.0.actors);
         actors.retain(|a| a.name != r.name);
         actors.push(r);
         Ok(Response::new(RecordActorReply {}))
@@ -346,7 +328,7 @@ impl HostAgent for Service {
     ) -> Result<Response<RecordActorReply>, Status> {
         let r = req.into_inner();
         self.0.admit(r.epoch)?;
-        self.0.actors().retain(|a| a.name != r.name);
+        lock(&self.0.actors).retain(|a| a.name != r.name);
         Ok(Response::new(RecordActorReply {}))
     }
 

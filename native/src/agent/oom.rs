@@ -18,6 +18,7 @@
 //! timestamps are the kernel's own clock, which NTP does not slew as it slews the
 //! agent's, so the two drift apart by seconds a day.
 
+use crate::sync::lock;
 use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::{Mutex, OnceLock};
@@ -88,7 +89,7 @@ fn with_log<T>(f: impl FnOnce(&mut KernelLog) -> T) -> Option<T> {
     let log = LOG
         .get_or_init(|| KernelLog::open().map(Mutex::new))
         .as_ref()?;
-    let mut log = log.lock().unwrap_or_else(|e| e.into_inner());
+    let mut log = lock(log);
     Some(f(&mut log))
 }
 

@@ -12,6 +12,7 @@ use crate::proto::v1::{
     agent_event, log_line::Kind, AgentEvent, LogLine, SpawnWorkersRequest, WorkerInfo, WorkerState,
 };
 use crate::rpc::tls::ServerIdentity;
+use crate::sync::lock;
 use std::collections::VecDeque;
 use std::io::Write;
 use std::os::fd::AsRawFd;
@@ -184,10 +185,6 @@ impl Workers {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Record>> {
-        self.records.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Starts `req.count` workers, ranked after those that exist. Must run inside the
     /// runtime.
     pub async fn spawn(
@@ -195,11 +192,11 @@ impl Workers {
         req: &SpawnWorkersRequest,
         events: broadcast::Sender<AgentEvent>,
     ) -> std::io::Result<Vec<WorkerInfo>> {
-        let first = match self.lock().iter().map(|r| r.info.rank + 1).max() {
+        let first = match lock(&self.records).iter().map(|r| r.info.rank + 1).max() {
             Some(next) => next,
             None => req.first_rank,
         };
-        *self.spec.lock().unwrap_or_else(|e| e.into_inner()) = Some(req.clone());
+        *lock(&self.spec) = Some(req.clone());
         let mut out = Vec::new();
         for rank in first..first + req.count {
             out.push(self.spawn_one(rank, req, events.clone()).await?);
@@ -214,12 +211,12 @@ impl Workers {
         ranks: &[u32],
         events: broadcast::Sender<AgentEvent>,
     ) -> Result<Vec<WorkerInfo>, String> {
-        let spec = self.spec.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let spec = lock(&self.spec).clone();
         let Some(spec) = spec else {
             return Err("no workers were ever started".into());
         };
         for &rank in ranks {
-            match self.lock().iter().find(|r| r.info.rank == rank) {
+            match lock(&self.records).iter().find(|r| r.info.rank == rank) {
                 None => return Err(format!("there is no rank {rank}")),
                 Some(r) if r.info.state != WorkerState::Exited as i32 => {
                     return Err(format!("rank {rank} is still running (pid {})", r.info.pid))
@@ -299,7 +296,7 @@ impl Workers {
             let _ = s.write_all(self.stdin_head.as_bytes()).await;
         }
         {
-            let mut recs = self.lock();
+            let mut recs = lock(&self.records);
             match recs.iter_mut().find(|r| r.info.rank == rank) {
                 Some(old) => {
                     // A restart: the output so far stays in the ring.
@@ -335,7 +332,7 @@ impl Workers {
                 String::new()
             };
             let info = {
-                let mut recs = records.lock().unwrap_or_else(|e| e.into_inner());
+                let mut recs = lock(&records);
                 let Some(rec) = recs
                     .iter_mut()
                     .find(|r| r.info.rank == rank && r.info.pid == pid)
@@ -409,7 +406,7 @@ impl Workers {
                     kind: kind as i32,
                 };
                 if is_text {
-                    let mut recs = records.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut recs = lock(&records);
                     if let Some(rec) = recs.iter_mut().find(|r| r.info.rank == rank) {
                         if rec.ring.len() == RING_LINES {
                             rec.ring.pop_front();
@@ -426,7 +423,7 @@ impl Workers {
 
     /// The address of the running worker of proc rank `proc`.
     pub fn addr_of(&self, proc: u32) -> Option<String> {
-        self.lock()
+        lock(&self.records)
             .iter()
             .find(|r| r.info.rank == proc && r.info.state == WorkerState::Running as i32)
             .map(|r| r.info.addr.clone())
@@ -434,7 +431,7 @@ impl Workers {
 
     /// Every worker, alive or not, with the kernel's view of each running one.
     pub fn list(&self) -> Vec<WorkerInfo> {
-        let mut out: Vec<WorkerInfo> = self.lock().iter().map(|r| r.info.clone()).collect();
+        let mut out: Vec<WorkerInfo> = lock(&self.records).iter().map(|r| r.info.clone()).collect();
         for w in &mut out {
             if w.state == WorkerState::Running as i32 {
                 w.proc_state = proc_state(w.pid);
@@ -445,7 +442,7 @@ impl Workers {
 
     /// The last `tail` lines of `rank` (every rank if `None`), oldest first.
     pub fn logs(&self, rank: Option<u32>, tail: usize) -> Vec<LogLine> {
-        let recs = self.lock();
+        let recs = lock(&self.records);
         let mut out = Vec::new();
         for r in recs
             .iter()
@@ -460,7 +457,7 @@ impl Workers {
     }
 
     fn running_pids(&self) -> Vec<i32> {
-        self.lock()
+        lock(&self.records)
             .iter()
             .filter(|r| r.info.state == WorkerState::Running as i32)
             .map(|r| r.info.pid as i32)

@@ -21,6 +21,7 @@ use crate::proto::v1::{
 use crate::rpc::batch::Batched;
 use crate::rpc::client::WorkerConn;
 use crate::rpc::resume::{self, Admit, Callers};
+use crate::sync::lock;
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -53,10 +54,6 @@ impl Relay {
             callers: Arc::default(),
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn refusal(call_id: u64, kind: ReplyKind, proc: Option<u32>, why: String) -> Reply {

@@ -4,6 +4,7 @@
 //! first use and shut down once, from Python's atexit with the GIL released
 //! ([`shutdown`]). NODE-1: no code in this crate creates a second runtime.
 
+use crate::sync::lock;
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 use tokio::runtime::{Handle, Runtime};
@@ -23,14 +24,14 @@ pub fn handle() -> &'static Handle {
             .build()
             .expect("cannot start the tokio runtime (out of threads or file descriptors?)");
         let handle = rt.handle().clone();
-        *RUNTIME.lock().unwrap_or_else(|e| e.into_inner()) = Some(rt);
+        *lock(&RUNTIME) = Some(rt);
         handle
     })
 }
 
 /// Stops the runtime, giving running tasks `grace` to finish. Later calls do nothing.
 pub fn shutdown(grace: Duration) {
-    let rt = RUNTIME.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let rt = lock(&RUNTIME).take();
     if let Some(rt) = rt {
         rt.shutdown_timeout(grace);
     }

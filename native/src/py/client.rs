@@ -6,6 +6,7 @@ use crate::node;
 use crate::proto::v1::Reply;
 use crate::rpc::client::{Target, WorkerConn};
 use crate::rpc::slot::{Outcome, Slot};
+use crate::sync::{lock, unpoison};
 use bytes::Bytes;
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyTimeoutError;
@@ -472,14 +473,14 @@ fn wait_first_failure(
     for c in calls {
         let b = bell.clone();
         c.slot.on_done(Box::new(move || {
-            *b.0.lock().unwrap_or_else(|e| e.into_inner()) = true;
+            *lock(&b.0) = true;
             b.1.notify_all();
         }));
     }
     let slots: Vec<Arc<Slot>> = calls.iter().map(|c| c.slot.clone()).collect();
     loop {
         let settled = detach(py, || {
-            let mut rung = bell.0.lock().unwrap_or_else(|e| e.into_inner());
+            let mut rung = lock(&bell.0);
             let chunk = match deadline {
                 None => Duration::from_millis(50),
                 Some(d) => d
@@ -487,11 +488,7 @@ fn wait_first_failure(
                     .min(Duration::from_millis(50)),
             };
             if !*rung {
-                rung = bell
-                    .1
-                    .wait_timeout(rung, chunk)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
+                rung = unpoison(bell.1.wait_timeout(rung, chunk)).0;
             }
             *rung = false;
             drop(rung);

@@ -10,6 +10,7 @@
 use super::resume::{Callers, Requests};
 use super::RpcError;
 use crate::proto::v1::{Reply, ReplyKind};
+use crate::sync::{lock, unpoison};
 use bytes::Bytes;
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -140,7 +141,7 @@ impl Lane {
                 8,
             );
         }
-        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let mut q = lock(&self.queue);
         q.drain(..).collect()
     }
 }
@@ -180,7 +181,7 @@ impl Inbox {
     /// Stops the server: ends the streams and drops every pending reply sink.
     pub(crate) fn close(&self) {
         self.stopping.send_replace(true);
-        self.sinks.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        lock(&self.sinks).clear();
     }
 
     pub(crate) fn new() -> Result<Arc<Self>, RpcError> {
@@ -199,14 +200,14 @@ impl Inbox {
 
     /// The lane with index `lane`, unless closed or unknown.
     pub fn lane(&self, lane: usize) -> Option<Arc<Lane>> {
-        let lanes = self.lanes.read().unwrap_or_else(|e| e.into_inner());
+        let lanes = unpoison(self.lanes.read());
         lanes.get(lane).cloned().flatten()
     }
 
     /// Opens a new lane; returns its index.
     pub fn open_lane(&self) -> Result<usize, RpcError> {
         let lane = Arc::new(Lane::new()?);
-        let mut lanes = self.lanes.write().unwrap_or_else(|e| e.into_inner());
+        let mut lanes = unpoison(self.lanes.write());
         lanes.push(Some(lane));
         Ok(lanes.len() - 1)
     }
@@ -217,7 +218,7 @@ impl Inbox {
             return Vec::new();
         }
         let closed = {
-            let mut lanes = self.lanes.write().unwrap_or_else(|e| e.into_inner());
+            let mut lanes = unpoison(self.lanes.write());
             lanes.get_mut(lane).and_then(Option::take)
         };
         closed.map(|l| l.take()).unwrap_or_default()
@@ -225,7 +226,7 @@ impl Inbox {
 
     /// Sends later calls to `actor` to `lane`, or back to [`LANE_LOOP`] if `None`.
     pub fn route(&self, actor: &str, lane: Option<usize>) {
-        let mut r = self.routes.lock().unwrap_or_else(|e| e.into_inner());
+        let mut r = lock(&self.routes);
         match lane {
             Some(l) => {
                 r.insert(actor.to_string(), l);
@@ -241,13 +242,10 @@ impl Inbox {
         if let Some(sink) = sink {
             let token = self.next_token.fetch_add(1, Ordering::Relaxed);
             item.token = token;
-            self.sinks
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(token, sink);
+            lock(&self.sinks).insert(token, sink);
         }
         let routed = if item.kind == Kind::Call {
-            let r = self.routes.lock().unwrap_or_else(|e| e.into_inner());
+            let r = lock(&self.routes);
             r.get(&item.actor).copied().unwrap_or(LANE_LOOP)
         } else {
             LANE_LOOP
@@ -256,7 +254,7 @@ impl Inbox {
             return;
         };
         let was_empty = {
-            let mut q = lane.queue.lock().unwrap_or_else(|e| e.into_inner());
+            let mut q = lock(&lane.queue);
             let was_empty = q.is_empty();
             q.push_back(item);
             was_empty
@@ -268,11 +266,7 @@ impl Inbox {
 
     /// Answers the item that carried `token` (INBOX-2).
     pub fn reply(&self, token: u64, kind: ReplyKind, payload: Bytes, buffers: Vec<Bytes>) {
-        let sink = self
-            .sinks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&token);
+        let sink = lock(&self.sinks).remove(&token);
         let mut reply = Reply {
             call_id: 0,
             kind: kind as i32,
@@ -321,6 +315,6 @@ impl Inbox {
 
     /// Items answered by nobody yet (in flight).
     pub fn in_flight(&self) -> usize {
-        self.sinks.lock().unwrap_or_else(|e| e.into_inner()).len()
+        lock(&self.sinks).len()
     }
 }

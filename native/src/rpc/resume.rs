@@ -19,6 +19,7 @@
 //! ([`Requests`]; the last [`REQUESTS_KEPT`] ids are remembered).
 
 use crate::proto::v1::{Received, Reply, ReplyKind};
+use crate::sync::lock;
 use bytes::Bytes;
 use std::collections::hash_map::Entry as MapEntry;
 use std::collections::HashMap;
@@ -144,16 +145,12 @@ fn key(call_id: u64, proc: Option<u32>) -> (u64, u32) {
 }
 
 impl Callers {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
-        self.map.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// A new stream of `caller`: its replies go to `tx` from now on. Returns the
     /// stream's number, for [`Callers::admit`] and [`Callers::detach`], and whether
     /// the caller was known here before.
     pub fn attach(&self, caller: u64, tx: UnboundedSender<Reply>) -> (u64, bool) {
         let n = self.streams.fetch_add(1, Ordering::Relaxed) + 1;
-        let mut t = self.lock();
+        let mut t = lock(&self.map);
         t.sweep();
         let knew = t.callers.contains_key(&caller);
         let c = t.callers.entry(caller).or_insert_with(|| Caller {
@@ -168,7 +165,7 @@ impl Callers {
 
     /// Stream `n` of `caller` ended; if it was the newest, replies wait for the next.
     pub fn detach(&self, caller: u64, n: u64) {
-        let mut t = self.lock();
+        let mut t = lock(&self.map);
         t.sweep();
         let Some(c) = t.callers.get_mut(&caller) else {
             return;
@@ -185,7 +182,7 @@ impl Callers {
     /// up on it). A reply still to come for a forgotten call is sent, not kept.
     pub fn resync(&self, caller: u64, waiting: &[u64]) {
         let keep: std::collections::HashSet<u64> = waiting.iter().copied().collect();
-        let mut t = self.lock();
+        let mut t = lock(&self.map);
         if let Some(c) = t.callers.get_mut(&caller) {
             c.calls.retain(|(id, _), _| keep.contains(id));
         }
@@ -202,7 +199,7 @@ impl Callers {
         procs: &[Option<u32>],
         resent: bool,
     ) -> Admit {
-        let mut t = self.lock();
+        let mut t = lock(&self.map);
         let forgotten = t.forgotten_set.contains(&caller);
         let Some(c) = t.callers.get_mut(&caller) else {
             return Admit::Run; // (a stream's calls can be read before its attach: none here)
@@ -225,7 +222,7 @@ impl Callers {
     /// Whether `caller` sent `call_id` before; if so, its replies that are done go
     /// again on its stream (one still running answers there when it ends).
     pub fn known(&self, caller: u64, call_id: u64, procs: &[Option<u32>]) -> bool {
-        let mut t = self.lock();
+        let mut t = lock(&self.map);
         t.callers
             .get_mut(&caller)
             .is_some_and(|c| Self::replay(c, call_id, procs))
@@ -251,7 +248,7 @@ impl Callers {
     /// `reply` for a call of `caller`: remembered until received, and sent on the
     /// caller's newest stream.
     pub fn reply(&self, caller: u64, reply: Reply) {
-        let mut t = self.lock();
+        let mut t = lock(&self.map);
         let Some(c) = t.callers.get_mut(&caller) else {
             return; // forgotten (RESUME-3): nobody waits for it
         };
@@ -268,7 +265,7 @@ impl Callers {
         if got.is_empty() {
             return;
         }
-        let mut t = self.lock();
+        let mut t = lock(&self.map);
         let Some(c) = t.callers.get_mut(&caller) else {
             return;
         };
@@ -283,7 +280,11 @@ impl Callers {
 
     /// Calls remembered, across callers (running or answered, not yet received).
     pub fn remembered(&self) -> usize {
-        self.lock().callers.values().map(|c| c.calls.len()).sum()
+        lock(&self.map)
+            .callers
+            .values()
+            .map(|c| c.calls.len())
+            .sum()
     }
 }
 
@@ -311,7 +312,7 @@ pub enum Begin {
 impl Requests {
     /// Request `id` arrives.
     pub fn begin(&self, id: u64) -> Begin {
-        let mut m = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = lock(&self.map);
         let (map, order) = &mut *m;
         if let Some(rx) = map.get(&id) {
             return Begin::Wait(rx.clone());
@@ -472,7 +473,7 @@ mod tests {
         assert_eq!(c.admit(4, s, 1, &[None], false), Admit::Run);
         c.detach(4, s);
         {
-            let mut t = c.lock();
+            let mut t = lock(&c.map);
             let idle = t.callers.get_mut(&4).unwrap();
             idle.idle_since = Instant::now().checked_sub(FORGET_AFTER);
         }

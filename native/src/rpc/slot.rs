@@ -6,6 +6,7 @@
 
 use super::RpcError;
 use crate::proto::v1::Reply;
+use crate::sync::{lock, unpoison};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -53,7 +54,7 @@ impl Slot {
     /// Completes the slot (SLOT-1), then runs the callbacks outside the lock.
     pub fn complete(&self, outcome: Outcome) {
         let callbacks = {
-            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            let mut st = lock(&self.state);
             match &mut *st {
                 State::Done(_) => return,
                 State::Pending(cbs) => {
@@ -71,24 +72,18 @@ impl Slot {
 
     /// True once complete.
     pub fn is_done(&self) -> bool {
-        matches!(
-            *self.state.lock().unwrap_or_else(|e| e.into_inner()),
-            State::Done(_)
-        )
+        matches!(*lock(&self.state), State::Done(_))
     }
 
     /// True once complete with an error (the call failed: its worker went away, or
     /// the message could not be sent), not with a reply.
     pub fn has_failed(&self) -> bool {
-        matches!(
-            *self.state.lock().unwrap_or_else(|e| e.into_inner()),
-            State::Done(Err(_))
-        )
+        matches!(*lock(&self.state), State::Done(Err(_)))
     }
 
     /// Runs `cb` when the slot completes (at once, on this thread, if it already has).
     pub fn on_done(&self, cb: Callback) {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = lock(&self.state);
         match &mut *st {
             State::Pending(cbs) => cbs.push(cb),
             State::Done(_) => {
@@ -101,22 +96,19 @@ impl Slot {
     /// Waits up to `timeout` (forever if `None`); `None` if still pending then.
     pub fn wait(&self, timeout: Option<Duration>) -> Option<Outcome> {
         let deadline = timeout.map(|t| Instant::now() + t);
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = lock(&self.state);
         loop {
             if let State::Done(o) = &*st {
                 return Some(o.clone());
             }
             st = match deadline {
-                None => self.ready.wait(st).unwrap_or_else(|e| e.into_inner()),
+                None => unpoison(self.ready.wait(st)),
                 Some(d) => {
                     let now = Instant::now();
                     if now >= d {
                         return None;
                     }
-                    self.ready
-                        .wait_timeout(st, d - now)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0
+                    unpoison(self.ready.wait_timeout(st, d - now)).0
                 }
             };
         }

@@ -21,6 +21,7 @@
 //! allocator's channel (the agent's configuration on its stdin, then each worker's
 //! stdin), never in argv, the environment or a file.
 
+use crate::sync::lock;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use std::collections::HashMap;
@@ -162,9 +163,7 @@ pub fn install_provider() {
 /// The CA of each mesh this process talks TLS to, by token (TLS-2).
 fn cas() -> std::sync::MutexGuard<'static, HashMap<String, Arc<str>>> {
     static CAS: OnceLock<Mutex<HashMap<String, Arc<str>>>> = OnceLock::new();
-    CAS.get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
+    lock(CAS.get_or_init(Default::default))
 }
 
 /// From now on, this process's connections to the mesh with `token` are TLS, checked

@@ -12,7 +12,8 @@
 //! and a peer gone for good ends the wait.
 
 use super::frame::{self, Request, Status, MAC_LEN};
-use super::{auth, host, local, lock, recv, Descriptor, Engine, XferError};
+use super::{auth, host, local, recv, Descriptor, Engine, XferError};
+use crate::sync::lock;
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -46,6 +46,7 @@ pub use prefetch::{
 pub use registry::{Stats, Waited, HANDLE};
 pub use server::{open_connections, HANDSHAKE_WINDOW, MAX_CONNECTIONS};
 
+use crate::sync::lock;
 use frame::MAC_LEN;
 use std::collections::HashMap;
 use std::net::TcpListener;
@@ -194,12 +195,6 @@ impl Engine {
     pub fn addr(&self) -> &str {
         &self.addr
     }
-}
-
-/// Locks `m`, going on with the data if a holder panicked (every table here stays
-/// consistent between statements).
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

@@ -5,7 +5,8 @@
 //! held when it was sent. What was pulled waits here, by descriptor, until the
 //! message is unpickled ([`take_message`]) or dropped unread ([`discard_message`]).
 
-use super::{engine, lock, recv, streams, Descriptor};
+use super::{engine, recv, streams, Descriptor};
+use crate::sync::lock;
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};

@@ -2,6 +2,7 @@
 //! kept in a pool when released, so a steady stream of same-sized transfers (an
 //! echo, a training step) writes into memory whose pages are already there.
 
+use crate::sync::lock;
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
@@ -45,7 +46,7 @@ impl Region {
     pub fn new(len: usize) -> std::io::Result<Region> {
         let cap = len.div_ceil(GRAIN).max(1) * GRAIN;
         if let Some(ptr) = {
-            let mut p = pool().lock().unwrap_or_else(|e| e.into_inner());
+            let mut p = lock(pool());
             let got = p.free.get_mut(&cap).and_then(Vec::pop);
             if got.is_some() {
                 p.bytes -= cap;
@@ -96,7 +97,7 @@ impl Region {
 impl Drop for Region {
     fn drop(&mut self) {
         {
-            let mut p = pool().lock().unwrap_or_else(|e| e.into_inner());
+            let mut p = lock(pool());
             if p.bytes + self.cap <= pool_limit() {
                 p.bytes += self.cap;
                 p.free.entry(self.cap).or_default().push(self.ptr);

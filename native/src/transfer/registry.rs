@@ -5,7 +5,8 @@
 //! dropped outside the table's lock (the keep-alive may take the GIL).
 
 use super::frame::{Status, MAC_LEN};
-use super::{auth, lock, Descriptor, Engine};
+use super::{auth, Descriptor, Engine};
+use crate::sync::{lock, unpoison};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -133,11 +134,7 @@ impl Engine {
             if left.is_zero() {
                 return Waited::TimedOut;
             }
-            t = self
-                .ended
-                .wait_timeout(t, left)
-                .map(|(g, _)| g)
-                .unwrap_or_else(|e| e.into_inner().0);
+            t = unpoison(self.ended.wait_timeout(t, left)).0;
         }
     }
 

@@ -1,0 +1,192 @@
+//! Endpoint calls: the message one call sends, to one worker or fanned out by a relay
+//! (a host agent) to several workers of its host, and the slots their replies complete.
+
+use super::pending::fail_all;
+use super::WorkerConn;
+use crate::proto::v1::{Call, Delivery};
+use crate::rpc::resume;
+use crate::rpc::slot::Slot;
+use crate::rpc::{RpcError, MAX_MESSAGE_BYTES};
+use crate::sync::lock;
+use bytes::Bytes;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+/// Call messages this process has sent (a fanned-out call is one): `calls_sent()`.
+pub static CALLS_SENT: AtomicU64 = AtomicU64::new(0);
+
+/// Call ids: unique within this process, and from a random start, so that the ids
+/// of two callers (controllers, or workers calling through one relay) do not meet
+/// (RESUME-1 tells calls apart by caller and id; a pid would repeat across hosts).
+fn next_call_id() -> u64 {
+    static NEXT: OnceLock<AtomicU64> = OnceLock::new();
+    NEXT.get_or_init(|| AtomicU64::new(resume::random_id() >> 1))
+        .fetch_add(1, Ordering::Relaxed)
+}
+
+impl WorkerConn {
+    /// Sends an endpoint call. Returns the call id and, unless `oneway`, the slot
+    /// its reply completes.
+    pub fn call(&self, target: &Target<'_>, rank: u32) -> (u64, Option<Arc<Slot>>) {
+        let call_id = next_call_id();
+        let msg = self.message(target, call_id, rank, Vec::new());
+        if let Err(err) = Self::fits(&msg) {
+            return (call_id, (!msg.oneway).then(|| Slot::done_with(Err(err))));
+        }
+        (call_id, self.forward(msg))
+    }
+
+    /// Sends one endpoint call to a relay (a host agent) that delivers it to the
+    /// workers `deliveries` (proc rank, index within the called mesh) of its host.
+    /// Returns the call id and, unless `oneway`, one slot per delivery, in order.
+    pub fn call_fanned(
+        &self,
+        target: &Target<'_>,
+        deliveries: &[(u32, u32)],
+    ) -> (u64, Vec<Arc<Slot>>) {
+        let call_id = next_call_id();
+        let fan_out = deliveries
+            .iter()
+            .map(|&(proc, rank)| Delivery { proc, rank })
+            .collect();
+        let msg = self.message(target, call_id, 0, fan_out);
+        let oneway = msg.oneway;
+        let done = |err: RpcError| {
+            let slots = if oneway {
+                Vec::new()
+            } else {
+                deliveries
+                    .iter()
+                    .map(|_| Slot::done_with(Err(err.clone())))
+                    .collect()
+            };
+            (call_id, slots)
+        };
+        if let Err(err) = Self::fits(&msg) {
+            return done(err);
+        }
+        let slots: Vec<Arc<Slot>> = if oneway {
+            Vec::new()
+        } else {
+            deliveries.iter().map(|_| Slot::new()).collect()
+        };
+        if !oneway {
+            let mut p = lock(&self.pending);
+            if let Some(err) = p.lost.clone() {
+                drop(p);
+                return done(err);
+            }
+            let by_proc = deliveries
+                .iter()
+                .map(|d| d.0)
+                .zip(slots.iter().cloned())
+                .collect();
+            p.fanned.insert(call_id, (by_proc, msg.clone()));
+        }
+        self.send(msg);
+        (call_id, slots)
+    }
+
+    /// Sends `msg` as it is (its id, epoch and origin kept: also a relay's delivery
+    /// to one worker). The slot its reply completes, unless `oneway`.
+    pub fn forward(&self, msg: Call) -> Option<Arc<Slot>> {
+        let slot = if msg.oneway {
+            None
+        } else {
+            let slot = Slot::new();
+            let mut p = lock(&self.pending);
+            if let Some(err) = &p.lost {
+                return Some(Slot::done_with(Err(err.clone())));
+            }
+            p.calls.insert(msg.call_id, (slot.clone(), msg.clone()));
+            Some(slot)
+        };
+        self.send(msg);
+        slot
+    }
+
+    fn message(
+        &self,
+        target: &Target<'_>,
+        call_id: u64,
+        rank: u32,
+        fan_out: Vec<Delivery>,
+    ) -> Call {
+        let Target {
+            actor,
+            method,
+            payload,
+            buffers,
+            oneway,
+            dims,
+            sizes,
+            origin,
+        } = *target;
+        Call {
+            call_id,
+            actor: actor.to_string(),
+            method: method.to_string(),
+            payload: payload.clone(),
+            buffers: buffers.to_vec(),
+            oneway,
+            rank,
+            dims: dims.to_vec(),
+            sizes: sizes.to_vec(),
+            epoch: self.epoch(),
+            origin: origin.to_string(),
+            fan_out,
+            resent: false,
+        }
+    }
+
+    fn fits(msg: &Call) -> Result<(), RpcError> {
+        let size = msg.payload.len() + msg.buffers.iter().map(Bytes::len).sum::<usize>();
+        if size > MAX_MESSAGE_BYTES {
+            return Err(RpcError::TooLarge {
+                size,
+                limit: MAX_MESSAGE_BYTES,
+            });
+        }
+        Ok(())
+    }
+
+    fn send(&self, msg: Call) {
+        CALLS_SENT.fetch_add(1, Ordering::Relaxed);
+        if self.tx.send(msg).is_err() {
+            // The task that owned the stream has ended, and records why (the first
+            // cause: a refused token, the peer gone) just after it drops the stream:
+            // give it a moment, so the call fails with that cause.
+            let deadline = std::time::Instant::now() + Duration::from_millis(200);
+            while lock(&self.pending).lost.is_none() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let err = RpcError::ConnectionLost {
+                addr: self.addr.clone(),
+                reason: "the connection task ended".into(),
+            };
+            fail_all(&self.pending, err);
+        }
+    }
+}
+
+/// What one endpoint call sends, the same for every rank it goes to.
+#[derive(Clone, Copy)]
+pub struct Target<'a> {
+    /// Actor name.
+    pub actor: &'a str,
+    /// Endpoint name.
+    pub method: &'a str,
+    /// Pickled arguments.
+    pub payload: &'a Bytes,
+    /// Out-of-band buffers.
+    pub buffers: &'a [Bytes],
+    /// No reply (broadcast).
+    pub oneway: bool,
+    /// Dims of the called mesh.
+    pub dims: &'a [String],
+    /// Sizes of the called mesh.
+    pub sizes: &'a [u32],
+    /// Where the call comes from (output routing; may be empty).
+    pub origin: &'a str,
+}

@@ -1,0 +1,137 @@
+//! The one client of the `Worker` service. A [`WorkerConn`] is one HTTP/2 connection
+//! to one worker with one long-lived `Messages` stream on it; calls are matched to
+//! replies by call id and complete [`Slot`](super::slot::Slot)s.
+//!
+//! CLIENT-1: once a connection is lost, every pending call on it fails with
+//! [`RpcError::ConnectionLost`] and so does every later call: nothing waits forever
+//! on a dead worker. A connection is lost when the worker is known to be gone: its
+//! address refuses connections, it closed the stream, it is another process than the
+//! one the connection opened to, or the server refused the caller (its token, TLS).
+//! RESUME-1 (`resume.rs`): any other break (a partition, a stopped process, a
+//! dropped keepalive) is not a loss: the connection opens the stream again, with
+//! backoff, for as long as it takes, and sends every call still waiting again
+//! (marked `resent`); the worker runs each call once and answers it once more if its
+//! reply was lost on the way. Such calls wait, and fail only when the worker is
+//! declared gone ([`WorkerConn::abandon`]: supervision when its agent reports its exit
+//! or its host lost, the agent for the calls it relays when the worker exits). CLIENT-2: one
+//! connection per (address, token) per process, so actor meshes unpickled many times
+//! share it. CLIENT-3: a lost connection is never used for a new command:
+//! [`WorkerConn::current`] opens the next one to the same worker.
+//!
+//! A connection is TLS when this process knows the mesh's CA (TLS-2, `tls.rs`); the
+//! choice is made once, when it opens, so calls cost the same as before.
+//!
+//! The pieces, one concern a file: the connection table and opening (`pool.rs`), the
+//! calls waiting for replies (`pending.rs`), the task that runs and resumes the
+//! `Messages` stream (`link.rs`), what a failed RPC means (`failure.rs`), endpoint calls
+//! and their fan-out through a relay (`calls.rs`), and the unary RPCs (`unary.rs`).
+
+mod calls;
+mod failure;
+mod link;
+mod pending;
+mod pool;
+mod unary;
+
+pub use calls::{Target, CALLS_SENT};
+pub use link::set_resume_limit;
+
+use super::auth::TokenAttach;
+use super::RpcError;
+use crate::proto::v1::worker_client::WorkerClient;
+use crate::proto::v1::{Call, Reply, ReplyKind};
+use crate::sync::lock;
+use pending::{fail_all, Pending};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use tokio::runtime::Handle;
+use tokio::sync::{mpsc, Notify};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+/// The generated `Worker` client, with the mesh token attached to every request.
+type Client = WorkerClient<InterceptedService<Channel, TokenAttach>>;
+
+/// A connection to one worker.
+pub struct WorkerConn {
+    addr: String,
+    token: String,
+    client: Client,
+    /// Outgoing calls, written to the `Messages` stream by the runtime.
+    tx: mpsc::UnboundedSender<Call>,
+    /// Shared with the task that reads replies.
+    pending: Arc<Mutex<Pending>>,
+    /// The epoch this process's commands carry (fencing, see worker.proto); 0 until
+    /// this process attaches as the mesh's controller. Shared by every connection
+    /// with the same token, reopened ones included ([`epoch_cell`]).
+    epoch: Arc<AtomicU64>,
+    /// The mesh CA it checks the worker against (TLS-2); None: plaintext.
+    ca: Option<Arc<str>>,
+    /// Set once the worker has answered on it: a failure before that, on a
+    /// plaintext connection, may be a TLS server's refusal ([`error_of`](failure::error_of)).
+    answered: Arc<AtomicBool>,
+    /// Wakes the connection task when the calls are abandoned ([`WorkerConn::abandon`]).
+    abandoned: Arc<Notify>,
+}
+
+/// The epoch cell of the mesh with `token` in this process (FENCE-3: one per mesh, so
+/// a connection reopened after a loss, or to a restarted worker, carries it too).
+pub fn epoch_cell(token: &str) -> Arc<AtomicU64> {
+    static CELLS: OnceLock<Mutex<HashMap<String, Arc<AtomicU64>>>> = OnceLock::new();
+    let cells = CELLS.get_or_init(Default::default);
+    let mut map = lock(cells);
+    map.entry(token.to_string())
+        .or_insert_with(|| Arc::new(AtomicU64::new(0)))
+        .clone()
+}
+
+impl WorkerConn {
+    /// This connection unless it is lost (a broken one resumes: RESUME-1), else this
+    /// process's next one to the same worker (CLIENT-3); commands already sent on a
+    /// lost one have failed (CLIENT-1).
+    pub fn current(self: &Arc<Self>, rt: &Handle) -> Result<Arc<WorkerConn>, RpcError> {
+        if self.lost().is_none() {
+            return Ok(self.clone());
+        }
+        Self::get(rt, &self.addr, &self.token)
+    }
+
+    /// The epoch commands carry.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+
+    /// Whether it talks TLS (TLS-2).
+    pub fn is_tls(&self) -> bool {
+        self.ca.is_some()
+    }
+
+    /// The worker's address.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// Whether a failure now is to be checked for a TLS server ([`error_of`](failure::error_of)).
+    fn plaintext_unanswered(&self) -> bool {
+        self.ca.is_none() && !self.answered.load(Ordering::Relaxed)
+    }
+
+    /// Why the connection is gone, if it is.
+    pub fn lost(&self) -> Option<RpcError> {
+        lock(&self.pending).lost.clone()
+    }
+
+    /// Fails every call waiting on this connection with `err` and stops resuming it
+    /// (CLIENT-1): the worker is declared gone (its host lost, its job ended) while
+    /// it cannot be reached to tell.
+    pub fn abandon(&self, err: RpcError) {
+        fail_all(&self.pending, err);
+        self.abandoned.notify_one();
+    }
+}
+
+/// A reply's kind, from its wire value.
+pub fn reply_kind(r: &Reply) -> ReplyKind {
+    ReplyKind::try_from(r.kind).unwrap_or(ReplyKind::Unspecified)
+}
