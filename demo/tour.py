@@ -1,4 +1,5 @@
-"""A short tour of the monarch-kernel API on a local mesh (what `make demo` runs)."""
+"""A short tour of the monarch-kernel API on a local mesh, as a plain script (the
+notebook tests run it; `make demo` runs notebooks/quickstart.ipynb)."""
 
 import os
 import subprocess

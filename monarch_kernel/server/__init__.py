@@ -7,7 +7,13 @@
   browser polls nothing);
 - ``GET /monarch/meshes/NAME/logs?rank=R&tail=N``: a mesh's recent output;
 - ``GET /monarch/meshes/NAME/stacks``: what each of its workers runs now;
+- ``POST /monarch/meshes/NAME/respawn``: restarts a mesh's dead ranks, through the
+  kernel of this server that holds it (``%mesh respawn NAME``), or as
+  ``monarch-kernel respawn NAME`` when no controller holds it;
 - ``POST /monarch/meshes/NAME/down``: stops a mesh, as ``monarch-kernel down NAME``.
+
+The routes are registered by ``_handlers.handlers``; ``tests/unit/test_docs.py``
+checks that this list and docs/panel.md name exactly those.
 
 SERVER-1: a mesh name is checked as a name (``_registry.check_name``), never used as
 a path, and only the meshes of the user who runs the server are seen (the state

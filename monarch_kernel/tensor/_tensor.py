@@ -1,6 +1,6 @@
 """``Tensor``: a tensor that lives on the procs of a mesh (one per proc), handled in
-the controller as if it were local; and ``activate()``, under which torch code runs on
-the mesh.
+the controller as if it were local. (``activate()``, under which torch code runs on
+the mesh, is in ``_activate``.)
 
 The controller never holds the data. A mesh tensor is a wrapper subclass that carries
 only metadata (shape, strides, dtype, device); every aten op on it, or any op while a
