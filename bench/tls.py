@@ -30,8 +30,11 @@ from typing import Any  # noqa: E402
 
 from monarch_kernel import Actor, ProcMesh, Shape, _native, endpoint  # noqa: E402
 from monarch_kernel.control import AgentClient  # noqa: E402
-from monarch_kernel.hosts import start_local_agent  # noqa: E402
-from monarch_kernel.hosts._remote import new_tls_identity  # noqa: E402
+from monarch_kernel.hosts import (  # noqa: E402
+    AgentConfig,
+    new_tls_identity,
+    start_local_agent,  # noqa: E402
+)
 from monarch_kernel.mesh._proc_ref import ProcRef  # noqa: E402
 
 N_CALLS = int(os.environ.get("BENCH_CALLS", "2000"))
@@ -50,7 +53,7 @@ def mesh(tls: bool) -> Iterator[tuple[Any, str, str]]:
     """An echo actor on a new one-worker mesh: (actor mesh, token, worker address)."""
     token = secrets.token_urlsafe(32)
     identity = new_tls_identity() if tls else None
-    agent = start_local_agent(f"bench-{'tls' if tls else 'plain'}", token, 60.0, tls=identity)
+    agent = start_local_agent(AgentConfig(f"bench-{'tls' if tls else 'plain'}", token, 60.0, tls=identity))
     ca = identity["ca"] if identity else None
     client = AgentClient(agent.addr, token, ca)
     try:

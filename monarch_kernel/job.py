@@ -33,7 +33,7 @@ from typing import Any
 
 from monarch_kernel.controller import HostMesh, this_host
 from monarch_kernel.errors import MeshSpecError
-from monarch_kernel.hosts._remote import SlurmHosts, SSHHosts
+from monarch_kernel.hosts import SlurmHosts, SSHHosts
 
 #: Where ``state()`` saves the job by default (as Monarch does).
 DEFAULT_JOB_PATH = ".monarch/job_state.pkl"

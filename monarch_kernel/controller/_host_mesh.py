@@ -4,9 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import inspect
-import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -14,10 +12,9 @@ from monarch_kernel.actor import _ROOT, CREATOR_ENV, Actor, _current, endpoint
 from monarch_kernel.controller._lifecycle import attach_session, get_or_create
 from monarch_kernel.controller._this_proc import this_proc
 from monarch_kernel.errors import MeshSpecError
-from monarch_kernel.hosts import _admin
+from monarch_kernel.hosts import Allocator, LocalHost, _admin
 from monarch_kernel.hosts._admin import MeshInfo
 from monarch_kernel.hosts._placement import HOSTS_DIM
-from monarch_kernel.hosts._remote import SlurmHosts, SSHHosts
 from monarch_kernel.mesh import _control
 from monarch_kernel.mesh._proc_mesh import ProcMesh
 from monarch_kernel.mesh._shape import Extent, MeshTrait, Shape
@@ -41,25 +38,16 @@ class HostMesh(MeshTrait):
     (``monarch_kernel.job``) gives meshes of other hosts, with a ``hosts`` dimension
     (``slice(hosts=...)`` picks some of them)."""
 
-    def __init__(self, hosts: SSHHosts | SlurmHosts | None = None, python: str | None = None) -> None:
-        self._hosts = hosts
-        #: The interpreter that runs the workers on this host (None: this process's).
-        self._python = python
-        if hosts is None:
-            self._shape = Shape(Extent([], []))
-        else:
-            n = hosts.nodes if isinstance(hosts, SlurmHosts) else len(hosts.targets)
-            self._shape = Shape.of({HOSTS_DIM: n})
+    def __init__(self, allocator: Allocator | None = None) -> None:
+        #: Where its hosts' agents come from (``LocalHost()``: this machine).
+        self._allocator: Allocator = allocator or LocalHost()
+        n = self._allocator.nhosts
+        self._shape = Shape(Extent([], [])) if n is None else Shape.of({HOSTS_DIM: n})
 
     def _new_with_shape(self, shape: Shape) -> HostMesh:
-        if self._hosts is None:
+        if self._allocator.nhosts is None:
             return self
-        picked = list(shape.ranks)
-        if isinstance(self._hosts, SSHHosts):
-            return HostMesh(
-                dataclasses.replace(self._hosts, targets=[self._hosts.targets[i] for i in picked])
-            )
-        return HostMesh(dataclasses.replace(self._hosts, nodes=len(picked)))  # SLURM picks the nodes
+        return HostMesh(self._allocator.picked(list(shape.ranks)))
 
     def with_python_executable(self, python: str) -> HostMesh:
         """These hosts, whose procs run with interpreter ``python`` (which must have
@@ -68,21 +56,10 @@ class HostMesh(MeshTrait):
             raise MeshSpecError(
                 f"with_python_executable needs the path of a Python interpreter, not {python!r}"
             )
-        if self._hosts is not None:
-            return HostMesh(dataclasses.replace(self._hosts, python=python))
-        if not os.access(python, os.X_OK):
-            raise MeshSpecError(
-                f"with_python_executable({python!r}): no executable there; give the path of a Python "
-                "interpreter that has monarch-kernel installed"
-            )
-        return HostMesh(None, python)
+        return HostMesh(self._allocator.with_python(python))
 
     def __repr__(self) -> str:
-        if self._hosts is None:
-            return "<HostMesh: this host>"
-        if isinstance(self._hosts, SSHHosts):
-            return f"<HostMesh: {len(self._hosts.targets)} hosts over ssh: {', '.join(self._hosts.targets)}>"
-        return f"<HostMesh: {self._hosts.nodes} SLURM nodes>"
+        return f"<HostMesh: {self._allocator.describe()}>"
 
     def spawn_procs(
         self,
@@ -114,7 +91,7 @@ class HostMesh(MeshTrait):
         owner = _current.get().actor_instance
         if owner.name != "root" and (name is None or ephemeral):  # OWN-1: the mesh of an actor
             env = {CREATOR_ENV: str(owner), **(env or {})}
-        if self._hosts is not None and HOSTS_DIM in sizes:
+        if self._allocator.nhosts is not None and HOSTS_DIM in sizes:
             raise MeshSpecError(f"per_host cannot have a {HOSTS_DIM!r} dimension: the host mesh gives it")
         session = get_or_create(
             name,
@@ -123,8 +100,7 @@ class HostMesh(MeshTrait):
             replace=replace,
             ephemeral=ephemeral,
             idle_timeout=idle_timeout,
-            hosts=self._hosts,
-            python=self._python,
+            allocator=self._allocator,
         )
         if session.rec.ephemeral:  # OWN-1: made by an actor, it is that actor's
             _control.adopt(session.name, lambda: session.stop(timeout=10))

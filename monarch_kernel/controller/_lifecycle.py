@@ -1,6 +1,6 @@
-"""Making and ending sessions: create a mesh, attach to a running one (fencing the
-controller before), get-or-create by name and spec, stop; at exit, ephemeral meshes
-stop and persistent ones are let go."""
+"""Making and ending sessions: create a mesh (one path for every allocator), attach to
+a running one (fencing the controller before), get-or-create by name and spec, stop;
+at exit, ephemeral meshes stop and persistent ones are let go."""
 
 from __future__ import annotations
 
@@ -18,8 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from monarch_kernel import _native
-from monarch_kernel.control import AgentClient
-from monarch_kernel.control._group import AgentGroup, single
+from monarch_kernel.control._group import AgentGroup
 from monarch_kernel.controller._frontend import progress as frontend_progress
 from monarch_kernel.controller._session import Session, sessions, sessions_lock
 from monarch_kernel.controller._singletons import ROOT_ENV, root_address
@@ -30,20 +29,19 @@ from monarch_kernel.errors import (
     MeshStateError,
     MonarchKernelError,
 )
-from monarch_kernel.hosts import AgentProcess, _registry, start_local_agent
+from monarch_kernel.hosts import (
+    AgentConfig,
+    AgentProcess,
+    Allocator,
+    LocalHost,
+    _registry,
+    new_tls_identity,
+    release,
+)
 from monarch_kernel.hosts._admin import connect, group_of, stop_unowned
 from monarch_kernel.hosts._host_id import host_id
-from monarch_kernel.hosts._local import check_room
-from monarch_kernel.hosts._placement import HOSTS_DIM, placement_env
+from monarch_kernel.hosts._placement import HOSTS_DIM
 from monarch_kernel.hosts._registry import MeshRecord
-from monarch_kernel.hosts._remote import (
-    SlurmHosts,
-    SSHHosts,
-    agent_config,
-    end_job,
-    new_tls_identity,
-    start_agents,
-)
 from monarch_kernel.mesh._proc_ref import ProcRef
 
 #: Default idle timeout of a named mesh: how long it waits for a controller.
@@ -117,27 +115,41 @@ def attach_record(rec: MeshRecord) -> Session:
         return session
 
 
+def _spec(allocator: Allocator, sizes: dict[str, int], env: Mapping[str, str] | None) -> dict[str, Any]:
+    """What a mesh's state file says it was made with: get-or-create compares it."""
+    spec: dict[str, Any] = {"per_host": sizes, "env": dict(env or {})}
+    if allocator.nhosts is not None:
+        spec["hosts"] = allocator.nhosts
+    elif isinstance(allocator, LocalHost) and allocator.python_exe is not None:
+        spec["python"] = allocator.python_exe
+    return spec
+
+
 def create(
     name: str | None,
-    sizes: dict[str, int],
+    allocator: Allocator,
+    per_host: dict[str, int],
     env: Mapping[str, str] | None,
     ephemeral: bool,
     idle_timeout: float,
-    python: str | None = None,
 ) -> Session:
-    """Starts a new mesh: a host agent, its workers (run by ``python``, default this
-    process's interpreter), and (if named) a state file."""
+    """Starts a new mesh, the one way for every allocator: an agent per host
+    (``allocator.allocate``), the mesh listed in its state file, then each agent's
+    workers (run by ``allocator.python``)."""
     mesh_name = name or f"anon-{uuid.uuid4().hex[:8]}"
-    gpu_env = placement_env(sizes)  # PLACE-1: checked before anything starts
-    nprocs = math.prod(sizes.values())
-    check_room(nprocs)  # and whether the host can hold them
+    worker_env = allocator.worker_env(per_host)  # (checked before anything starts)
+    remote, nhosts = allocator.remote, allocator.nhosts
+    if remote and ephemeral:
+        # A partition ends the lease like a controller's exit does: an ephemeral mesh's
+        # hosts wait this long for it to come back before they stop.
+        idle_timeout = max(idle_timeout, REMOTE_LEASE_GRACE_S)
+    sizes = {HOSTS_DIM: nhosts, **per_host} if nhosts is not None else dict(per_host)
     token = _new_token()
-    spec: dict[str, Any] = {"per_host": sizes, "env": dict(env or {})}
-    if python is not None:
-        spec["python"] = python
+    spec = _spec(allocator, per_host, env)
     meta = json.dumps({"spec": spec, "ephemeral": ephemeral, "idle_timeout": idle_timeout})
-    # The agent writes the state file itself as soon as it listens (REGISTRY-2), so no
-    # path (an error or an interrupt right after it starts) leaves an agent unlisted.
+    tls = new_tls_identity() if remote else None  # TLS-1: across hosts the control plane is TLS
+    if tls is not None:
+        _native.set_mesh_ca(token, tls["ca"])  # before any connection to the mesh opens
     first = MeshRecord(
         name=mesh_name,
         token=token,
@@ -147,99 +159,64 @@ def create(
         spec=spec,
         idle_timeout=idle_timeout,
         ephemeral=ephemeral,
-        host_id=host_id(),  # (the agent is a child of this process: its host)
+        ca=tls["ca"] if tls else "",
+        host_id=host_id(),
         started_from=host_id(),
     )
-    agent = start_local_agent(
-        mesh_name,
-        token,
-        idle_timeout=idle_timeout,
-        meta=meta,
-        state_file=str(_registry.path_of(mesh_name)),
-        record=dataclasses.asdict(first),
-    )
-    client = single(AgentClient(agent.addr, token), nprocs, first.host, agent.popen.pid)
-    rec = dataclasses.replace(first, agent_addr=agent.addr, agent_pid=agent.popen.pid)
-    return _bring_up(
-        client,
-        rec,
-        python or sys.executable,
-        {"MONARCH_SHAPE": json.dumps([list(sizes), list(sizes.values())]), **_worker_env(env), **gpu_env},
-        f"starting mesh {mesh_name!r}, procs started",
-        agent,
-        before=lambda: None,
-        undo=lambda: agent.wait(10),
-    )
-
-
-def create_across(
-    name: str | None,
-    hosts: SSHHosts | SlurmHosts,
-    per_host: dict[str, int],
-    env: Mapping[str, str] | None,
-    ephemeral: bool,
-    idle_timeout: float,
-) -> Session:
-    """Starts a new mesh across ``hosts``: an agent on each (over ssh or srun), each
-    agent's workers, and a state file that names every agent and the job."""
-    mesh_name = name or f"anon-{uuid.uuid4().hex[:8]}"
-    # A partition ends the lease like a controller's exit does: an ephemeral mesh's
-    # hosts wait this long for it to come back before they stop.
-    if ephemeral:
-        idle_timeout = max(idle_timeout, REMOTE_LEASE_GRACE_S)
-    nhosts = hosts.nodes if isinstance(hosts, SlurmHosts) else len(hosts.targets)
-    sizes = {HOSTS_DIM: nhosts, **per_host}
-    token = _new_token()
-    spec = {"per_host": per_host, "env": dict(env or {}), "hosts": nhosts}
-    meta = json.dumps({"spec": spec, "ephemeral": ephemeral, "idle_timeout": idle_timeout})
-    tls = new_tls_identity()  # TLS-1: across hosts the control plane is TLS
-    _native.set_mesh_ca(token, tls["ca"])  # before any connection to the mesh opens
-    agents, job = start_agents(hosts, agent_config(mesh_name, token, idle_timeout, meta, tls=tls))
-    _transfer_host_facing(agents[0].addr)  # (before this process's servers start: they face the hosts)
-    per = math.prod(per_host.values())
-    entries = [
-        {
-            "host": a.host,
-            "agent_addr": a.addr,
-            "agent_pid": a.pid,
-            "first_rank": i * per,
-            "procs": per,
-            "host_id": a.host_id,
-        }
-        for i, a in enumerate(agents)
-    ]
-    rec = MeshRecord(
+    cfg = AgentConfig(
         name=mesh_name,
         token=token,
+        idle_timeout=idle_timeout,
+        meta=meta,
+        bind_host="auto" if remote else "127.0.0.1",
+        tls=tls,
+        state_home=os.environ.get("XDG_STATE_HOME", "") if remote else "",
+        # REGISTRY-2: an agent of this host lists the mesh itself as soon as it listens,
+        # so no error or interrupt after it starts leaves it unlisted.
+        state_file="" if remote else str(_registry.path_of(mesh_name)),
+        record=None if remote else dataclasses.asdict(first),
+    )
+    allocation = allocator.allocate(cfg)
+    agents = allocation.agents
+    if remote:
+        _transfer_host_facing(agents[0].addr)  # (before this process's servers start: they face the hosts)
+    per = math.prod(per_host.values())
+    rec = dataclasses.replace(
+        first,
         agent_addr=agents[0].addr,
         agent_pid=agents[0].pid,
         host=agents[0].host,
-        spec=spec,
-        idle_timeout=idle_timeout,
-        ephemeral=ephemeral,
-        hosts=entries,
-        job=job,
-        ca=tls["ca"],
         host_id=agents[0].host_id,
-        started_from=host_id(),
+        job=allocation.job,
+        hosts=[
+            {
+                "host": a.host,
+                "agent_addr": a.addr,
+                "agent_pid": a.pid,
+                "first_rank": i * per,
+                "procs": per,
+                "host_id": a.host_id,
+            }
+            for i, a in enumerate(agents)
+        ]
+        if remote
+        else [],
     )
 
-    def listed() -> None:
-        _registry.write(rec)  # listed from the first moment: nothing runs unlisted
-        _transfer_host_facing(agents[0].addr)
-
     def undo() -> None:
-        end_job(job)
+        release(allocation.job)
+        if allocation.process is not None:
+            allocation.process.wait(10)
         _registry.remove_if_ours(mesh_name, token)
 
+    where = f" on {nhosts} hosts" if nhosts is not None else ""
     return _bring_up(
         group_of(rec),
         rec,
-        hosts.python,
-        {"MONARCH_SHAPE": json.dumps([list(sizes), list(sizes.values())]), **_worker_env(env)},
-        f"starting mesh {mesh_name!r} on {nhosts} hosts, procs started",
-        None,
-        before=listed,
+        allocator.python,
+        {"MONARCH_SHAPE": json.dumps([list(sizes), list(sizes.values())]), **_worker_env(env), **worker_env},
+        f"starting mesh {mesh_name!r}{where}, procs started",
+        allocation.process,
         undo=undo,
     )
 
@@ -251,14 +228,14 @@ def _bring_up(
     worker_env: dict[str, str],
     what: str,
     agent: AgentProcess | None,
-    before: Callable[[], None],
     undo: Callable[[], None],
 ) -> Session:
-    """Becomes the controller of new agents, starts their workers (showing progress)
-    and writes the state file; on any failure, an interrupt too, stops the agents
-    and runs ``undo``: nothing may be left running that no state file names."""
+    """Lists the mesh (its state file), becomes the controller of its new agents,
+    starts their workers (showing progress) and writes the state file again with its
+    epoch; on any failure, an interrupt too, stops the agents and runs ``undo``:
+    nothing may be left running that no state file names."""
     try:
-        before()
+        _registry.write(rec)  # listed from the first moment: nothing runs unlisted
         epoch = client.attach()[0].epoch
         nprocs = sum(link.nprocs for link in client.links)
         workers = _showing_progress(
@@ -358,11 +335,10 @@ def get_or_create(
     replace: bool,
     ephemeral: bool | None,
     idle_timeout: float | None,
-    hosts: SSHHosts | SlurmHosts | None = None,
-    python: str | None = None,
+    allocator: Allocator,
 ) -> Session:
     """``spawn_procs``: the running mesh ``name`` if its spec matches, else a new one
-    (on this host, or across ``hosts``); ``python`` runs its workers (this host)."""
+    on ``allocator``'s hosts."""
     if ephemeral is None:
         ephemeral = name is None
     if idle_timeout is None:
@@ -371,18 +347,12 @@ def get_or_create(
         raise MeshSpecError(f"idle_timeout must be a number of seconds >= 0, not {idle_timeout!r}")
 
     def new(name: str | None) -> Session:
-        if hosts is None:
-            return create(name, sizes, env, ephemeral, float(idle_timeout), python)
-        return create_across(name, hosts, sizes, env, ephemeral, float(idle_timeout))
+        return create(name, allocator, sizes, env, ephemeral, float(idle_timeout))
 
     if name is None:
         return new(None)
     _registry.check_name(name)
-    spec: dict[str, Any] = {"per_host": sizes, "env": dict(env or {})}
-    if python is not None and hosts is None:
-        spec["python"] = python
-    if hosts is not None:
-        spec["hosts"] = hosts.nodes if isinstance(hosts, SlurmHosts) else len(hosts.targets)
+    spec = _spec(allocator, sizes, env)
     with _registry.locked(name):
         rec = _registry.read(name, wait_restore=RESTORE_WAIT_S)
         if rec is not None:

@@ -34,8 +34,8 @@ from monarch_kernel.errors import (
 )
 from monarch_kernel.hosts import AgentProcess, _registry
 from monarch_kernel.hosts._admin import agent_alive
+from monarch_kernel.hosts._allocator import end_reason, release
 from monarch_kernel.hosts._registry import MeshRecord
-from monarch_kernel.hosts._remote import end_job
 from monarch_kernel.mesh._actor_mesh import decode_reply
 from monarch_kernel.mesh._buffers import know_token
 from monarch_kernel.mesh._future import Future
@@ -212,9 +212,7 @@ class Session:
     def explain_host_loss(self, wait: float = 0.0) -> str | None:
         """Why the hosts' agents went away, when the allocator knows (a SLURM job that
         ended: its state and reason, given ``wait`` s to be recorded); None otherwise."""
-        from monarch_kernel.hosts import _remote
-
-        return _remote.job_end_reason(self.rec.job, wait)
+        return end_reason(self.rec.job, wait)
 
     def forget_record(self) -> None:
         """Removes the mesh's state file, if it is still this mesh's."""
@@ -323,7 +321,7 @@ class Session:
         # Calls still waiting on a host the stop could not reach fail now (RESUME-1
         # would have them wait for it).
         self.state.ref.abandon_calls(f"mesh {self.name!r} was stopped")
-        end_job(self.rec.job)
+        release(self.rec.job)
         _registry.remove_if_ours(self.name, self.token)
         if self.agent is not None:
             self.agent.wait(timeout)

@@ -39,9 +39,9 @@ from monarch_kernel.errors import (
     MonarchKernelError,
 )
 from monarch_kernel.hosts import _registry
+from monarch_kernel.hosts._allocator import end_reason, release
 from monarch_kernel.hosts._host_id import is_here
 from monarch_kernel.hosts._registry import MeshRecord
-from monarch_kernel.hosts._remote import end_job, job_end_reason
 
 #: How long a look waits for each agent's answer.
 LOOK_TIMEOUT_S = 3.0
@@ -175,7 +175,7 @@ def connect(rec: MeshRecord, timeout: float = LOOK_TIMEOUT_S) -> AgentGroup | No
     if "alive" in knocks:
         return group
     group.close()
-    if all(_gone_at(rec, e, k) for e, k in zip(entries, knocks)) or job_end_reason(rec.job, 0.0):
+    if all(_gone_at(rec, e, k) for e, k in zip(entries, knocks)) or end_reason(rec.job, 0.0):
         return None
     if not rec.hosts and is_here(rec.host_id):  # its own host, and its agent runs
         if knocks[0] == "other":
@@ -202,7 +202,7 @@ def stop_unowned(rec: MeshRecord) -> bool:
     try:
         client = connect(rec)
     except MeshUnreachableError:
-        if end_job(rec.job):  # scancel ends its agents, wherever they run
+        if release(rec.job):  # scancel ends its agents, wherever they run
             _registry.remove_if_ours(rec.name, rec.token)
             return True
         raise
@@ -214,7 +214,7 @@ def stop_unowned(rec: MeshRecord) -> bool:
         return True
     if client is None:
         _registry.remove_if_ours(rec.name, rec.token)
-        end_job(rec.job)
+        release(rec.job)
         return False
     try:
         client.shutdown(epoch=0)
@@ -225,7 +225,7 @@ def stop_unowned(rec: MeshRecord) -> bool:
     # After the shutdown, as Session.stop does: before it, the agent, not yet
     # stopping, could put the file back (REGISTRY-2) and leave it after "stopped".
     _registry.remove_if_ours(rec.name, rec.token)
-    end_job(rec.job)
+    release(rec.job)
     return True
 
 

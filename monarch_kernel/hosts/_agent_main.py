@@ -1,7 +1,7 @@
 """Entry point of a host agent process (``python -m monarch_kernel.hosts._agent_main``).
 
-Reads its configuration (token included, and across hosts the mesh's TLS identity:
-``"tls": {"ca", "cert", "key"}``, TLS-3) as one JSON line on stdin, starts the native
+Reads its configuration (``_allocator.AgentConfig``: token included, and across hosts
+the mesh's TLS identity, TLS-3) as one JSON line on stdin, starts the native
 agent, prints ``MONARCH_AGENT_READY <addr> <pid> <hostname> [<slurm job id>] id=<host id>``
 (``_host_id.host_id()``: where its pid and address mean something), then runs until
 the agent stops.
@@ -16,6 +16,7 @@ command returns while the agent runs on (AGENT-1 still ends its workers with it)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -23,45 +24,47 @@ import sys
 import threading
 from collections.abc import Callable
 
-READY = "MONARCH_AGENT_READY"
+from monarch_kernel.hosts._allocator import READY, AgentConfig
 
 
 def main() -> None:
-    cfg = json.loads(sys.stdin.readline())
-    if cfg.get("state_home"):  # the controller's, on a shared home
-        os.environ["XDG_STATE_HOME"] = cfg["state_home"]
+    cfg = AgentConfig.from_line(sys.stdin.readline())
+    if cfg.state_home:  # the controller's, on a shared home
+        os.environ["XDG_STATE_HOME"] = cfg.state_home
     detach = "--detach" in sys.argv[1:]
     if detach:
         _detach()
-    bind_host = _bind_host(cfg.get("bind_host") or "127.0.0.1")
-    log_dir = cfg.get("log_dir") or _own_log_dir(cfg["name"])
-    if detach or not cfg.get("log_dir"):  # our stderr goes to the log from now on
+    bind_host = _bind_host(cfg.bind_host or "127.0.0.1")
+    log_dir = cfg.log_dir or _own_log_dir(cfg.name)
+    if detach or not cfg.log_dir:  # our stderr goes to the log from now on
         fd = os.open(os.path.join(log_dir, "agent.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(fd, 2)
         os.close(fd)
     from monarch_kernel import _native
 
-    tls = cfg.pop("tls", None) or {}  # (the key stays in no more places than it must)
+    tls = cfg.tls or {}
     agent = _native.start_agent(
-        cfg["name"],
-        cfg["token"],
+        cfg.name,
+        cfg.token,
         log_dir,
-        float(cfg["idle_timeout"]),
-        meta=cfg.get("meta", ""),
+        float(cfg.idle_timeout),
+        meta=cfg.meta,
         bind_host=bind_host,
         tls_cert=tls.get("cert"),
         tls_key=tls.get("key"),
         tls_ca=tls.get("ca"),
     )
     del tls
-    state_file = cfg.get("state_file", "")
-    if state_file and cfg.get("record"):  # REGISTRY-2: listed from the first moment
-        record = {**cfg["record"], "agent_addr": agent.addr, "agent_pid": os.getpid()}
+    cfg = dataclasses.replace(cfg, tls=None)  # (the key stays in no more places than it must)
+    if cfg.state_file and cfg.record:  # REGISTRY-2: listed from the first moment
+        record = {**cfg.record, "agent_addr": agent.addr, "agent_pid": os.getpid()}
         try:
-            _write(state_file, json.dumps(record, indent=1).encode())
+            _write(cfg.state_file, json.dumps(record, indent=1).encode())
         except OSError as e:  # the controller's own write tells the user
             print(
-                f"monarch agent: cannot write the state file {state_file}: {e}", file=sys.stderr, flush=True
+                f"monarch agent: cannot write the state file {cfg.state_file}: {e}",
+                file=sys.stderr,
+                flush=True,
             )
     from monarch_kernel.hosts._host_id import host_id
 
@@ -73,14 +76,14 @@ def main() -> None:
     stop = threading.Event()
     keeper = threading.Thread(
         target=_keep_state_file,
-        args=(cfg.get("state_file", ""), cfg["token"], stop, lambda: agent.stopping),
+        args=(cfg.state_file, cfg.token, stop, lambda: agent.stopping),
         daemon=True,
     )
     keeper.start()
     agent.wait()
     stop.set()
     keeper.join(5.0)
-    _forget(cfg.get("state_file", ""), cfg["token"])
+    _forget(cfg.state_file, cfg.token)
     _native.shutdown_runtime()
     os._exit(0)
 

@@ -1,44 +1,27 @@
-"""The local allocator: starts a host agent on this machine, detached from the caller
-(its own session), so that Jupyter's interrupt and restart never reach it."""
+"""The local allocator (``LocalHost``): starts a host agent on this machine, detached
+from the caller (its own session), so that Jupyter's interrupt and restart never
+reach it; and this host's state folder, logs and room for workers."""
 
 from __future__ import annotations
 
-import json
 import os
 import resource
 import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from monarch_kernel.errors import MeshSpecError, MeshStartError, MeshStateError
-
-READY = "MONARCH_AGENT_READY"
+from monarch_kernel.hosts._allocator import READY, AgentConfig, AgentInfo, AgentProcess, Allocation
 
 
 def state_dir() -> Path:
     """``$XDG_STATE_HOME/monarch-kernel`` (default ``~/.local/state/monarch-kernel``)."""
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     return Path(base) / "monarch-kernel"
-
-
-@dataclass
-class AgentProcess:
-    """A started agent: its process (ours to reap), address and log folder."""
-
-    popen: subprocess.Popen[bytes]
-    addr: str
-    log_dir: Path
-
-    def wait(self, timeout: float) -> None:
-        try:
-            self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait(5)
 
 
 #: Logs of a named mesh that no longer runs are removed this long after it started.
@@ -152,33 +135,12 @@ def check_room(nprocs: int) -> None:
         )
 
 
-def start_local_agent(
-    name: str,
-    token: str,
-    idle_timeout: float,
-    meta: str = "",
-    state_file: str = "",
-    timeout: float = 30.0,
-    record: dict[str, Any] | None = None,
-    tls: dict[str, str] | None = None,
-) -> AgentProcess:
-    """Starts a host agent for mesh ``name`` and waits until it listens. ``meta`` is
-    handed to every controller that attaches; ``state_file`` is written by the agent
-    from ``record`` (with its own address and pid) before it says it listens, kept
-    while it runs, and removed when it stops, if it still names this mesh. With
-    ``tls`` (``new_tls_identity()``), the agent and its workers serve TLS (TLS-1)."""
-    log_dir = fresh_log_dir(name)
-    cfg = {
-        "name": name,
-        "token": token,
-        "log_dir": str(log_dir),
-        "idle_timeout": idle_timeout,
-        "meta": meta,
-        "state_file": state_file,
-        "record": record,
-    }
-    if tls:
-        cfg["tls"] = tls  # on the agent's stdin only (TLS-3)
+def start_local_agent(cfg: AgentConfig, timeout: float = 30.0) -> AgentProcess:
+    """Starts a host agent on this machine with ``cfg`` (its log folder made fresh
+    here) and waits until it listens. With ``cfg.state_file`` and ``cfg.record`` the
+    agent writes the mesh's state file itself as it listens (REGISTRY-2)."""
+    log_dir = fresh_log_dir(cfg.name)
+    cfg = replace(cfg, log_dir=str(log_dir))
     fd = os.open(log_dir / "agent.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     with os.fdopen(fd, "ab") as log_file:  # the child keeps its own copy
         popen = subprocess.Popen(
@@ -190,7 +152,7 @@ def start_local_agent(
             close_fds=True,
         )
     assert popen.stdin is not None and popen.stdout is not None
-    popen.stdin.write(json.dumps(cfg).encode() + b"\n")
+    popen.stdin.write(cfg.to_line())  # on the agent's stdin only (TLS-3)
     popen.stdin.close()
     deadline = time.monotonic() + timeout
     line = b""
@@ -203,5 +165,59 @@ def start_local_agent(
         popen.kill()
         popen.wait(5)
         log = (log_dir / "agent.log").read_text(errors="replace")[-2000:]
-        raise MeshStartError(f"the host agent for mesh {name!r} did not start; its log:\n{log}", mesh=name)
+        raise MeshStartError(
+            f"the host agent for mesh {cfg.name!r} did not start; its log:\n{log}", mesh=cfg.name
+        )
     return AgentProcess(popen=popen, addr=line.decode().split()[1], log_dir=log_dir)
+
+
+@dataclass(frozen=True)
+class LocalHost:
+    """This machine (``this_host()``): its agent is a child of this process, and
+    writes the mesh's state file itself as it listens (REGISTRY-2). ``python`` runs
+    the workers (None: this process's interpreter)."""
+
+    python_exe: str | None = None
+
+    kind = "local"
+    remote = False
+
+    @property
+    def nhosts(self) -> None:
+        return None
+
+    @property
+    def python(self) -> str:
+        return self.python_exe or sys.executable
+
+    def worker_env(self, per_host: dict[str, int]) -> dict[str, str]:
+        from monarch_kernel.hosts._placement import placement_env
+
+        env = placement_env(per_host)  # PLACE-1: checked before anything starts
+        nprocs = 1
+        for n in per_host.values():
+            nprocs *= n
+        check_room(nprocs)  # and whether the host can hold them
+        return env
+
+    def allocate(self, cfg: AgentConfig) -> Allocation:
+        from monarch_kernel.hosts._host_id import host_id
+
+        agent = start_local_agent(cfg)
+        pid = agent.popen.pid
+        info = AgentInfo(addr=agent.addr, pid=pid, host=os.uname().nodename, host_id=host_id())
+        return Allocation([info], {}, process=agent)
+
+    def picked(self, indices: Sequence[int]) -> LocalHost:
+        return self
+
+    def with_python(self, python: str) -> LocalHost:
+        if not os.access(python, os.X_OK):
+            raise MeshSpecError(
+                f"with_python_executable({python!r}): no executable there; give the path of a Python "
+                "interpreter that has monarch-kernel installed"
+            )
+        return LocalHost(python)
+
+    def describe(self) -> str:
+        return "this host"

@@ -26,8 +26,7 @@ import pytest
 from monarch_kernel import Actor, ActorMesh, ProcMesh, Shape, _native, endpoint
 from monarch_kernel.control import AgentClient
 from monarch_kernel.errors import MeshTLSError, SupervisionError
-from monarch_kernel.hosts import start_local_agent
-from monarch_kernel.hosts._remote import new_tls_identity
+from monarch_kernel.hosts import AgentConfig, new_tls_identity, start_local_agent
 from monarch_kernel.mesh._proc_ref import ProcRef
 
 TIMEOUT = 30
@@ -63,7 +62,7 @@ def _tls_mesh(nprocs: int) -> Iterator[SimpleNamespace]:
     controller starts one across hosts (but on 127.0.0.1); this process has its CA."""
     name, token = f"tls-{uuid.uuid4().hex[:6]}", secrets.token_urlsafe(32)
     tls = new_tls_identity()
-    agent = start_local_agent(name, token, idle_timeout=60.0, tls=tls)
+    agent = start_local_agent(AgentConfig(name, token, idle_timeout=60.0, tls=tls))
     client = AgentClient(agent.addr, token, tls["ca"])
     try:
         epoch = client.attach().epoch
