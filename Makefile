@@ -57,10 +57,10 @@ $(STAMPS)/labext: extension/package.json extension/tsconfig.json extension/insta
 setup: $(STAMPS)/native $(STAMPS)/kernelspec $(STAMPS)/labext ## Create the venv, install dependencies (torch included), build the native core, install the kernelspec and the Meshes panel
 
 demo: setup ## Set up, then execute notebooks/quickstart.ipynb through the monarch kernel and print it
-	$(PY) demo/run_notebook.py notebooks/quickstart.ipynb
+	$(PY) -m demo.run_notebook notebooks/quickstart.ipynb
 
 demo-multihost: setup $(STAMPS)/cluster ## Bring up the test cluster, run notebooks/multihost.ipynb on it through SLURM, tear it down
-	$(PY) demo/run_multihost.py
+	$(PY) -m demo.run_multihost
 
 # Browser tests drive Debian's chromium (Playwright's own browser download is not used).
 $(STAMPS)/browser: | $(STAMPS)/deps
@@ -89,20 +89,20 @@ test-python: setup $(STAMPS)/browser $(STAMPS)/cluster ## pytest: unit and integ
 	$(PY) -m pytest -q
 
 bench: setup ## Print this project's figures beside baselines measured in the same run (AB=COMMIT: the call rows of this checkout and of COMMIT's build, run alternately)
-	$(if $(AB),$(PY) bench/ab.py $(AB),$(PY) bench/run.py)
+	$(if $(AB),$(PY) -m bench.ab $(AB),$(PY) -m bench.run)
 
 lint: setup ## ruff, mypy, stubtest of _native.pyi, cargo fmt and clippy
-	$(VENV)/bin/ruff check monarch_kernel tests bench demo
-	$(VENV)/bin/ruff format --check monarch_kernel tests bench demo
-	$(VENV)/bin/mypy monarch_kernel
+	$(VENV)/bin/ruff check monarch_kernel tests bench demo tools
+	$(VENV)/bin/ruff format --check monarch_kernel tests bench demo tools
+	$(VENV)/bin/mypy monarch_kernel tools
 	$(PY) -m mypy.stubtest monarch_kernel._native --allowlist .ci/stubtest-allowlist.txt
 	cargo fmt --manifest-path native/Cargo.toml --check
 	cargo clippy -q --manifest-path native/Cargo.toml --all-targets -- -D warnings
 	cargo clippy -q --manifest-path native/Cargo.toml --features python -- -D warnings
 
 fmt: setup ## Format Python and Rust sources
-	$(VENV)/bin/ruff format monarch_kernel tests bench demo
-	$(VENV)/bin/ruff check --fix monarch_kernel tests bench demo
+	$(VENV)/bin/ruff format monarch_kernel tests bench demo tools
+	$(VENV)/bin/ruff check --fix monarch_kernel tests bench demo tools
 	cargo fmt --manifest-path native/Cargo.toml
 
 stubs: setup ## Regenerate the checked-in grpcio stubs from proto/
@@ -111,9 +111,10 @@ stubs: setup ## Regenerate the checked-in grpcio stubs from proto/
 clean: ## Remove the venv and build outputs
 	rm -rf $(VENV) target build $(WHEEL_DATA)/data/share
 
-# Multi-host tests (tests/multihost, docs/testing-multihost.md): hosts in network
-# namespaces with sshd and SLURM. Services of the packages installed here are stopped
-# and disabled: the tests run their own daemons, inside the namespaces only.
+# Multi-host tests (tests/multihost, docs/testing-multihost.md) on the test cluster
+# (tools/testcluster): hosts in network namespaces with sshd and SLURM. Services of the
+# packages installed here are stopped and disabled: the tests run their own daemons,
+# inside the namespaces only.
 .PHONY: cluster-up cluster-down
 $(STAMPS)/cluster: | $(STAMPS)/deps
 	@export PATH="$$PATH:/usr/sbin:/sbin"; \
@@ -128,7 +129,7 @@ $(STAMPS)/cluster: | $(STAMPS)/deps
 	@touch $@
 
 cluster-up: $(STAMPS)/cluster ## Bring up a test cluster: hosts in network namespaces with sshd and SLURM
-	$(PY) tests/multihost/cluster.py up
+	$(PY) -m tools.testcluster up
 
 cluster-down: | $(PY) ## Remove every test cluster this machine has
-	$(PY) tests/multihost/cluster.py down --all
+	$(PY) -m tools.testcluster down --all

@@ -9,7 +9,7 @@ with this checkout and with COMMIT alternately, ``BENCH_AB_PAIRS`` pairs (defaul
 hot path is shown by this, not by two runs at different times: this machine's call
 latency varies more between minutes than between builds.
 
-    python bench/ab.py COMMIT            (from the repository root)
+    python -m bench.ab COMMIT            (from the repository root)
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def calls_with(python: Path, n: int) -> dict[str, float]:
 
 def main() -> None:
     if len(sys.argv) != 2:
-        sys.exit("usage: python bench/ab.py COMMIT   (or: make bench AB=COMMIT)")
+        sys.exit("usage: python -m bench.ab COMMIT   (or: make bench AB=COMMIT)")
     commit = sys.argv[1]
     other = scratch_python(commit)
     n = int(os.environ.get("BENCH_CALLS", "2000"))

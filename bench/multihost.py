@@ -1,8 +1,8 @@
 """The multi-host rows of `make bench`, measured on a test cluster on this machine.
 
-One cluster (tests/multihost/cluster.py: hosts h1..hN in network namespaces, each with
+One cluster (tools/testcluster: hosts h1..hN in network namespaces, each with
 its own sshd and slurmd, and a login host) is made for the whole run. The controller
-side runs inside the login host (this file with ``--inside``); the raw baselines run in
+side runs inside the login host (this module with ``--inside``); the raw baselines run in
 the hosts' namespaces (``--echo``, ``--sink``, ``--stream``). Traffic goes only to
 loopback or to addresses of the cluster. ``down()`` kills whatever still runs in its
 namespaces, meshes included.
@@ -15,7 +15,7 @@ Two things to know when reading the figures:
 - Every host shares this machine's CPUs (2 on the reference machine): 64 procs on 16
   test hosts is 64 processes on those CPUs, not a real 16-node cluster.
 
-    python bench/multihost.py           # brings a cluster up, prints the rows, removes it
+    python -m bench.multihost           # brings a cluster up, prints the rows, removes it
 """
 
 from __future__ import annotations
@@ -32,11 +32,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "multihost"))
+from bench.run import Echo, Puller, Tensors, timed  # the actors and timing make bench uses
+from tools.testcluster import Cluster, ClusterError, unavailable
 
-from cluster import Cluster, ClusterError, unavailable  # noqa: E402
-from run import Echo, Puller, Tensors, timed  # noqa: E402  (this folder: the actors and timing make bench uses)
+#: This module run again, from the repository's root (``ROOT``): in a host's namespace
+#: (the raw baselines), and as the controller in the login host (``--inside``).
+ROOT = Path(__file__).resolve().parents[1]
+_SELF = [sys.executable, "-m", "bench.multihost"]
 
 #: Hosts of the cluster, and procs per host of the call() mesh (the issue: 16 x 4).
 HOSTS = int(os.environ.get("BENCH_HOSTS", "16"))
@@ -102,7 +104,7 @@ def stream(addr: str, port: int, nbytes: int, rounds: int) -> None:
 
 
 def _in_ns(ns: str, *args: str) -> list[str]:
-    return ["ip", "netns", "exec", ns, sys.executable, __file__, *args]
+    return ["ip", "netns", "exec", ns, *_SELF, *args]
 
 
 def _port_of(proc: subprocess.Popen[str]) -> int:
@@ -116,12 +118,13 @@ def _port_of(proc: subprocess.Popen[str]) -> int:
 def tcp_stream_seconds(src_ns: str, dst_ns: str, dst_addr: str, rounds: int = 3) -> float:
     """Median seconds of one raw TCP stream of 1 GiB from ``src_ns`` to ``dst_ns``."""
     sink = subprocess.Popen(
-        _in_ns(dst_ns, "--sink", dst_addr, str(GIB), str(rounds)), stdout=subprocess.PIPE, text=True
+        _in_ns(dst_ns, "--sink", dst_addr, str(GIB), str(rounds)), stdout=subprocess.PIPE, text=True, cwd=ROOT
     )
     try:
         port = _port_of(sink)
         out = subprocess.run(
             _in_ns(src_ns, "--stream", dst_addr, str(port), str(GIB), str(rounds)),
+            cwd=ROOT,
             capture_output=True,
             text=True,
             check=True,
@@ -233,7 +236,7 @@ def measure(hosts: int = HOSTS) -> dict[str, float]:
     try:
         h1, h2 = cluster.hosts[0], cluster.hosts[1]
         stream_s = tcp_stream_seconds(h1.ns, h2.ns, h2.addr)
-        echo = subprocess.Popen(_in_ns(h1.ns, "--echo", h1.addr), stdout=subprocess.PIPE, text=True)
+        echo = subprocess.Popen(_in_ns(h1.ns, "--echo", h1.addr), stdout=subprocess.PIPE, text=True, cwd=ROOT)
         cfg = {
             "hosts": [h.name for h in cluster.hosts],
             "ssh_config": str(cluster.ssh_config),
@@ -244,7 +247,8 @@ def measure(hosts: int = HOSTS) -> dict[str, float]:
         env = {**os.environ, **cluster.env(), "XDG_STATE_HOME": state, "MONARCH_FORWARD_OUTPUT": "0"}
         env.pop("MONARCH_TRANSFER_HOST", None)  # the controller's engine faces the hosts
         done = subprocess.run(
-            cluster.login_cmd([sys.executable, __file__, "--inside", json.dumps(cfg)]),
+            cluster.login_cmd([*_SELF, "--inside", json.dumps(cfg)]),
+            cwd=ROOT,
             env=env,
             capture_output=True,
             text=True,
@@ -345,7 +349,7 @@ def main(argv: list[str]) -> None:
     elif reason := unavailable():
         print(f"multi-host rows skipped: no test cluster ({reason})")
     else:
-        from run import print_table  # (bench/ is on sys.path: this file's folder)
+        from bench.run import print_table
 
         t = time.monotonic()
         print_table(rows())

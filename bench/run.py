@@ -18,8 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 
-import cells
-
+from bench import cells
 from monarch_kernel import Actor, SupervisionError, attach, endpoint, this_host
 from monarch_kernel.mesh._buffers import prefer_huge_pages
 
@@ -530,7 +529,7 @@ def main() -> None:
             "(the panel looks every 500 ms)",
         ),
     ]
-    import tensors  # (imports torch: after the rows above, whose procs never need it)
+    from bench import tensors  # (imports torch: after the rows above, whose procs never need it)
 
     more, skipped = multihost_rows()
     print_table(rows + tensors.rows() + more)
@@ -542,7 +541,7 @@ def main() -> None:
 def multihost_rows() -> tuple[list[tuple[str, float, str, str, float, str]], str | None]:
     """The multi-host rows (bench/multihost.py, on a test cluster made on this machine
     meanwhile); where there are none, the line that says why."""
-    import multihost
+    from bench import multihost
 
     if reason := multihost.unavailable():
         return [], f"multi-host rows skipped: no test cluster ({reason})"

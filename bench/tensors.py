@@ -1,7 +1,7 @@
 """Distributed tensors (the tensor engine) beside baselines measured in the same run:
 op issue rate, ``inspect`` against ``call_one``, a 64 MiB fetch against memcpy, the
 first ``activate()`` to its first value, and ``reduce`` against a plain
-``torch.distributed.all_reduce`` on the same procs. Run alone: ``python bench/tensors.py``."""
+``torch.distributed.all_reduce`` on the same procs. Run alone: ``python -m bench.tensors``."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import time
 from collections.abc import Callable
 
 import torch
-from run import timed
 
 import monarch_kernel as mk
+from bench.run import timed
 from monarch_kernel import Actor, endpoint, this_host
 
 Row = tuple[str, float, str, str, float, str]
@@ -221,6 +221,6 @@ def rows() -> list[Row]:
 
 
 if __name__ == "__main__":
-    from run import print_table
+    from bench.run import print_table
 
     print_table(rows())

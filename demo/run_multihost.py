@@ -3,7 +3,7 @@ with sshd and SLURM, see docs/testing-multihost.md), executes
 notebooks/multihost.ipynb through the monarch kernel on its login host, prints it as
 a reader would see it, and removes the cluster.
 
-    python demo/run_multihost.py [--save OUT.ipynb]
+    python -m demo.run_multihost [--save OUT.ipynb]     # from the repository's root
 """
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "multihost"))
+from tools.testcluster import Cluster, unavailable
 
-from cluster import Cluster, unavailable  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> int:

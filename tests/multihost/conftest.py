@@ -1,5 +1,5 @@
 """Fixtures of the multi-host tests: ``cluster``, two hosts in network namespaces with
-sshd and SLURM (see cluster.py). Every test in this folder is marked ``multihost``."""
+sshd and SLURM (see tools/testcluster). Every test in this folder is marked ``multihost``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster import Cluster, unavailable
+
+from tools.testcluster import Cluster, unavailable
 
 HERE = Path(__file__).parent
 

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from typing import Any
 
-from cluster import Cluster
+from tools.testcluster import Cluster
 
 REPL = r"""
 import json, sys, traceback

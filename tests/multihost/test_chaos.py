@@ -16,10 +16,11 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from cluster import Cluster, unavailable
 from controller import Controller
 from test_meshes import SETUP, _down_all
 from test_partitions import LEDGER
+
+from tools.testcluster import Cluster, unavailable
 
 #: Seconds the workload runs before anything happens, and after each event.
 SETTLE_S = 3.0

@@ -1,4 +1,4 @@
-"""The test cluster itself (cluster.py): each host answers ssh under its own name,
+"""The test cluster itself (tools/testcluster): each host answers ssh under its own name,
 SLURM spans the hosts, nothing outside the cluster can be reached from it, and its
 removal leaves nothing, also of a cluster whose creator died."""
 
@@ -9,7 +9,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from cluster import REGISTRY, Cluster
+from tools.testcluster import REGISTRY, Cluster
 
 
 def _login(cluster: Cluster, *argv: str) -> subprocess.CompletedProcess[str]:

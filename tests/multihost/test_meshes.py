@@ -18,8 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster import Cluster
 from controller import Controller, ControllerError
+
+from tools.testcluster import Cluster
 
 WITHIN = 30.0
 

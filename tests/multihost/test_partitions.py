@@ -14,9 +14,10 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from cluster import Cluster
 from proc_helpers import sigstop
 from test_meshes import SETUP, _new, _wait_failure, controllers, hosts_code  # noqa: F401 (fixtures)
+
+from tools.testcluster import Cluster
 
 #: Longer than the keepalive that drops a silent connection (1 s, then 3 s).
 PARTITION_S = 7.0

@@ -10,13 +10,11 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from demo.run_notebook import execute  # nbclient answering pdb prompts from cell metadata
+
 ROOT = Path(__file__).resolve().parents[2]
 #: multihost.ipynb needs the test cluster: tests/multihost runs it there.
 NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").glob("*.ipynb") if p.name != "multihost.ipynb")
-
-
-sys.path.insert(0, str(ROOT / "demo"))
-from run_notebook import execute  # noqa: E402  (nbclient answering pdb prompts from cell metadata)
 
 
 def _execute(path: Path) -> nbformat.NotebookNode:

@@ -1,0 +1,1 @@
+"""The benchmarks of `make bench` (`python -m bench.run` from the repository's root)."""

@@ -1,0 +1,95 @@
+"""Sync actors of the ``Dispatcher``: each has a thread of its own, waiting on a lane
+of its own where the native server puts that actor's calls (INBOX-3, ``_lanes``); it
+runs the constructor and the endpoints one at a time, with no event loop (as
+Monarch does), so a sync endpoint may wait on another actor in the same process.
+
+A part of ``Dispatcher`` (see ``_dispatcher``): the functions that take it are its
+methods."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from monarch_kernel import _native, _origin
+from monarch_kernel.actor import _current
+from monarch_kernel.mesh import _control
+from monarch_kernel.mesh._buffers import wait_read
+from monarch_kernel.mesh._serial import loads
+from monarch_kernel.worker import _display
+from monarch_kernel.worker._actor_failure import fails_actor
+from monarch_kernel.worker._actor_table import message_context
+from monarch_kernel.worker._lanes import LaneThread, lane_threads
+from monarch_kernel.worker._replies import REPLY_WAIT_S
+
+if TYPE_CHECKING:
+    from monarch_kernel.worker._actor_table import ActorEntry
+    from monarch_kernel.worker._dispatcher import Dispatcher
+
+
+def run_sync_item(d: Dispatcher, runner: LaneThread, item: _native.Incoming) -> None:
+    """Runs one call on its actor's thread ``runner`` and replies (DISPATCH-1, DISPATCH-2)."""
+    token, call_id, method = item.token, item.call_id, item.method
+    a = d._callee(token, item.actor, method, runner)
+    if a is None:
+        return
+    reset = _current.set(message_context(a, item))
+    reset_origin = _origin.set_context(item.origin)
+    try:
+        runner.running_what = f"{a.name}.{method}"
+        runner.running_call = call_id  # in the try: a cancel from now on gets a reply
+        if d._early_cancels.pop(call_id, False):
+            raise KeyboardInterrupt("the call was interrupted before it started")
+        args, kwargs = loads(item.payload, item.buffers, d.token)
+        _display.ensure_if_imported()  # DISPLAY-1
+        result = getattr(a.instance, method)(*args, **kwargs)
+    except BaseException as e:  # DISPATCH-2, KeyboardInterrupt from a cancel included
+        runner.running_call = None
+        if fails_actor(e) and getattr(a.instance, "_base_exceptions_end_it", True):
+            d._fail_actor(a, e, token, f"{a.name}.{method}")
+        else:
+            d._reply_exception(token, e, f"{a.name}.{method}")
+        return
+    finally:
+        runner.running_call = None
+        _origin.reset(reset_origin)
+        _current.reset(reset)
+    # XFER-2: the actor's next message may change what it returned; the caller
+    # pulls it as the reply arrives, and this waits for that.
+    wait_read(d._reply(token, result, f"{a.name}.{method}"), limit=REPLY_WAIT_S)
+
+
+def cleanup_sync(
+    d: Dispatcher, a: ActorEntry, hook: Callable[[Any], Any] | None, then: Callable[[], Any] | None = None
+) -> None:
+    """Ends sync actor ``a`` on its thread, after what it has queued: its
+    ``__cleanup__``, the meshes it owns (OWN-1), ``then()``, its thread."""
+    runner = a.runner
+    assert runner is not None
+    if hook is not None:
+        runner.submit(lambda: _guarded(hook, f"{a.name}.__cleanup__"))
+    runner.submit(lambda: _control.stop_owned(a.name))  # OWN-1
+    if then is not None:
+        runner.submit(then)
+    runner.submit(lambda: close_runner(d, runner))
+
+
+def close_runner(d: Dispatcher, runner: LaneThread) -> None:
+    """Ends ``runner``'s thread (on it); calls still queued for it are rejected."""
+    runner.stopped = True
+    lane_threads.discard(runner)
+    for item in d.server.close_lane(runner.lane):
+        d._reject(item.token, f"actor {item.actor!r} was stopped")
+
+
+def _guarded(fn: Callable[[Any], Any], what: str) -> None:
+    try:
+        fn(None)
+    except BaseException:
+        traceback.print_exc()
+        print(f"monarch: {what} raised (above); ignored", file=sys.stderr)
+
+
+__all__ = ["cleanup_sync", "close_runner", "run_sync_item"]
