@@ -18,7 +18,7 @@ import { INotebookTracker, NotebookActions, NotebookPanel } from '@jupyterlab/no
 import { Widget } from '@lumino/widgets';
 
 import { LogsView } from './logs';
-import { Meshes } from './model';
+import { IStacks, Meshes } from './model';
 import { MeshesPanel, PANEL_ID } from './panel';
 import { IRespawned, respawnNote, respawningNote } from './render';
 
@@ -81,39 +81,34 @@ export function addCommands(
     execute: () => app.shell.activateById(PANEL_ID)
   });
   palette?.addItem({ command: 'monarch:open-panel', category: 'Monarch' });
-  meshCommand(
-    'attach',
-    'Monarch: Attach to a mesh in the notebook',
-    'Attach to',
-    async name => {
-      let nb = notebooks.currentWidget;
-      if (!nb || nb.sessionContext.session?.kernel?.name !== 'monarch') {
-        const result = await showDialog({
-          title: 'No notebook on the monarch kernel',
-          body: `Open a new notebook on the monarch kernel attached to ${name}?`,
-          buttons: [Dialog.cancelButton(), Dialog.okButton({ label: 'New notebook' })]
-        });
-        if (!result.button.accept) {
-          return;
-        }
-        nb = (await app.commands.execute('notebook:create-new', {
-          kernelName: 'monarch'
-        })) as NotebookPanel;
-        await nb.sessionContext.ready;
+  meshCommand('attach', 'Monarch: Attach to a mesh in the notebook', 'Attach to', async name => {
+    let nb = notebooks.currentWidget;
+    if (!nb || nb.sessionContext.session?.kernel?.name !== 'monarch') {
+      const result = await showDialog({
+        title: 'No notebook on the monarch kernel',
+        body: `Open a new notebook on the monarch kernel attached to ${name}?`,
+        buttons: [Dialog.cancelButton(), Dialog.okButton({ label: 'New notebook' })]
+      });
+      if (!result.button.accept) {
+        return;
       }
-      const notebook = nb.content;
-      notebook.activeCellIndex = notebook.widgets.length - 1;
-      // A new notebook's one cell is empty: use it rather than add one below it.
-      if (notebook.activeCell?.model.sharedModel.getSource().trim()) {
-        NotebookActions.insertBelow(notebook);
-      }
-      const cell = notebook.activeCell;
-      if (cell) {
-        cell.model.sharedModel.setSource(`procs = %mesh attach ${name}`);
-        await NotebookActions.run(notebook, nb.sessionContext);
-      }
+      nb = (await app.commands.execute('notebook:create-new', {
+        kernelName: 'monarch'
+      })) as NotebookPanel;
+      await nb.sessionContext.ready;
     }
-  );
+    const notebook = nb.content;
+    notebook.activeCellIndex = notebook.widgets.length - 1;
+    // A new notebook's one cell is empty: use it rather than add one below it.
+    if (notebook.activeCell?.model.sharedModel.getSource().trim()) {
+      NotebookActions.insertBelow(notebook);
+    }
+    const cell = notebook.activeCell;
+    if (cell) {
+      cell.model.sharedModel.setSource(`procs = %mesh attach ${name}`);
+      await NotebookActions.run(notebook, nb.sessionContext);
+    }
+  });
   meshCommand('logs', 'Monarch: Logs of a mesh', 'Show the logs of', name =>
     openTab('logs', 'Logs', name, new LogsView(data, name))
   );
@@ -123,9 +118,9 @@ export function addCommands(
     content.node.textContent = 'asking the workers...';
     openTab('stacks', 'Stacks', name, content);
     try {
-      const body = await data.request(name, 'stacks');
+      const body = await data.request<IStacks>(name, 'stacks');
       content.node.textContent = body.ranks
-        .map((r: { rank: number; stacks: string }) => `--- rank ${r.rank} ---\n${r.stacks}`)
+        .map(r => `--- rank ${r.rank} ---\n${r.stacks}`)
         .join('\n');
     } catch (e) {
       content.node.textContent = `(${(e as Error).message})`;
@@ -138,7 +133,7 @@ export function addCommands(
     async name => {
       panel.note(name, respawningNote(data.meshes.find(m => m.name === name)));
       try {
-        const body: IRespawned = await data.request(name, 'respawn', 'POST');
+        const body = await data.request<IRespawned>(name, 'respawn', 'POST');
         panel.note(name, respawnNote(body));
       } catch (e) {
         panel.note(name, 'the respawn failed');

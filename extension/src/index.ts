@@ -10,11 +10,7 @@
  * panel.ts (the Meshes panel), logs.ts (the Logs tab), commands.ts (the commands and
  * their palette items), status.ts (the status-bar item), render.ts (the drawing, pure).
  */
-import {
-  ILabShell,
-  JupyterFrontEnd,
-  JupyterFrontEndPlugin
-} from '@jupyterlab/application';
+import { ILabShell, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ICommandPalette } from '@jupyterlab/apputils';
 import { INotebookTracker } from '@jupyterlab/notebook';
 import { ServerConnection } from '@jupyterlab/services';

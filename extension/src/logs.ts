@@ -5,7 +5,7 @@
  */
 import { Widget } from '@lumino/widgets';
 
-import { Meshes } from './model';
+import { ILogs, Meshes } from './model';
 
 /** A main-area tab that tails a mesh's output, filterable by rank. */
 export class LogsView extends Widget {
@@ -13,7 +13,10 @@ export class LogsView extends Widget {
   private rank: HTMLInputElement;
   private lines: HTMLElement;
 
-  constructor(private data: Meshes, private mesh: string) {
+  constructor(
+    private data: Meshes,
+    private mesh: string
+  ) {
     super();
     this.addClass('monarch-logs-view');
     this.node.innerHTML =
@@ -29,7 +32,7 @@ export class LogsView extends Widget {
     const rank = this.rank.value.trim();
     const query = `logs?tail=500${rank ? `&rank=${encodeURIComponent(rank)}` : ''}`;
     try {
-      const body = await this.data.request(this.mesh, query);
+      const body = await this.data.request<ILogs>(this.mesh, query);
       this.lines.textContent = body.lines.join('\n');
     } catch (e) {
       this.lines.textContent = `(${(e as Error).message})`;

@@ -10,6 +10,19 @@ import { ServerConnection } from '@jupyterlab/services';
 
 import { IMesh } from './render';
 
+/** The answer of GET /monarch/meshes/NAME/logs: the lines each rank printed, labelled
+ * `[rank N]`, in the order printed. */
+export interface ILogs {
+  mesh: string;
+  lines: string[];
+}
+
+/** The answer of GET /monarch/meshes/NAME/stacks: what each running worker runs now. */
+export interface IStacks {
+  mesh: string;
+  ranks: { rank: number; stacks: string }[];
+}
+
 /** What the server says, kept up to date by its event stream. */
 export class Meshes {
   meshes: IMesh[] = [];
@@ -35,8 +48,9 @@ export class Meshes {
   }
 
   /** The server's JSON answer about mesh `name` (`what`: logs, stacks, respawn, down,
-   * with its query); an Error with its `message` for anything but a 2xx. */
-  async request(name: string, what: string, method = 'GET'): Promise<any> {
+   * with its query); an Error with its `message` for anything but a 2xx. `T` is the
+   * answer's shape as the caller reads it: not checked here. */
+  async request<T = unknown>(name: string, what: string, method = 'GET'): Promise<T> {
     const url = URLExt.join(
       this.settings.baseUrl,
       'monarch',
@@ -46,15 +60,16 @@ export class Meshes {
     );
     const response = await ServerConnection.makeRequest(url, { method }, this.settings);
     const text = await response.text();
-    let body: any = null;
+    let body: unknown = null;
     try {
       body = text ? JSON.parse(text) : null;
     } catch {
       // Not JSON (a proxy's error page): the status line says what there is to say.
     }
     if (!response.ok) {
-      throw new Error(body?.message || `${response.status} ${response.statusText}`);
+      const message = (body as { message?: string } | null)?.message;
+      throw new Error(message || `${response.status} ${response.statusText}`);
     }
-    return body;
+    return body as T;
   }
 }

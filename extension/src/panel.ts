@@ -22,7 +22,10 @@ export class MeshesPanel extends Widget {
   /** Ticks the idle countdowns on the client: the server sends an event only on a change. */
   private ticker: number;
 
-  constructor(private data: Meshes, private app: JupyterFrontEnd) {
+  constructor(
+    private data: Meshes,
+    private app: JupyterFrontEnd
+  ) {
     super();
     this.id = PANEL_ID;
     this.addClass('monarch-panel');
@@ -51,16 +54,12 @@ export class MeshesPanel extends Widget {
         this.notes.delete(name);
       }
     }
-    this.node.innerHTML = meshes
-      .map(m => meshHtml(m, now, this.notes.get(m.name)?.text))
-      .join('');
+    this.node.innerHTML = meshes.map(m => meshHtml(m, now, this.notes.get(m.name)?.text)).join('');
     this.node.querySelectorAll('.monarch-mesh').forEach(el => {
       const name = (el as HTMLElement).dataset.mesh as string;
       el.querySelectorAll('button').forEach(b => {
         const action = (b as HTMLElement).dataset.action as string;
-        b.addEventListener('click', () =>
-          this.app.commands.execute(`monarch:${action}`, { name })
-        );
+        b.addEventListener('click', () => this.app.commands.execute(`monarch:${action}`, { name }));
       });
     });
   }
