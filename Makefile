@@ -91,7 +91,7 @@ test-python: setup $(STAMPS)/browser $(STAMPS)/cluster ## pytest: unit and integ
 bench: setup ## Print this project's figures beside baselines measured in the same run (AB=COMMIT: the call rows of this checkout and of COMMIT's build, run alternately)
 	$(if $(AB),$(PY) -m bench.ab $(AB),$(PY) -m bench.run)
 
-lint: setup ## ruff, mypy, stubtest of _native.pyi, cargo fmt and clippy
+lint: setup ## ruff, mypy, stubtest of _native.pyi, cargo fmt and clippy; eslint and prettier on the panel (extension/)
 	$(VENV)/bin/ruff check monarch_kernel tests bench demo tools
 	$(VENV)/bin/ruff format --check monarch_kernel tests bench demo tools
 	$(VENV)/bin/mypy monarch_kernel tools
@@ -99,11 +99,13 @@ lint: setup ## ruff, mypy, stubtest of _native.pyi, cargo fmt and clippy
 	cargo fmt --manifest-path native/Cargo.toml --check
 	cargo clippy -q --manifest-path native/Cargo.toml --all-targets -- -D warnings
 	cargo clippy -q --manifest-path native/Cargo.toml --features python -- -D warnings
+	cd extension && npm install --no-audit --no-fund --loglevel=error && npm run lint
 
-fmt: setup ## Format Python and Rust sources
+fmt: setup ## Format Python, Rust and the panel's TypeScript (prettier; eslint --fix)
 	$(VENV)/bin/ruff format monarch_kernel tests bench demo tools
 	$(VENV)/bin/ruff check --fix monarch_kernel tests bench demo tools
 	cargo fmt --manifest-path native/Cargo.toml
+	cd extension && npm install --no-audit --no-fund --loglevel=error && npm run fmt
 
 stubs: setup ## Regenerate the checked-in grpcio stubs from proto/
 	$(PY) -m grpc_tools.protoc -Iproto --python_out=. --grpc_python_out=. --pyi_out=. proto/monarch_kernel/v1/agent.proto

@@ -29,7 +29,14 @@ export function mesh(extra: Partial<IMesh> = {}): IMesh {
     alive: ranks.filter(r => r.state === 'alive').length,
     unresponsive: 0,
     hosts: [
-      { host: 'node0', addr: '10.0.0.1', procs: ranks.length, alive: 2, state: 'alive', ranks: ranks.map(r => r.rank) }
+      {
+        host: 'node0',
+        addr: '10.0.0.1',
+        procs: ranks.length,
+        alive: 2,
+        state: 'alive',
+        ranks: ranks.map(r => r.rank)
+      }
     ],
     epoch: 3,
     attached: false,

@@ -91,9 +91,24 @@ describe('escaping', () => {
   it('keeps a hostile mesh or host name out of the page structure', () => {
     const m = mesh({
       name: hostile,
-      hosts: [{ host: '<script>x()</script>', addr: '', procs: 2, alive: 2, state: 'alive', ranks: [0, 1] }],
+      hosts: [
+        {
+          host: '<script>x()</script>',
+          addr: '',
+          procs: 2,
+          alive: 2,
+          state: 'alive',
+          ranks: [0, 1]
+        }
+      ],
       ranks: [rank(0, { host: '<b onclick="x()">h</b>' })],
-      owner: { kind: 'kernel', notebook: '<img src=x onerror=y>.ipynb', kernel_id: 'k', pid: 1, host: 'h' }
+      owner: {
+        kind: 'kernel',
+        notebook: '<img src=x onerror=y>.ipynb',
+        kernel_id: 'k',
+        pid: 1,
+        host: 'h'
+      }
     });
     const div = document.createElement('div');
     div.innerHTML = meshHtml(m, NOW, '<u>note</u>');
@@ -156,7 +171,13 @@ describe('the idle countdown', () => {
 describe('the owner', () => {
   it('names the notebook of a kernel, or the pid and host of a script', () => {
     expect(
-      ownerText({ kind: 'kernel', notebook: '/home/u/work/analysis.ipynb', kernel_id: 'k1', pid: 5, host: 'a' })
+      ownerText({
+        kind: 'kernel',
+        notebook: '/home/u/work/analysis.ipynb',
+        kernel_id: 'k1',
+        pid: 5,
+        host: 'a'
+      })
     ).toBe('held by kernel of analysis.ipynb');
     expect(
       ownerText({ kind: 'kernel', notebook: 'analysis.ipynb', kernel_id: 'k1', pid: 5, host: 'a' })
@@ -200,7 +221,16 @@ describe('a mesh unreachable from this server', () => {
       procs: 2,
       ranks: [],
       idle_deadline: null,
-      hosts: [{ host: 'login', addr: '127.0.0.1:5', procs: 2, alive: 0, state: 'unreachable', ranks: [0, 1] }]
+      hosts: [
+        {
+          host: 'login',
+          addr: '127.0.0.1:5',
+          procs: 2,
+          alive: 0,
+          state: 'unreachable',
+          ranks: [0, 1]
+        }
+      ]
     });
     const el = rendered(m);
     const state = el.querySelector('.monarch-mesh-state') as HTMLElement;

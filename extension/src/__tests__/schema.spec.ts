@@ -29,8 +29,18 @@ describe('the mesh view schema', () => {
         idle_deadline: null,
         owner: { kind: 'kernel', notebook: 'train.ipynb', kernel_id: 'k1', pid: 7, host: 'login' }
       }),
-      mesh({ ranks: [rank(0, { usage: { cpu: 3, rss: 1, gpu: 50, gpu_mem: 2, tensors: 64, tensor_refs: 2 } })] }),
-      mesh({ state: 'unreachable', why: 'it runs on another host', ranks: [], alive: 0, created: NOW })
+      mesh({
+        ranks: [
+          rank(0, { usage: { cpu: 3, rss: 1, gpu: 50, gpu_mem: 2, tensors: 64, tensor_refs: 2 } })
+        ]
+      }),
+      mesh({
+        state: 'unreachable',
+        why: 'it runs on another host',
+        ranks: [],
+        alive: 0,
+        created: NOW
+      })
     ];
     for (const m of shapes) {
       expect(errors(m)).toBe('');
