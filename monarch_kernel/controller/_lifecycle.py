@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from monarch_kernel import _native
+from monarch_kernel._caller import user_stacklevel
 from monarch_kernel.control._group import AgentGroup
 from monarch_kernel.controller._frontend import progress as frontend_progress
 from monarch_kernel.controller._session import Session, sessions, sessions_lock
@@ -108,7 +109,9 @@ def attach_record(rec: MeshRecord) -> Session:
             _registry.write(rec)
         except MeshStateError as e:
             warnings.warn(
-                f"{e} (this controller owns the mesh all the same)", _registry.MeshStateWarning, stacklevel=3
+                f"{e} (this controller owns the mesh all the same)",
+                _registry.MeshStateWarning,
+                stacklevel=user_stacklevel(),
             )
         sessions[rec.name] = session
         session.tell_root(root_address())  # SINGLE-1: this process is the root now

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from monarch_kernel import _native, _origin
+from monarch_kernel._caller import user_stacklevel
 from monarch_kernel._wire import BUILTIN
 from monarch_kernel.control import ActorFailure, DisplayMessage, LineKind, has_exited
 from monarch_kernel.control._agent_client import check_tail
@@ -297,7 +298,7 @@ class Session:
                 if why is not None:
                     warnings.warn(
                         f"mesh {self.name!r}: rank(s) {ranks} were restarted without torch.distributed: {why}",
-                        stacklevel=3,
+                        stacklevel=user_stacklevel(),
                     )
             return ranks
 

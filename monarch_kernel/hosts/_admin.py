@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from monarch_kernel._caller import user_stacklevel
 from monarch_kernel.control import AgentClient
 from monarch_kernel.control._group import AgentGroup, HostLink
 from monarch_kernel.errors import (
@@ -280,14 +281,14 @@ def mesh_info(name: str) -> MeshInfo | None:
         except AgentUnresponsiveError as e:  # (MeshUnreachableError too): it may run
             return _unreached_info(rec, str(e))
         except MeshAuthError as e:
-            warnings.warn(str(e), _registry.MeshStateWarning, stacklevel=3)
+            warnings.warn(str(e), _registry.MeshStateWarning, stacklevel=user_stacklevel())
             return None
         if client is None:
             _registry.remove_if_ours(name, rec.token)
             warnings.warn(
                 f"mesh {name!r}: its host agent (pid {rec.agent_pid}) is gone; its state file was removed",
                 _registry.MeshStateWarning,
-                stacklevel=3,
+                stacklevel=user_stacklevel(),
             )
             return None
     try:

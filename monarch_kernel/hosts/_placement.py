@@ -17,6 +17,7 @@ import os
 import warnings
 from collections.abc import Mapping
 
+from monarch_kernel._caller import user_stacklevel
 from monarch_kernel.errors import MeshSpecError
 
 #: The per_host dimension that asks for one GPU per proc.
@@ -77,7 +78,7 @@ def placement_env(sizes: Mapping[str, int], gpus: list[str] | None = None) -> di
             f"per_host={dict(sizes)} asks for {need} GPU procs, but this host has no NVIDIA GPU: "
             "they run on the CPU (torch.cuda.is_available() is False there; torch.distributed uses gloo)",
             GpuPlacementWarning,
-            stacklevel=6,  # the caller of spawn_procs
+            stacklevel=user_stacklevel(),
         )
         return {GPUS_ENV: ""}
     if len(gpus) < need:

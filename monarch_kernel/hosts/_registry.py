@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from monarch_kernel._caller import user_stacklevel
 from monarch_kernel.errors import MeshSpecError, MeshStateError
 from monarch_kernel.hosts import state_dir
 from monarch_kernel.hosts._local import not_writable
@@ -149,7 +150,11 @@ def discard(name: str, reason: str | None = None) -> None:
     except FileNotFoundError:
         return
     if reason:
-        warnings.warn(f"mesh {name!r}: {reason}; its state file was removed", MeshStateWarning, stacklevel=3)
+        warnings.warn(
+            f"mesh {name!r}: {reason}; its state file was removed",
+            MeshStateWarning,
+            stacklevel=user_stacklevel(),
+        )
 
 
 def remove_if_ours(name: str, token: str) -> None:
@@ -190,7 +195,9 @@ def _read(name: str) -> Any:
     except FileNotFoundError:
         return None
     except OSError as e:
-        warnings.warn(f"mesh {name!r}: cannot read {path}: {e}", MeshStateWarning, stacklevel=2)
+        warnings.warn(
+            f"mesh {name!r}: cannot read {path}: {e}", MeshStateWarning, stacklevel=user_stacklevel()
+        )
         return None
     try:
         return MeshRecord.from_json(json.loads(text))
