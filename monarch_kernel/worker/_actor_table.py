@@ -135,9 +135,10 @@ def _install(d: Dispatcher, token: int, a: ActorEntry) -> None:
     d._failed.pop(a.name, None)
     d._supervisors.pop(a.name, None)
     d.server.route(a.name, a.runner.lane if a.runner is not None else None)
-    if old is not None:
-        _cleanup(d, old)
-    d._reply(token, None, f"spawn of {a.name}")
+    if old is None:
+        d._reply(token, None, f"spawn of {a.name}")
+    else:  # answered once the actor it replaces has ended (its __cleanup__ ran), as a stop is
+        _cleanup(d, old, lambda: d._reply(token, None, f"spawn of {a.name}"))
 
 
 def stop_actor(d: Dispatcher, token: int, name: str) -> None:
