@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, overload
 
 from monarch_kernel.errors import MeshSpecError
+from monarch_kernel.mesh._role import here
 from monarch_kernel.mesh._shape import Extent, Point
 
 R = TypeVar("R")
@@ -214,9 +215,10 @@ class Instance:
         self._end(reason, failed=False)
 
     def _end(self, reason: str | None, failed: bool) -> None:
-        if self.name == "root" or not _instance_hooks:
+        actors = here.actors
+        if self.name == "root" or actors is None:
             raise RuntimeError("abort() and stop() end an actor: call them from an actor's endpoint")
-        _instance_hooks[0](self.name, reason, failed)
+        actors.instance_ends(self.name, reason, failed)
 
     @property
     def actor_id(self) -> str:
@@ -239,16 +241,18 @@ class Context:
 
 _ROOT = Context(Instance(Point(0, _ROOT_EXTENT)))
 _current: contextvars.ContextVar[Context] = contextvars.ContextVar("monarch_kernel_context", default=_ROOT)
-#: The dispatcher's ``(actor name, reason, failed)`` for ``Instance.abort``/``stop``.
-_instance_hooks: list[Callable[[str, str | None, bool], None]] = []
-# The process-wide default when no actor is running (a worker's own proc rank).
-_process_default: list[Context] = [_ROOT]
+
+
+def process_context() -> Context:
+    """The context of code that no actor runs: a worker's own proc rank, else the
+    controller's root (``mesh._role.here.default_context``)."""
+    return here.default_context or _ROOT
 
 
 def context() -> Context:
     """The current context: the actor being run, or the controller (``<root>``)."""
     ctx = _current.get()
-    return _process_default[0] if ctx is _ROOT else ctx
+    return (here.default_context or _ROOT) if ctx is _ROOT else ctx
 
 
 def current_rank() -> Point:

@@ -18,8 +18,8 @@ front ends:
   ``ls`` and ``down``;
 - ``TORCH_BACKENDS``, ``prefer_huge_pages()``.
 
-CONTROL-1: importing this package registers its sessions with the mesh API
-(``mesh._control``), which never imports it.
+CONTROL-1: importing this package installs it as this process's controller
+(``mesh._role.here``), where the mesh API, which never imports it, finds its sessions.
 """
 
 from __future__ import annotations
@@ -36,13 +36,20 @@ from monarch_kernel.controller._supervision import MeshFailure
 from monarch_kernel.controller._view import view_of
 from monarch_kernel.controller._waits import calls_of, describe_wait
 from monarch_kernel.hosts._admin import MeshInfo
-from monarch_kernel.mesh import _control, _port
 from monarch_kernel.mesh._buffers import prefer_huge_pages
 from monarch_kernel.mesh._future import escalate_interrupted, interrupt
+from monarch_kernel.mesh._role import install_controller
 from monarch_kernel.torch import BACKENDS as TORCH_BACKENDS
 
-_control.register(session_for)
-_port.register_local_starter(this_proc)
+
+class _Controller:
+    """This process's part as a controller (``mesh._role.Controller``; CONTROL-1)."""
+
+    session_for = staticmethod(session_for)
+    start_server = staticmethod(this_proc)
+
+
+install_controller(_Controller())
 
 
 def session(name: str) -> Session | None:

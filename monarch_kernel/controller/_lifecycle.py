@@ -4,7 +4,6 @@ at exit, ephemeral meshes stop and persistent ones are let go."""
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import json
 import math
@@ -19,6 +18,7 @@ from typing import Any
 
 from monarch_kernel import _native
 from monarch_kernel._caller import user_stacklevel
+from monarch_kernel._shutdown import Stage, shutdown
 from monarch_kernel.control._group import AgentGroup
 from monarch_kernel.controller._frontend import progress as frontend_progress
 from monarch_kernel.controller._session import Session, sessions, sessions_lock
@@ -412,7 +412,6 @@ def attach_session(name: str) -> Session:
         return attach_record(rec)
 
 
-@atexit.register
 def stop_all_ephemeral() -> None:
     """At exit: ephemeral meshes of this process stop; persistent ones are let go."""
     for s in list(sessions.values()):
@@ -423,6 +422,9 @@ def stop_all_ephemeral() -> None:
                 s.detach()
         except Exception:
             pass
+
+
+shutdown.at(Stage.MESHES, stop_all_ephemeral)
 
 
 __all__ = [

@@ -8,8 +8,9 @@ import secrets
 import threading
 
 from monarch_kernel import _native
-from monarch_kernel.mesh._proc_mesh import ProcMesh, current_proc, set_this_proc
+from monarch_kernel.mesh._proc_mesh import ProcMesh, current_proc
 from monarch_kernel.mesh._proc_ref import ProcRef
+from monarch_kernel.mesh._role import set_this_proc
 from monarch_kernel.mesh._shape import Extent, Point, Shape
 from monarch_kernel.worker import Dispatcher
 

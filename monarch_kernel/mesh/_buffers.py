@@ -21,6 +21,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from monarch_kernel import _native
+from monarch_kernel.mesh._role import here
 
 #: Buffers at least this large go through the engine (MONARCH_TRANSFER_THRESHOLD).
 THRESHOLD = int(os.environ.get("MONARCH_TRANSFER_THRESHOLD", 64 * 1024))
@@ -39,8 +40,6 @@ current_token: ContextVar[str | None] = ContextVar("monarch_current_token", defa
 current_readers: ContextVar[tuple[int, list[int] | None]] = ContextVar(
     "monarch_current_readers", default=(1, None)
 )
-#: This process's own mesh token, in a worker (set at start-up).
-process_token: list[str | None] = [None]
 
 
 #: Tokens of the meshes this process talks to, by SHA-256: a descriptor finds its own.
@@ -55,7 +54,7 @@ def know_token(token: str) -> None:
 def token_of(desc: _native.Descriptor) -> str:
     """The token of the mesh ``desc``'s buffer is registered under, if this process
     knows it (it controls or belongs to that mesh)."""
-    own = process_token[0]
+    own = here.token
     if own is not None:
         know_token(own)
     token = _tokens.get(desc.token_id)
@@ -344,7 +343,6 @@ __all__ = [
     "THRESHOLD",
     "current_token",
     "is_tensor",
-    "process_token",
     "receive_remote",
     "reduce_memoryview",
     "reduce_tensor",

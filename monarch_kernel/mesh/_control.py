@@ -4,8 +4,8 @@ The mesh API runs in every process (controllers, workers, plain scripts). A few 
 ``ProcMesh``'s operations (``on_failure``, ``respawn``, ``logs``, recording an actor
 mesh for a later ``attach``) need the *session* that the controller holds on the
 mesh. CONTROL-1: the mesh layer never imports the controller; the controller
-registers, when it is imported, a lookup that gives its session of a mesh, and a
-process that imported no controller controls no mesh (the lookup answers None).
+installs itself in this process's role (``mesh._role.here``) when it is imported, and
+a process that imported no controller controls no mesh (``session_for`` answers None).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from monarch_kernel.errors import SupervisionError
+from monarch_kernel.mesh._role import here
 
 if TYPE_CHECKING:
     from monarch_kernel.mesh._proc_ref import ProcRef
@@ -95,17 +96,10 @@ class MeshControl(Protocol):
     def report(self, failure: MeshFailure) -> None: ...
 
 
-_lookup: list[Callable[[ProcRef], MeshControl | None]] = []
-
-
-def register(lookup: Callable[[ProcRef], MeshControl | None]) -> None:
-    """Called once by the controller package when it is imported (CONTROL-1)."""
-    _lookup[:] = [lookup]
-
-
 def session_for(ref: ProcRef) -> MeshControl | None:
     """This process's session of the mesh ``ref`` names, if it controls it."""
-    return _lookup[0](ref) if _lookup else None
+    controller = here.controller
+    return None if controller is None else controller.session_for(ref)
 
 
 # -- the supervision tree (OWN-1) -------------------------------------------------------
@@ -124,11 +118,6 @@ def session_for(ref: ProcRef) -> MeshControl | None:
 _owned: dict[str, list[tuple[str, Callable[[], Any]]]] = {}
 #: By mesh name: the owner's ``__supervise__`` (returns whether it handled it).
 _owners: dict[str, tuple[str, Callable[[MeshFailure], bool]]] = {}
-#: Where an unhandled failure goes from this process (a worker: up to its controller):
-#: ``up(owner actor, mesh, failure)``.
-_escalate: list[Callable[[str, str, MeshFailure], None]] = []
-#: Runs an actor's ``__supervise__`` in order with its messages (the worker's).
-_supervise_with: list[Callable[[str, MeshFailure], bool]] = []
 
 
 def unhandled_fault_hook(failure: MeshFailure) -> None:
@@ -162,12 +151,12 @@ def adopt(mesh: str, stop: Callable[[], Any], supervise: bool = True) -> None:
     from monarch_kernel.actor import _current
 
     owner = _current.get().actor_instance.name
-    if owner == "root" or not _supervise_with:
+    actors = here.actors
+    if owner == "root" or actors is None:
         return
     _owned.setdefault(owner, []).append((mesh, stop))
     if supervise:
-        run = _supervise_with[0]
-        _owners[mesh] = (owner, lambda failure: run(owner, failure))
+        _owners[mesh] = (owner, lambda failure: actors.supervise_owner(owner, failure))
 
 
 #: This process's channel for failures of actors its actors spawned: its port.
@@ -204,10 +193,10 @@ def failures_port() -> Any:
 def _heard(owner: str, failure: MeshFailure) -> None:
     """A failure of actors ``owner`` spawned: its ``__supervise__``, else up (as a
     failure of the owner), else (the root) the user's hook, else stderr."""
-    if _supervise_with and _supervise_with[0](owner, failure):
+    if here.actors is not None and here.actors.supervise_owner(owner, failure):
         return
-    if _escalate:
-        _escalate[0](owner, f"actors it spawned ({failure.mesh})", failure)
+    if here.up is not None:
+        here.up(owner, f"actors it spawned ({failure.mesh})", failure)
         return
     if not user_fault_hook(failure):
         print(f"monarch: {failure.message}", file=sys.stderr, flush=True)
@@ -228,7 +217,7 @@ def stop_owned(actor: str) -> None:
 
 def has_dispatcher() -> bool:
     """Whether actors run in this process (a worker, or a controller's ``this_proc``)."""
-    return bool(_supervise_with)
+    return here.actors is not None
 
 
 def owns(actor: str) -> bool:
@@ -237,7 +226,7 @@ def owns(actor: str) -> bool:
 
 def escalates() -> bool:
     """Whether failures here go up to a controller (this process is a worker)."""
-    return bool(_escalate)
+    return here.up is not None
 
 
 def owner_handles(mesh: str, failure: MeshFailure) -> bool:
@@ -250,20 +239,10 @@ def escalate(mesh: str, failure: MeshFailure) -> bool:
     """Sends an unhandled ``failure`` of ``mesh`` up, as a failure of its owner
     (OWN-1); False where there is no owner to fail (the root controller's meshes)."""
     owner = _owners.get(mesh)
-    if not _escalate or owner is None:
+    if here.up is None or owner is None:
         return False
-    _escalate[0](owner[0], mesh, failure)
+    here.up(owner[0], mesh, failure)
     return True
-
-
-def set_owner_supervision(supervise: Callable[[str, MeshFailure], bool]) -> None:
-    """How this process runs an actor's ``__supervise__`` (its dispatcher's)."""
-    _supervise_with[:] = [supervise]
-
-
-def set_escalation(up: Callable[[str, str, MeshFailure], None]) -> None:
-    """A worker's: how an unhandled failure of a mesh one of its actors owns goes up."""
-    _escalate[:] = [up]
 
 
 __all__ = [
@@ -276,10 +255,7 @@ __all__ = [
     "has_dispatcher",
     "owns",
     "owner_handles",
-    "register",
     "session_for",
-    "set_escalation",
-    "set_owner_supervision",
     "stop_owned",
     "unhandled_fault_hook",
     "user_fault_hook",

@@ -27,6 +27,7 @@ from typing import Any, Generic, TypeVar
 from monarch_kernel import _native, _origin
 from monarch_kernel.mesh import _buffers
 from monarch_kernel.mesh._future import Future
+from monarch_kernel.mesh._role import here
 from monarch_kernel.mesh._serial import dumps, exception_blob, loads, rebuild_exception
 
 R = TypeVar("R")
@@ -38,33 +39,18 @@ SEND_WAIT_S = 60.0
 
 # -- this process's receiving end -------------------------------------------------------
 
-#: (server address, token) of this process's worker server, once there is one.
-_local: list[tuple[str, str]] = []
-#: Starts a server in this process (the controller registers ``this_proc``).
-_start_local: list[Callable[[], Any]] = []
-_local_lock = threading.Lock()
-
-
-def set_local(addr: str, token: str) -> None:
-    """This process's worker server (the first one set stays)."""
-    with _local_lock:
-        if not _local:
-            _local.append((addr, token))
-
-
-def register_local_starter(start: Callable[[], Any]) -> None:
-    _start_local[:] = [start]
-
 
 def _local_address() -> tuple[str, str]:
-    if not _local and _start_local:
-        _start_local[0]()
-    if not _local:
+    """This process's worker server, where its ports receive: started on first use in
+    a controller (``this_proc()``, through its role)."""
+    if here.server is None and here.controller is not None:
+        here.controller.start_server()
+    if here.server is None:
         raise RuntimeError(
             "this process has no worker server to receive port messages on; call "
             "monarch_kernel.this_proc() first"
         )
-    return _local[0]
+    return here.server
 
 
 class _Inbox:
@@ -485,8 +471,6 @@ __all__ = [
     "call_port",
     "deliver",
     "fail_on_error",
-    "register_local_starter",
-    "set_local",
     "stream_port",
     "value_of",
 ]

@@ -4,7 +4,6 @@ controller's: ``controller/_host_mesh.py``)."""
 
 from __future__ import annotations
 
-import atexit
 import logging
 import pickle
 import uuid
@@ -14,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from monarch_kernel import _native, _origin
+from monarch_kernel._shutdown import Stage, shutdown
 from monarch_kernel._wire import BUILTIN
 from monarch_kernel.actor import _current, is_async_actor
 from monarch_kernel.errors import (
@@ -28,6 +28,7 @@ from monarch_kernel.mesh._buffers import HEADER, drop_now, drop_when_done
 from monarch_kernel.mesh._control import MeshControl, MeshFailure, session_for
 from monarch_kernel.mesh._future import Future, wait_calls
 from monarch_kernel.mesh._proc_ref import ProcRef
+from monarch_kernel.mesh._role import here
 from monarch_kernel.mesh._serial import dumps, loads
 from monarch_kernel.mesh._shape import MeshTrait, Point, Shape
 
@@ -413,25 +414,14 @@ class _Actors(Mapping[str, "ActorMesh[Any]"]):
         return f"<actors of mesh {self._procs.name!r}: {', '.join(self._records) or 'none'}>"
 
 
-@atexit.register
-def _at_exit() -> None:
-    # Registered before the controller's own exit handler (which stops ephemeral
-    # meshes), so it runs after it: the runtime goes last.
-    _native.shutdown_runtime()
-
-
-_this_proc: list[ProcMesh] = []
-
-
-def set_this_proc(mesh: ProcMesh) -> None:
-    """Called by a worker at start-up (and by the controller for its own in-process
-    proc): ``this_proc()`` there is this process."""
-    _this_proc[:] = [mesh]
+# The native runtime goes last, after the controller's meshes stop (Stage.MESHES).
+shutdown.at(Stage.RUNTIME, _native.shutdown_runtime)
 
 
 def current_proc() -> ProcMesh | None:
     """This process as a one-proc mesh, once a worker (or ``this_proc()``) set it."""
-    return _this_proc[0] if _this_proc else None
+    mesh: ProcMesh | None = here.this_proc
+    return mesh
 
 
-__all__ = ["ProcMesh", "ProcRow", "current_proc", "set_this_proc"]
+__all__ = ["ProcMesh", "ProcRow", "current_proc"]

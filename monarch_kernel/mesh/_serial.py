@@ -20,6 +20,7 @@ import cloudpickle
 from monarch_kernel import _native
 from monarch_kernel.errors import MessageTooLargeError, SerializationError
 from monarch_kernel.mesh import _buffers
+from monarch_kernel.mesh._role import here
 
 MAX_MESSAGE_BYTES: int = _native.MAX_MESSAGE_BYTES
 
@@ -292,7 +293,7 @@ def _unpickle_exception(formatted: str, inner: bytes | None) -> tuple[BaseExcept
 def loads(data: Any, buffers: list[Any] | None = None, token: str | None = None) -> Any:
     """Unpickles a message; buffers that came through the transfer engine are pulled
     first, with ``token`` (default: this worker's own mesh token)."""
-    data, bufs = _buffers.receive_remote(data, buffers or [], token or _buffers.process_token[0])
+    data, bufs = _buffers.receive_remote(data, buffers or [], token or here.token)
     if not bufs:  # (nothing went out of band: no persistent ids either)
         return pickle.loads(data)
     with io.BytesIO(data) as f:

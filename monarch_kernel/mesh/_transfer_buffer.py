@@ -19,6 +19,7 @@ from monarch_kernel.errors import SerializationError
 from monarch_kernel.mesh import _buffers
 from monarch_kernel.mesh._buffers import token_of as _token_of
 from monarch_kernel.mesh._future import Future
+from monarch_kernel.mesh._role import here
 from monarch_kernel.mesh._shape import Point, Shape
 from monarch_kernel.mesh._value_mesh import ValueMesh
 
@@ -105,7 +106,7 @@ class TransferBuffer:
         self._check()
         if self._remote is not None:
             return (_remote, (self._remote,))
-        token = _buffers.current_token.get() or _buffers.process_token[0]
+        token = _buffers.current_token.get() or here.token
         if token is None:
             raise SerializationError(
                 "a TransferBuffer can only be sent in a call to a mesh (or from an actor)"

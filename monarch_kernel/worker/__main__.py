@@ -50,8 +50,9 @@ def main() -> None:
     for p in reversed(json.loads(os.environ.get("MONARCH_SYS_PATH", "[]"))):
         if p not in sys.path:
             sys.path.insert(0, p)
-    from monarch_kernel.mesh._proc_mesh import ProcMesh, set_this_proc
+    from monarch_kernel.mesh._proc_mesh import ProcMesh
     from monarch_kernel.mesh._proc_ref import ProcRef
+    from monarch_kernel.mesh._role import install_worker
     from monarch_kernel.mesh._shape import Extent, Point, Shape
     from monarch_kernel.worker import Dispatcher
 
@@ -64,14 +65,10 @@ def main() -> None:
     del tls
     point = Point(rank, Extent(dims, sizes))
     mesh = os.environ.get("MONARCH_MESH", "mesh")
-    set_this_proc(ProcMesh(ProcRef(f"{mesh}[{rank}]", token, (server.addr,)), Shape(Extent([], []))))
-    from monarch_kernel.mesh import _buffers
-
-    _buffers.process_token[0] = token
+    this_proc = ProcMesh(ProcRef(f"{mesh}[{rank}]", token, (server.addr,)), Shape(Extent([], [])))
     dispatcher = Dispatcher(server, point, token)
-    from monarch_kernel.mesh import _control
-
-    _control.set_escalation(dispatcher.send_up)  # OWN-1: this worker's failures go to its controller
+    # OWN-1: this worker's unhandled failures go up to its controller.
+    install_worker(token, this_proc, up=dispatcher.send_up)
     dispatcher.start()
     import signal
     import threading

@@ -45,8 +45,9 @@ from typing import TYPE_CHECKING, Any
 
 from monarch_kernel import _native
 from monarch_kernel._wire import BUILTIN
-from monarch_kernel.actor import Context, Instance, _instance_hooks, _process_default, is_async_actor
-from monarch_kernel.mesh import _control, _port
+from monarch_kernel.actor import Context, Instance, is_async_actor
+from monarch_kernel.mesh import _port
+from monarch_kernel.mesh._role import install_actors
 from monarch_kernel.mesh._serial import loads
 from monarch_kernel.mesh._shape import Point
 from monarch_kernel.worker import (
@@ -88,15 +89,12 @@ class Dispatcher:
         self._cancels: collections.OrderedDict[int, int] = collections.OrderedDict()
         #: Cancels of sync calls that had not started: they end without running.
         self._early_cancels: collections.OrderedDict[int, bool] = collections.OrderedDict()
-        _process_default[0] = Context(Instance(point, name="root"), message_rank=point)
         #: DISPATCH-4: why each failed actor ended (calls to it are refused with it).
         self._failed: dict[str, str] = {}
         #: OWN-1: actors spawned by an actor: (that actor's name, the port its
         #: process hears failures on), set by the built-in ``supervise``.
         self._supervisors: dict[str, tuple[str, Any]] = {}
-        _port.set_local(server.addr, token)
-        _instance_hooks[:] = [self._instance_ends]
-        _control.set_owner_supervision(self._supervise_owner)
+        install_actors(self, (server.addr, token), Context(Instance(point, name="root"), message_rank=point))
 
     def start(self) -> None:
         """Starts the routing thread."""
@@ -117,9 +115,9 @@ class Dispatcher:
     _cancel = _interrupts.cancel
     _fail_actor = _actor_failure.fail_actor
     _end_actor = _actor_failure.end_actor
-    _instance_ends = _actor_failure.instance_ends
+    instance_ends = _actor_failure.instance_ends
     _actor_failed = _supervision.actor_failed
-    _supervise_owner = _supervision.supervise_owner
+    supervise_owner = _supervision.supervise_owner
     send_up = _supervision.send_up
     _reply = _replies.reply
     _reply_exception = _replies.reply_exception

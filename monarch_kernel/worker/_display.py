@@ -24,6 +24,7 @@ import threading
 from typing import Any
 
 from monarch_kernel._wire import DISPLAY_MARK
+from monarch_kernel.mesh._role import here
 
 #: Bundles larger than this (bytes of JSON) travel through the transfer engine.
 INLINE_MAX = 64 * 1024
@@ -45,9 +46,8 @@ def send(message: dict[str, Any]) -> None:
     text = json.dumps(message, default=_jsonable)
     if len(text) > INLINE_MAX:
         from monarch_kernel import _native
-        from monarch_kernel.mesh import _buffers
 
-        token = _buffers.process_token[0]
+        token = here.token
         if token is not None:
             data = text.encode()
             desc = _native.xfer_register(data, token, 1, PULL_TTL_S)

@@ -7,7 +7,6 @@ exits (they are stopped and joined at exit)."""
 
 from __future__ import annotations
 
-import atexit
 import ctypes
 import queue
 import sys
@@ -18,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from monarch_kernel import _native
+from monarch_kernel._shutdown import Stage, shutdown
 
 # How often an idle lane thread comes back to Python (to see it was stopped).
 _IDLE_WAKE_S = 0.5
@@ -28,8 +28,7 @@ _IDLE_WAKE_S = 0.5
 lane_threads: weakref.WeakSet[LaneThread] = weakref.WeakSet()
 
 
-@atexit.register
-def _stoplane_threads() -> None:
+def _stop_lane_threads() -> None:
     runners = list(lane_threads)
     for r in runners:
         r.stopped = True
@@ -37,6 +36,9 @@ def _stoplane_threads() -> None:
     for r in runners:
         if r.thread.ident is not None:  # one made but never started has nothing to stop
             r.thread.join(timeout=2 * _IDLE_WAKE_S)
+
+
+shutdown.at(Stage.LANES, _stop_lane_threads)
 
 
 class LaneThread:

@@ -4,13 +4,13 @@ reports beside the line; everything else passes through unchanged."""
 
 from __future__ import annotations
 
-import atexit
 import io
 import sys
 import threading
 from typing import Any
 
 from monarch_kernel import _origin
+from monarch_kernel._shutdown import Stage, shutdown
 from monarch_kernel._wire import ORIGIN_END as TAG_END
 from monarch_kernel._wire import ORIGIN_START as TAG_START
 
@@ -151,7 +151,7 @@ def install() -> None:
         sys.stdout = TaggedStream(sys.stdout)
     if not isinstance(sys.stderr, TaggedStream):
         sys.stderr = TaggedStream(sys.stderr)
-    atexit.register(end_lines)  # every thread's unfinished line reaches the log
+    shutdown.at(Stage.OUTPUT, end_lines)  # every thread's unfinished line reaches the log
 
 
 def mark_end() -> None:

@@ -20,6 +20,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         [
             "monarch_kernel.errors",
             "monarch_kernel._caller",
+            "monarch_kernel._shutdown",
             "monarch_kernel._native",
             "monarch_kernel._origin",
             "monarch_kernel._lazy",
