@@ -65,6 +65,7 @@ def test_placement_hands_out_one_gpu_per_proc_and_refuses_too_few():
 
 
 @pytest.mark.skipif(bool(host_gpus()), reason="this host has GPUs (see the gpu-marked test)")
+@pytest.mark.slow
 def test_gpus_procs_run_on_the_cpu_with_one_warning_and_know_their_local_rank():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -129,6 +130,7 @@ def test_bad_backend_and_timeout_are_refused(dist3):
         dist3.setup_torch_distributed("gloo", timeout=0)
 
 
+@pytest.mark.slow
 def test_a_rank_that_does_not_answer_is_named_within_the_timeout_then_setup_recovers(dist3):
     dist3.setup_torch_distributed("gloo")
     pid = dist3.spawn("env2", Env).slice(procs=1).pid.call_one().get()
@@ -151,6 +153,7 @@ def test_a_rank_that_does_not_answer_is_named_within_the_timeout_then_setup_reco
     assert dist3.setup_torch_distributed("gloo")["world_size"] == 3
 
 
+@pytest.mark.slow
 def test_a_dead_rank_is_named_before_anything_waits_and_a_respawn_rejoins(state_home):
     procs = this_host().spawn_procs(per_host={"procs": 2})
     try:
@@ -202,6 +205,7 @@ class Shards(Actor):
         return current_rank().rank, shard.flatten().tolist()
 
 
+@pytest.mark.slow
 def test_gather_joins_shards_over_the_mesh_or_one_mesh_dimension(state_home):
     procs = this_host().spawn_procs(per_host={"dp": 2, "tp": 2})
     try:

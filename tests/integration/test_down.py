@@ -8,6 +8,8 @@ import subprocess
 import sys
 import uuid
 
+import pytest
+
 from monarch_kernel.hosts import _registry
 
 
@@ -34,6 +36,7 @@ def _detached_mesh() -> str:
     return name
 
 
+@pytest.mark.slow
 def test_down_all_stops_nothing_unasked_where_no_one_can_answer(state_home):
     name = _detached_mesh()
     try:

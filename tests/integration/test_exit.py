@@ -71,6 +71,7 @@ def test_a_script_exits_cleanly_while_a_daemon_thread_waits_on_a_call(names):
         _check(_start(names[-1], "--waiting-thread"))
 
 
+@pytest.mark.slow
 def test_scripts_that_create_a_named_mesh_exit_cleanly_many_times_under_load(names):
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
     try:

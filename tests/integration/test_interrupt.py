@@ -61,6 +61,7 @@ def _interrupt_soon(delay: float = 0.5) -> threading.Timer:
     return t
 
 
+@pytest.mark.slow
 def test_a_second_interrupt_ends_only_the_worker_whose_call_still_runs(state_home):
     procs = this_host().spawn_procs(per_host={"procs": 2})
     try:
@@ -131,6 +132,7 @@ def test_an_interrupt_stops_an_async_endpoint_that_never_awaits(state_home):
         procs.stop()
 
 
+@pytest.mark.slow
 def test_stops_of_two_different_calls_never_escalate_and_each_says_what_it_did_not_stop(state_home, capfd):
     procs = this_host().spawn_procs(per_host={"procs": 2})
     try:

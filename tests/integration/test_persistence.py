@@ -384,6 +384,7 @@ class Holder(Actor):
         return self.n
 
 
+@pytest.mark.slow
 def test_actor_meshes_with_large_constructor_arguments_are_recorded_and_reattached():
     name = _name()
     procs = this_host().spawn_procs(per_host={"procs": 1}, name=name)
@@ -464,6 +465,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_the_cli_lists_and_stops_meshes():
     names = [_name(), _name()]
     meshes = [this_host().spawn_procs(per_host={"procs": 1}, name=n) for n in names]
@@ -499,6 +501,7 @@ def _client(rec):
     return agent_client(rec.agent_addr, rec.token)
 
 
+@pytest.mark.slow
 def test_a_fenced_controller_cannot_stop_the_mesh_but_takes_it_back_by_spawn_procs():
     name = _name()
     ctl = Controller(name)

@@ -181,6 +181,7 @@ def test_respawn_restarts_a_dead_rank_with_its_actors_from_their_constructor(fre
 # -- unresponsive workers ------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_stopped_worker_is_unresponsive_then_recovers_on_sigcont(fresh_procs2):
     mesh = fresh_procs2.spawn("mortal", Mortal)
     failures = Failures()

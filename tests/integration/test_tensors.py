@@ -473,6 +473,7 @@ def test_a_loop_of_new_reduce_results_reuses_their_memory_and_keeps_none_for_lon
     assert all(after[p]["bytes"] <= base[p]["bytes"] for p in after), (base, after)
 
 
+@pytest.mark.slow
 def test_a_dead_proc_fails_the_tensors_made_before_and_new_ones_work_after_respawn(state_home):
     import os
     import signal

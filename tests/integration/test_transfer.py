@@ -374,6 +374,7 @@ def test_gather_and_scatter(store):
     assert stacked.shape == (2, 3)
 
 
+@pytest.mark.slow
 def test_a_sender_dying_mid_transfer_is_a_clear_error_and_nothing_hangs(state_home):
     procs = this_host().spawn_procs(per_host={"procs": 1})
     procs.on_failure(lambda f: None)

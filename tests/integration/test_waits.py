@@ -8,6 +8,7 @@ import os
 import signal
 import time
 
+import pytest
 from proc_helpers import sigstop
 
 from monarch_kernel import Actor, controller, endpoint
@@ -43,6 +44,7 @@ class Busy(Actor):
         return "done"
 
 
+@pytest.mark.slow
 def test_a_call_queued_behind_another_says_which_and_where_its_code_is(fresh_procs1):
     b = fresh_procs1.spawn("b", Busy)
     pid = b.pid.call_one().get(timeout=TIMEOUT)

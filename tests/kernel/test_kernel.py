@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 
+import pytest
 from kernel_harness import TALKER, TIMEOUT, start, stop
 
 
@@ -49,6 +50,7 @@ def test_mesh_cells_stream_one_block_per_rank_and_show_each_value(kernel, mesh):
     assert "Out:" not in "".join(t for _k, t, _d in quiet.displays)
 
 
+@pytest.mark.slow
 def test_a_mesh_cell_that_prints_a_lot_keeps_every_line_and_sends_it_about_once(kernel, mesh):
     n = 30_000
     out = kernel.run(f"%%mesh\nfor i in range({n}):\n    print('line', i)", timeout=120)
@@ -279,6 +281,7 @@ def test_a_control_plane_error_shows_the_users_frame_and_the_message_not_monarch
         kernel.run("%env MONARCH_FULL_TRACEBACK=0")
 
 
+@pytest.mark.slow
 def test_mesh_activate_runs_the_following_cells_torch_code_on_the_mesh_until_deactivate(kernel, mesh):
     out = kernel.run(f"%mesh activate {mesh}")
     assert out.error is None and f"mesh '{mesh}' is active" in out.stdout, out.traceback

@@ -49,6 +49,7 @@ def test_the_stop_button_interrupts_a_mesh_cell_on_every_worker(kernel, mesh):
     ]
 
 
+@pytest.mark.slow
 def test_a_second_stop_while_idle_ends_a_worker_that_ignored_the_first(kernel, mesh):
     up = kernel.run("stubborn = %mesh up stubborn --procs 2")
     assert up.error is None, up.traceback
@@ -126,6 +127,7 @@ def test_a_worker_that_dies_while_idle_is_reported_in_the_next_cell(kernel, mesh
     assert kernel.run("%mesh status").stdout.count("alive") == 2
 
 
+@pytest.mark.slow
 def test_a_worker_stopped_while_idle_is_reported_and_answers_the_first_call_after_sigcont(kernel, mesh):
     define = kernel.run(
         "talkers = procs.spawn('talkers_sigstop', Talker)\ntalkers.say.call('warm').get().values()"
@@ -163,6 +165,7 @@ def test_mesh_stacks_shows_what_a_busy_worker_is_running(kernel, mesh):
     assert kernel.run("_mesh_run.wait(30)").error is None
 
 
+@pytest.mark.slow
 def test_long_waits_show_a_progress_bar_and_short_ones_nothing(kernel, mesh):
     assert kernel.run("talker = procs.spawn('talker', Talker)").error is None
     quick = kernel.run("talker.say.call('quick').get()")
@@ -196,6 +199,7 @@ def test_a_mesh_of_many_procs_shows_how_many_have_started(kernel, mesh):
         assert kernel.run(f"%mesh down many\n%mesh use {mesh}").error is None
 
 
+@pytest.mark.slow
 def test_a_cell_waiting_behind_a_busy_rank_says_which_call_it_waits_for(kernel, mesh):
     assert kernel.run("blocker = procs.spawn('blocker', Talker)").error is None
     busy = kernel.run("pending = blocker.slice(procs=0).say.call_one('long', delay=6)")
