@@ -27,46 +27,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PAIRS = int(os.environ.get("BENCH_AB_PAIRS", "3"))
 
-#: The call rows, as ``bench/run.py`` measures them, in a process of its own: the same
-#: code for both builds (only names every version has: Actor, endpoint, this_host).
-CALLS = r"""
-import json, statistics, sys, time
-from monarch_kernel import Actor, endpoint, this_host
-
-class Echo(Actor):
-    @endpoint
-    def ping(self, x):
-        return x
-
-def timed(fn, n, warmup=100):
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t)
-    return statistics.median(samples)
-
-procs = this_host().spawn_procs(per_host={"procs": 2})
-try:
-    e = procs.spawn("echo", Echo)
-    one = e.slice(procs=0).ping
-    n = int(sys.argv[1])
-    rt = timed(lambda: one.call_one(7).get(), n)
-    both = timed(lambda: e.ping.call(7).get(), n)
-    rates = []
-    for _ in range(5):
-        t = time.perf_counter()
-        futures = [one.call_one(i) for i in range(1000)]
-        for f in futures:
-            f.get()
-        rates.append(1000 / (time.perf_counter() - t))
-    print(json.dumps({"call_one": rt * 1e6, "call": both * 1e6, "pipelined": statistics.median(rates)}))
-finally:
-    procs.stop()
-"""
-
 
 def _run(cmd: list[str], **kw: object) -> None:
     subprocess.run(cmd, check=True, **kw)  # type: ignore[call-overload]
@@ -114,10 +74,10 @@ def scratch_python(commit: str) -> Path:
 
 
 def calls_with(python: Path, n: int) -> dict[str, float]:
-    """The call rows with ``python``'s build, run outside the checkout (so that its
-    ``monarch_kernel`` folder is not the one imported)."""
+    """The call rows (``bench/calls.py``) with ``python``'s build, run as a script from
+    outside the checkout (so that its ``monarch_kernel`` folder is not the one imported)."""
     out = subprocess.run(
-        [str(python), "-c", CALLS, str(n)],
+        [str(python), str(ROOT / "bench" / "calls.py"), str(n)],
         cwd=tempfile.gettempdir(),
         check=True,
         capture_output=True,

@@ -16,33 +16,16 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 
 from bench import cells
+from bench.calls import Echo, timed
+from bench.calls import calls as bench_calls
 from monarch_kernel import Actor, SupervisionError, attach, endpoint, this_host
 from monarch_kernel.mesh._buffers import prefer_huge_pages
 
 prefer_huge_pages()  # as the kernel does at start (its baselines here run with it too)
 
 N_CALLS = int(os.environ.get("BENCH_CALLS", "2000"))
-
-
-class Echo(Actor):
-    @endpoint
-    def ping(self, x: object) -> object:
-        return x
-
-
-def timed(fn: Callable[[], object], n: int, warmup: int = 100) -> float:
-    """Median seconds of one ``fn()`` over ``n`` runs."""
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t)
-    return statistics.median(samples)
 
 
 # -- baselines -------------------------------------------------------------------------
@@ -116,22 +99,7 @@ def cold_spawn() -> tuple[float, float]:
 
 
 def calls() -> tuple[float, float, float]:
-    procs = this_host().spawn_procs(per_host={"procs": 2})
-    try:
-        e = procs.spawn("echo", Echo)
-        one = e.slice(procs=0).ping
-        rt = timed(lambda: one.call_one(7).get(), N_CALLS)
-        both = timed(lambda: e.ping.call(7).get(), N_CALLS)
-        pipelined = []
-        for _ in range(5):
-            t = time.perf_counter()
-            futures = [one.call_one(i) for i in range(1000)]
-            for f in futures:
-                f.get()
-            pipelined.append(1000 / (time.perf_counter() - t))
-        return rt, both, statistics.median(pipelined)
-    finally:
-        procs.stop()
+    return bench_calls(N_CALLS)
 
 
 class Sleeper(Actor):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import jupyter_servers
 import pytest
+from proc_helpers import sigstop
 from view_schema import valid_view
 
 from monarch_kernel import controller, this_host
@@ -89,7 +90,7 @@ def test_the_view_says_dead_with_the_signal_and_unresponsive_for_a_stopped_worke
     assert [r["state"] for r in view["ranks"]] == ["alive", "alive"] and view["state"] == "alive"
     assert all(r["usage"]["rss"] > 0 for r in view["ranks"])  # measured by each worker
     pids = [r["pid"] for r in view["ranks"]]
-    os.kill(pids[0], signal.SIGSTOP)  # alive, but it cannot answer
+    sigstop(pids[0])  # alive, but it cannot answer
     try:
         view = _view(held)
         assert view is not None

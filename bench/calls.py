@@ -1,0 +1,60 @@
+"""The call rows of ``make bench`` (``call_one``, ``call()`` to 2 procs, pipelined
+``call_one``), in one place: ``bench/run.py`` imports them, and ``bench/ab.py`` runs
+this file as a script with each build it compares (``python bench/calls.py N``
+prints the rows as JSON). It uses only names every version of the package has
+(``Actor``, ``endpoint``, ``this_host``), and imports nothing else of the checkout,
+so the build under test is the one imported."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+from monarch_kernel import Actor, endpoint, this_host
+
+
+class Echo(Actor):
+    @endpoint
+    def ping(self, x: object) -> object:
+        return x
+
+
+def timed(fn: Callable[[], object], n: int, warmup: int = 100) -> float:
+    """Median seconds of one ``fn()`` over ``n`` runs."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t)
+    return statistics.median(samples)
+
+
+def calls(n: int) -> tuple[float, float, float]:
+    """Seconds of a ``call_one`` round trip and of a ``call()`` to 2 procs (medians of
+    ``n``), and pipelined ``call_one``s per second (1,000 outstanding)."""
+    procs = this_host().spawn_procs(per_host={"procs": 2})
+    try:
+        e = procs.spawn("echo", Echo)
+        one = e.slice(procs=0).ping
+        rt = timed(lambda: one.call_one(7).get(), n)
+        both = timed(lambda: e.ping.call(7).get(), n)
+        pipelined = []
+        for _ in range(5):
+            t = time.perf_counter()
+            futures = [one.call_one(i) for i in range(1000)]
+            for f in futures:
+                f.get()
+            pipelined.append(1000 / (time.perf_counter() - t))
+        return rt, both, statistics.median(pipelined)
+    finally:
+        procs.stop()
+
+
+if __name__ == "__main__":
+    rt, both, rate = calls(int(sys.argv[1]))
+    print(json.dumps({"call_one": rt * 1e6, "call": both * 1e6, "pipelined": rate}))
