@@ -60,7 +60,7 @@ from monarch_kernel.worker import (
 )
 from monarch_kernel.worker._actor_table import ActorEntry
 from monarch_kernel.worker._async_actors import enqueue
-from monarch_kernel.worker._builtin import serve_builtin
+from monarch_kernel.worker._builtin import WorkerBuiltin, serve_builtin
 from monarch_kernel.worker._lanes import LaneThread
 
 if TYPE_CHECKING:
@@ -94,6 +94,8 @@ class Dispatcher:
         #: OWN-1: actors spawned by an actor: (that actor's name, the port its
         #: process hears failures on), set by the built-in ``supervise``.
         self._supervisors: dict[str, tuple[str, Any]] = {}
+        #: The built-in actor (``BUILTIN``), served on the routing thread.
+        self.builtin = WorkerBuiltin(self)
         _port.set_local(server.addr, token)
         _instance_hooks[:] = [self._instance_ends]
         _control.set_owner_supervision(self._supervise_owner)
