@@ -4,7 +4,8 @@ Builds COMMIT's wheel (``maturin build --release``; its Rust build is kept under
 ``target/ab``, so a second run only builds what changed) into a scratch venv under
 ``$TMPDIR/monarch-ab/COMMIT`` that takes every other package from this venv, then
 runs the call rows (``call_one``, ``call()`` to 2 procs, pipelined ``call_one``)
-with this checkout and with COMMIT alternately, ``BENCH_AB_PAIRS`` pairs (default
+and the port rows (``call_one`` of an endpoint that answers on its port, and port
+messages an actor sends, per second) with this checkout and with COMMIT alternately, ``BENCH_AB_PAIRS`` pairs (default
 3), each in a fresh process, and prints each pair and the medians. A change on the
 hot path is shown by this, not by two runs at different times: this machine's call
 latency varies more between minutes than between builds.
@@ -27,16 +28,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PAIRS = int(os.environ.get("BENCH_AB_PAIRS", "3"))
 
-#: The call rows, as ``bench/run.py`` measures them, in a process of its own: the same
-#: code for both builds (only names every version has: Actor, endpoint, this_host).
+#: The call rows, as ``bench/run.py`` measures them, and the port rows, in a process of
+#: its own: the same code for both builds (only names every version has: Actor,
+#: endpoint, this_host, Channel).
 CALLS = r"""
 import json, statistics, sys, time
-from monarch_kernel import Actor, endpoint, this_host
+from monarch_kernel import Actor, Channel, endpoint, this_host
 
 class Echo(Actor):
     @endpoint
     def ping(self, x):
         return x
+
+    @endpoint(explicit_response_port=True)
+    def answer(self, port, x):
+        port.send(x)
+
+    @endpoint
+    def burst(self, port, n):
+        for i in range(n):
+            port.send(i)
 
 def timed(fn, n, warmup=100):
     for _ in range(warmup):
@@ -62,7 +73,19 @@ try:
         for f in futures:
             f.get()
         rates.append(1000 / (time.perf_counter() - t))
-    print(json.dumps({"call_one": rt * 1e6, "call": both * 1e6, "pipelined": statistics.median(rates)}))
+    answer = timed(lambda: e.slice(procs=0).answer.call_one(7).get(), n)
+    port, receiver = Channel.open()
+    burst = []
+    for _ in range(5):
+        t = time.perf_counter()
+        e.slice(procs=0).burst.call_one(port, 1000).get()
+        for _ in range(1000):
+            receiver.recv().get()
+        burst.append(1000 / (time.perf_counter() - t))
+    print(json.dumps({
+        "call_one": rt * 1e6, "call": both * 1e6, "pipelined": statistics.median(rates),
+        "port_answer": answer * 1e6, "port_burst": statistics.median(burst),
+    }))
 finally:
     procs.stop()
 """
@@ -142,11 +165,15 @@ def main() -> None:
             print(
                 f"pair {i + 1}, {name:>12}: " + ", ".join(f"{k} {v:,.0f}" for k, v in got.items()), flush=True
             )
-    print(f"\nmedians of {PAIRS} alternating pairs (call_one and call in us, pipelined in calls/s):")
-    print(f"{'':<12} {'call_one':>10} {'call':>10} {'pipelined':>10}")
+    print(
+        f"\nmedians of {PAIRS} alternating pairs (call_one, call and port_answer in us; pipelined "
+        "in calls/s, port_burst in port messages/s):"
+    )
+    keys = ("call_one", "call", "pipelined", "port_answer", "port_burst")
+    print(f"{'':<12} " + " ".join(f"{k:>11}" for k in keys))
     for name, got in rows.items():
         med = {k: statistics.median(v) for k, v in got.items()}
-        print(f"{name:<12} {med['call_one']:>10,.0f} {med['call']:>10,.0f} {med['pipelined']:>10,.0f}")
+        print(f"{name:<12} " + " ".join(f"{med[k]:>11,.0f}" for k in keys))
 
 
 if __name__ == "__main__":
