@@ -4,7 +4,8 @@ Builds COMMIT's wheel (``maturin build --release``; its Rust build is kept under
 ``target/ab``, so a second run only builds what changed) into a scratch venv under
 ``$TMPDIR/monarch-ab/COMMIT`` that takes every other package from this venv, then
 runs the call rows (``call_one``, ``call()`` to 2 procs, pipelined ``call_one``)
-with this checkout and with COMMIT alternately, ``BENCH_AB_PAIRS`` pairs (default
+and the port rows (``call_one`` of an endpoint that answers on its port, and port
+messages an actor sends, per second) with this checkout and with COMMIT alternately, ``BENCH_AB_PAIRS`` pairs (default
 3), each in a fresh process, and prints each pair and the medians. A change on the
 hot path is shown by this, not by two runs at different times: this machine's call
 latency varies more between minutes than between builds.
@@ -102,11 +103,15 @@ def main() -> None:
             print(
                 f"pair {i + 1}, {name:>12}: " + ", ".join(f"{k} {v:,.0f}" for k, v in got.items()), flush=True
             )
-    print(f"\nmedians of {PAIRS} alternating pairs (call_one and call in us, pipelined in calls/s):")
-    print(f"{'':<12} {'call_one':>10} {'call':>10} {'pipelined':>10}")
+    print(
+        f"\nmedians of {PAIRS} alternating pairs (call_one, call and port_answer in us; pipelined "
+        "in calls/s, port_burst in port messages/s):"
+    )
+    keys = ("call_one", "call", "pipelined", "port_answer", "port_burst")
+    print(f"{'':<12} " + " ".join(f"{k:>11}" for k in keys))
     for name, got in rows.items():
         med = {k: statistics.median(v) for k, v in got.items()}
-        print(f"{name:<12} {med['call_one']:>10,.0f} {med['call']:>10,.0f} {med['pipelined']:>10,.0f}")
+        print(f"{name:<12} " + " ".join(f"{med[k]:>11,.0f}" for k in keys))
 
 
 if __name__ == "__main__":

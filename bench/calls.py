@@ -2,7 +2,7 @@
 ``call_one``), in one place: ``bench/run.py`` imports them, and ``bench/ab.py`` runs
 this file as a script with each build it compares (``python bench/calls.py N``
 prints the rows as JSON). It uses only names every version of the package has
-(``Actor``, ``endpoint``, ``this_host``), and imports nothing else of the checkout,
+(``Actor``, ``endpoint``, ``this_host``, ``Channel``), and imports nothing else of the checkout,
 so the build under test is the one imported."""
 
 from __future__ import annotations
@@ -13,13 +13,22 @@ import sys
 import time
 from collections.abc import Callable
 
-from monarch_kernel import Actor, endpoint, this_host
+from monarch_kernel import Actor, Channel, endpoint, this_host
 
 
 class Echo(Actor):
     @endpoint
     def ping(self, x: object) -> object:
         return x
+
+    @endpoint(explicit_response_port=True)
+    def answer(self, port: object, x: object) -> None:
+        port.send(x)  # type: ignore[attr-defined]
+
+    @endpoint
+    def burst(self, port: object, n: int) -> None:
+        for i in range(n):
+            port.send(i)  # type: ignore[attr-defined]
 
 
 def timed(fn: Callable[[], object], n: int, warmup: int = 100) -> float:
@@ -55,6 +64,29 @@ def calls(n: int) -> tuple[float, float, float]:
         procs.stop()
 
 
+def port_rows(n: int) -> tuple[float, float]:
+    """Seconds of an explicit-response ``call_one`` (the answer is a port message), and
+    port messages per second received from an actor that sends 1,000."""
+    procs = this_host().spawn_procs(per_host={"procs": 1})
+    try:
+        e = procs.spawn("echo", Echo)
+        answer = timed(lambda: e.answer.call_one(7).get(), n)
+        port, receiver = Channel.open()
+        rates = []
+        for _ in range(5):
+            t = time.perf_counter()
+            e.burst.call_one(port, 1000).get()
+            for _ in range(1000):
+                receiver.recv().get()
+            rates.append(1000 / (time.perf_counter() - t))
+        return answer, statistics.median(rates)
+    finally:
+        procs.stop()
+
+
 if __name__ == "__main__":
-    rt, both, rate = calls(int(sys.argv[1]))
-    print(json.dumps({"call_one": rt * 1e6, "call": both * 1e6, "pipelined": rate}))
+    n = int(sys.argv[1])
+    rt, both, rate = calls(n)
+    answer, burst = port_rows(n)
+    rows = {"call_one": rt * 1e6, "call": both * 1e6, "pipelined": rate}
+    print(json.dumps({**rows, "port_answer": answer * 1e6, "port_burst": burst}))

@@ -26,6 +26,7 @@ KIND_SPAWN: int
 KIND_STOP: int
 KIND_CALL: int
 KIND_CANCEL: int
+KIND_PORT: int
 REPLY_RESULT: int
 REPLY_EXCEPTION: int
 REPLY_REJECTED: int
@@ -64,6 +65,16 @@ class WorkerConn:
     def lost(self) -> str | None: ...
     def spawn_actor(
         self, name: str, payload: bytes, buffers: Sequence[Buffer], origin: str = ""
+    ) -> PendingCall: ...
+    def send_port(
+        self,
+        port: int,
+        rank: int | None,
+        is_exception: bool,
+        payload: bytes,
+        buffers: Sequence[Buffer],
+        *,
+        origin: str = "",
     ) -> PendingCall: ...
     def stop_actor(self, name: str) -> PendingCall: ...
     def ping(self, timeout: float = 5.0) -> tuple[int, int]: ...
@@ -112,7 +123,7 @@ def wait_all(
 
 @final
 class Incoming:
-    """One message of a lane: a spawn, a stop, a call or a cancel."""
+    """One message of a lane: a spawn, a stop, a call, a port message or a cancel."""
 
     @property
     def token(self) -> int: ...
@@ -136,6 +147,12 @@ class Incoming:
     def sizes(self) -> list[int]: ...
     @property
     def origin(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def sender_rank(self) -> int | None: ...
+    @property
+    def is_exception(self) -> bool: ...
 
 @final
 class WorkerServer:

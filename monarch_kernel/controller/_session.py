@@ -39,6 +39,7 @@ from monarch_kernel.hosts._allocator import end_reason, release
 from monarch_kernel.hosts._registry import MeshRecord
 from monarch_kernel.mesh._actor_mesh import decode_reply
 from monarch_kernel.mesh._buffers import know_token
+from monarch_kernel.mesh._builtin import call_builtin
 from monarch_kernel.mesh._future import Future
 from monarch_kernel.mesh._proc_mesh import ProcMesh
 from monarch_kernel.mesh._proc_ref import MeshState, ProcRef
@@ -399,24 +400,24 @@ class Session:
 
     def flush(self, origin: str, timeout: float = 5.0) -> list[int]:
         """Asks every live worker to write a flush marker tagged ``origin`` on stdout
-        and stderr (see ``Dispatcher._builtin``); returns the ranks asked."""
+        and stderr (``WorkerBuiltin.flush``); returns the ranks asked."""
         ranks = [r for r in range(len(self.state.ref.addrs)) if r not in self.state.dead]
         if not ranks or self.closed or self.state.lost is not None:
             return []
         _native.wait_all(self._builtin(ranks, "flush", origin=origin), timeout)
         return ranks
 
-    def _builtin(self, ranks: list[int], method: str, payload: bytes = b"", origin: str = "") -> list[Any]:
-        """Calls ``method`` of the actor every worker has (``Dispatcher._builtin``)."""
-        conns = self.state.connect(ranks)
-        return _native.call(_native.Endpoint(BUILTIN, method), conns, ranks, payload, [], origin=origin)
+    def _builtin(self, ranks: list[int], method: str, *args: Any, origin: str = "") -> list[Any]:
+        """Calls ``method(*args)`` of the actor every worker has (``worker._builtin``)
+        on ``ranks``: one pending call each."""
+        return call_builtin(self.state.connect(ranks), ranks, method, *args, origin=origin)
 
-    def send_builtin(self, rank: int, method: str, payload: bytes) -> None:
-        """Calls ``method`` of rank ``rank``'s built-in actor, without waiting (the
-        reply, or the failure, is not looked at)."""
+    def send_builtin(self, rank: int, method: str, *args: Any) -> None:
+        """Calls ``method(*args)`` of rank ``rank``'s built-in actor, without waiting
+        (the reply, or the failure, is not looked at)."""
         if rank in self.state.dead or self.closed or self.state.lost is not None:
             return
-        self._builtin([rank], method, payload)
+        self._builtin([rank], method, *args)
 
     def tell_root(self, root: str, timeout: float = 5.0) -> None:
         """SINGLE-1: the live workers' ``MONARCH_ROOT`` becomes ``root`` (an attach)."""
@@ -424,7 +425,7 @@ class Session:
         if not live or self.state.lost is not None:
             return
         try:
-            _native.wait_all(self._builtin(live, "root", root.encode()), timeout)
+            _native.wait_all(self._builtin(live, "root", root), timeout)
         except Exception:  # a worker that does not answer keeps the root it had
             pass
 
@@ -442,7 +443,7 @@ class Session:
         self.show_output = bool(stream_to_client)
         live = [r for r in range(self.nprocs) if r not in self.state.dead]
         if live and not self.closed and self.state.lost is None:
-            _native.wait_all(self._builtin(live, "log_level", str(int(level)).encode()), timeout)
+            _native.wait_all(self._builtin(live, "log_level", int(level)), timeout)
 
     def post_mortem(self, rank: int) -> Future[None]:
         """Starts pdb on worker ``rank``'s last exception; the Future completes when
@@ -453,7 +454,7 @@ class Session:
 
     def pdb_input(self, rank: int, line: str, timeout: float = 10.0) -> bool:
         """Sends ``line`` to the debugger waiting on worker ``rank``; True if one was."""
-        (call,) = self._builtin([rank], "pdb_input", line.encode())
+        (call,) = self._builtin([rank], "pdb_input", line)
         ref = self.state.ref
         return bool(decode_reply(call.wait(timeout), ref, rank, ref.point(rank), f"{BUILTIN}.pdb_input"))
 

@@ -26,10 +26,10 @@ import time
 from typing import Any
 
 from monarch_kernel import _native
-from monarch_kernel._wire import BUILTIN
 from monarch_kernel.controller._supervision import HEARTBEAT_S
 from monarch_kernel.hosts import _admin
 from monarch_kernel.hosts._registry import MeshRecord
+from monarch_kernel.mesh._builtin import call_builtin
 from monarch_kernel.mesh._serial import loads
 
 #: How long a live worker has to say what it uses before it is shown unresponsive.
@@ -58,7 +58,7 @@ def ask_workers(rec: MeshRecord, workers: list[dict[str, Any]], method: str, tim
         return []
     try:
         conns = [_native.WorkerConn(w["addr"], rec.token) for w in workers]
-        calls = _native.call(_native.Endpoint(BUILTIN, method), conns, list(range(len(conns))), b"", [])
+        calls = call_builtin(conns, list(range(len(conns))), method)
     except Exception:
         return [None] * len(workers)
     try:

@@ -14,7 +14,6 @@ On top of IPython it:
 from __future__ import annotations
 
 import base64
-import json
 import os
 import signal
 import sys
@@ -195,7 +194,7 @@ class MonarchKernel(IPythonKernel):
                 "data": m["content"].get("data", {}),
                 "buffers": [base64.b64encode(bytes(b)).decode("ascii") for b in m.get("buffers") or []],
             }
-            session.send_builtin(rank, "comm_msg", json.dumps(body).encode())
+            session.send_builtin(rank, "comm_msg", body)
 
         proxy.on_msg(forward)
         comm.get_comm_manager().register_comm(proxy)

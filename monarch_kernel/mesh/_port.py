@@ -4,9 +4,12 @@ end: picklable, usable from any thread, actor or process) and a ``PortReceiver``
 
 A port is an address: the receiving process's worker server (a worker's own; in a
 controller the one ``this_proc()`` starts, on first use), its token, and a number.
-A message on a port is a call to the ``PORTS`` actor of that server: the same native
-path as any call, its large buffers through the transfer engine. The receiving
-dispatcher unpickles it on arrival and puts it in the port's inbox, in arrival order.
+A message on a port is a message of its own kind (``_native.KIND_PORT``: a ``Call``
+with a ``PortMessage``, worker.proto) whose typed fields say which port, the
+sender's rank and whether it is an exception, and whose payload is the value alone.
+It takes the native path of any call (on the sender's connection, in order with its
+calls; its large buffers through the transfer engine). The receiving dispatcher
+unpickles it on arrival and puts it in the port's inbox, in arrival order.
 
 PORT-1: messages sent on one port from one thread arrive in the order sent.
 PORT-2: a message for a port whose receiver is gone is refused, and the sender's
@@ -32,8 +35,6 @@ from monarch_kernel.mesh._serial import dumps, exception_blob, loads, rebuild_ex
 
 R = TypeVar("R")
 
-#: The actor name that port messages are sent to (see the module docstring).
-PORTS = "__monarch_port__"
 #: Longest a send waits for its receiver to pull its large buffers (XFER-2).
 SEND_WAIT_S = 60.0
 
@@ -118,23 +119,21 @@ def _open(once: bool) -> tuple[int, _Inbox]:
 
 
 def deliver(item: Any, token: str) -> str | None:
-    """A message for one of this process's ports (called by the dispatcher, on its
-    routing thread); returns why it was refused, or None."""
-    try:
-        pid = int(item.method)
-    except ValueError:
-        return f"{item.method!r} is not a port"
+    """A message for one of this process's ports (``KIND_PORT``, called by the
+    dispatcher, on its routing thread); returns why it was refused, or None."""
+    pid = item.port
     inbox = _inboxes.get(pid)
     if inbox is None and pid in _answered:  # a call's port, answered: the rest is not awaited
         return None
     if inbox is None or (inbox.once and inbox.received):
         return f"port {pid} is closed: its receiver is gone, or it was a once port and has had its message"
+    rank, is_exc = item.sender_rank, item.is_exception
     try:
-        rank, is_exc, value = loads(item.payload, item.buffers, token)
+        value = loads(item.payload, item.buffers, token)
         if is_exc:
             value = rebuild_exception(*value)
     except Exception as e:  # the receiver sees it where it waits
-        rank, is_exc, value = None, True, e
+        is_exc, value = True, e
     inbox.put((rank, is_exc, value))
     if inbox.once:
         _inboxes.pop(pid, None)
@@ -195,19 +194,13 @@ class Port(Generic[R]):
             self._used = True
             regs: list[int] = []
             live: list[int] = []
-            payload, buffers = dumps(
-                (self._rank, is_exc, value), f"message on port {self._id}", self._token, 1, regs, live
-            )
+            payload, buffers = dumps(value, f"message on port {self._id}", self._token, 1, regs, live)
             try:
-                calls = _native.call(
-                    _native.Endpoint(PORTS, str(self._id)),
-                    [_conn(self._addr, self._token)],
-                    [0],
-                    payload,
-                    buffers,
-                    oneway=False,
-                    origin=_origin.current(),
-                )
+                calls = [
+                    _conn(self._addr, self._token).send_port(
+                        self._id, self._rank, is_exc, payload, buffers, origin=_origin.current()
+                    )
+                ]
             except BaseException:
                 _buffers.drop_now(regs)
                 raise
@@ -462,7 +455,6 @@ def _decode_failure(
 
 
 __all__ = [
-    "PORTS",
     "Channel",
     "DroppingPort",
     "Port",

@@ -14,7 +14,6 @@ from typing import Any, TypeVar
 
 from monarch_kernel import _native, _origin
 from monarch_kernel._shutdown import Stage, shutdown
-from monarch_kernel._wire import BUILTIN
 from monarch_kernel.actor import _current, is_async_actor
 from monarch_kernel.errors import (
     ActorError,
@@ -25,6 +24,7 @@ from monarch_kernel.errors import (
 from monarch_kernel.mesh import _control
 from monarch_kernel.mesh._actor_mesh import ActorMesh, check_endpoint_names, decode_all
 from monarch_kernel.mesh._buffers import HEADER, drop_now, drop_when_done
+from monarch_kernel.mesh._builtin import call_builtin
 from monarch_kernel.mesh._control import MeshControl, MeshFailure, session_for
 from monarch_kernel.mesh._future import Future, wait_calls
 from monarch_kernel.mesh._proc_ref import ProcRef
@@ -170,8 +170,7 @@ class ProcMesh(MeshTrait):
     def _supervised_by(self, owner: str, name: str, conns: list[Any], ranks: list[int]) -> None:
         """OWN-1: failures of actors ``name`` (just spawned by actor ``owner`` of this
         process) go to ``owner``: their workers get this process's failures port."""
-        payload, buffers = dumps((name, owner, _control.failures_port()), "supervision of a spawn")
-        calls = _native.call(_native.Endpoint(BUILTIN, "supervise"), conns, ranks, payload, buffers)
+        calls = call_builtin(conns, ranks, "supervise", name, owner, _control.failures_port())
         wait_calls(calls, SPAWN_TIMEOUT, f"supervision of {name}")
 
     def _init_failures(

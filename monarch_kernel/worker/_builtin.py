@@ -1,14 +1,25 @@
 """The actor every worker has without spawning it (``_wire.BUILTIN``): what the
-controller asks of a worker itself (flush marks, stacks, pdb input, post-mortem)."""
+controller asks of a worker itself (flush marks, stacks, pdb input, post-mortem...).
+
+``WorkerBuiltin`` is an actor whose ``@endpoint``s are called as every actor's are
+(``mesh._builtin.call_builtin``: arguments pickled as ``(args, kwargs)``, the
+reply a pickled value, an exception or a refusal). Unlike another actor's, its calls
+are served by the dispatcher's routing thread itself (``serve_builtin``), never
+queued behind an actor's: ``stacks`` and ``busy`` answer while every actor of the
+worker is busy. An endpoint that waits for the user (``post_mortem``) runs on a
+thread of its own instead.
+"""
 
 from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from monarch_kernel import _native, _origin
 from monarch_kernel._wire import BUILTIN
+from monarch_kernel.actor import Actor, endpoint, endpoints_of
 from monarch_kernel.mesh._serial import loads
 from monarch_kernel.worker import _debug, _output
 from monarch_kernel.worker._lanes import thread_stacks
@@ -17,99 +28,131 @@ if TYPE_CHECKING:
     from monarch_kernel.worker._dispatcher import Dispatcher
 
 
-def serve_builtin(d: Dispatcher, item: _native.Incoming) -> None:
-    """Calls to the actor every worker has (``BUILTIN``), on the routing thread.
+class WorkerBuiltin(Actor):
+    """The built-in actor of one worker's dispatcher (see the module docstring)."""
 
-    ``flush``: writes an end-of-output marker, tagged with the call's origin, to
-    stdout and stderr; once the caller has seen both, it has seen everything this
-    worker printed for that origin before the call (the pipes are in order).
+    #: Endpoints that run on a thread of their own, not on the routing thread: they
+    #: wait for the user (a debugging session), and the routing thread must not.
+    OWN_THREAD = frozenset({"post_mortem"})
 
-    ``pdb_input``: the payload (UTF-8) is the next line for the debugger waiting
-    longest in this worker (see ``_debug``).
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self._d = dispatcher
 
-    ``busy``: what the worker's actors run now (see ``running_calls``).
+    @endpoint
+    def flush(self) -> None:
+        """Writes an end-of-output marker, tagged with the call's origin, to stdout
+        and stderr; once the caller has seen both, it has seen everything this worker
+        printed for that origin before the call (the pipes are in order)."""
+        _output.mark_end()
 
-    ``stacks``: the current Python stack of every thread, as text; answered here
-    (not by an actor's thread), so it works while the main thread or an actor is
-    busy in Python code.
+    @endpoint
+    def pdb_input(self, line: str) -> bool:
+        """``line`` is the next line for the debugger waiting longest in this worker
+        (see ``_debug``); whether one was waiting."""
+        return _debug.feed(line)
 
-    ``comm_msg``: the payload (JSON) is what the front end sent to one of this
-    worker's comms (DISPLAY-2, the way back); it is handed to that comm.
+    @endpoint
+    def post_mortem(self) -> bool:
+        """pdb on this worker's last exception; answers when the session ends."""
+        return _debug.post_mortem()
 
-    ``supervise``: the payload is (actor, owner, port): failures of ``actor`` here go
-    on ``port`` to the actor ``owner`` that spawned it (OWN-1).
+    @endpoint
+    def busy(self) -> list[tuple[int, str, str]]:
+        """What the worker's actors run now (see ``running_calls``)."""
+        return running_calls(self._d)
 
-    ``root``: ``MONARCH_ROOT`` becomes the payload (SINGLE-1: a controller attached).
+    @endpoint
+    def stacks(self) -> str:
+        """The current Python stack of every thread, as text; works while the main
+        thread or an actor is busy in Python code."""
+        return thread_stacks()
 
-    ``log_level``: the root logger's level becomes the payload (a number, as text).
+    @endpoint
+    def comm_msg(self, msg: dict[str, Any]) -> None:
+        """DISPLAY-2, the way back: ``msg`` (``comm_id``, ``data``, ``buffers`` in
+        base64) is what the front end sent to one of this worker's comms; it is
+        handed to that comm."""
+        _comm_msg(msg)
 
-    ``usage``: this worker's CPU (percent since the last ``usage``), resident memory
-    and, where NVML lists its GPU, the GPU's use and this process's GPU memory,
-    measured on its own host (the inspector shows them for every host)."""
-    token, method = item.token, item.method
-    if method == "usage":
-        d._reply(token, usage(), f"{BUILTIN}.usage")
-        return
-    if method == "busy":
-        d._reply(token, running_calls(d), f"{BUILTIN}.busy")
-        return
-    if method == "stacks":
-        d._reply(token, thread_stacks(), f"{BUILTIN}.stacks")
-        return
-    if method == "post_mortem":
-        origin = item.origin
+    @endpoint
+    def supervise(self, actor: str, owner: str, port: Any) -> None:
+        """OWN-1: failures of ``actor`` here go on ``port`` to the actor ``owner``
+        that spawned it."""
+        self._d._supervisors[actor] = (owner, port)
 
-        def run() -> None:
-            reset = _origin.set_context(origin)
-            try:
-                d._reply(token, _debug.post_mortem(), f"{BUILTIN}.post_mortem")
-            finally:
-                _origin.reset(reset)
-
-        threading.Thread(target=run, name="monarch-post-mortem", daemon=True).start()
-        return
-    if method == "pdb_input":
-        d._reply(token, _debug.feed(bytes(item.payload).decode("utf-8", "replace")), f"{BUILTIN}.pdb_input")
-        return
-    if method == "comm_msg":  # DISPLAY-2: the front end wrote to a comm of this worker
-        _comm_msg(bytes(item.payload))
-        d._reply(token, None, f"{BUILTIN}.comm_msg")
-        return
-    if method == "supervise":  # OWN-1: an actor spawned these actors: their failures go to it
-        actor, owner, port = loads(item.payload, item.buffers, d.token)
-        d._supervisors[actor] = (owner, port)
-        d._reply(token, None, f"{BUILTIN}.supervise")
-        return
-    if method == "root":  # SINGLE-1: a controller attached; it is the root now
+    @endpoint
+    def root(self, root: str) -> None:
+        """SINGLE-1: a controller attached; ``MONARCH_ROOT`` becomes ``root``."""
         import os
 
-        os.environ["MONARCH_ROOT"] = bytes(item.payload).decode()
-        d._reply(token, None, f"{BUILTIN}.root")
-        return
-    if method == "log_level":  # ProcMesh.logging_option(level=...)
+        os.environ["MONARCH_ROOT"] = root
+
+    @endpoint
+    def log_level(self, level: int) -> None:
+        """``ProcMesh.logging_option(level=...)``: the root logger's level."""
         import logging
 
-        logging.getLogger().setLevel(int(bytes(item.payload).decode()))
-        d._reply(token, None, f"{BUILTIN}.log_level")
+        logging.getLogger().setLevel(int(level))
+
+    @endpoint
+    def usage(self) -> dict[str, Any]:
+        """This worker's CPU (percent since the last ``usage``), resident memory and,
+        where NVML lists its GPU, the GPU's use and this process's GPU memory,
+        measured on its own host (the inspector shows them for every host)."""
+        return usage()
+
+
+#: The names ``serve_builtin`` answers: ``WorkerBuiltin``'s endpoints, nothing else.
+ENDPOINTS = frozenset(endpoints_of(WorkerBuiltin))
+
+
+def serve_builtin(d: Dispatcher, item: _native.Incoming) -> None:
+    """A call to the built-in actor (``BUILTIN``), on the routing thread: its
+    arguments unpickled as every call's, ``d.builtin``'s endpoint run here (or on a
+    thread of its own, ``WorkerBuiltin.OWN_THREAD``) with the call's origin, and
+    the reply sent. A name that is no endpoint of it is refused."""
+    method = item.method
+    if method not in ENDPOINTS:
+        d._reject(item.token, f"the built-in actor has no method {method!r}")
         return
-    if method == "flush":
-        reset = _origin.set_context(item.origin)
-        try:
-            _output.mark_end()
-        finally:
-            _origin.reset(reset)
-        d._reply(token, None, f"{BUILTIN}.flush")
+    args, kwargs = loads(item.payload, item.buffers, d.token)
+    run = getattr(d.builtin, method)
+    if method in WorkerBuiltin.OWN_THREAD:
+        threading.Thread(
+            target=_serve,
+            args=(d, item.token, item.origin, method, run, args, kwargs),
+            name=f"monarch-{method.replace('_', '-')}",
+            daemon=True,
+        ).start()
     else:
-        d._reject(token, f"the built-in actor has no method {method!r}")
+        _serve(d, item.token, item.origin, method, run, args, kwargs)
 
 
-def _comm_msg(payload: bytes) -> None:
+def _serve(
+    d: Dispatcher,
+    token: int,
+    origin: str,
+    method: str,
+    run: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> None:
+    reset = _origin.set_context(origin)
+    try:
+        value = run(*args, **kwargs)
+    except Exception as e:  # DISPATCH-2: back to the caller, as any endpoint's
+        d._reply_exception(token, e, None)
+        return
+    finally:
+        _origin.reset(reset)
+    d._reply(token, value, f"{BUILTIN}.{method}")
+
+
+def _comm_msg(msg: dict[str, Any]) -> None:
     """Hands a front end's message to this worker's comm (on a thread of its own: a
     widget's observers are the user's code)."""
     import base64
-    import json
 
-    msg = json.loads(payload)
     import comm
 
     target = comm.get_comm_manager().get_comm(msg["comm_id"])
@@ -130,7 +173,7 @@ _last_cpu: list[tuple[float, float]] = []
 
 
 def usage() -> dict[str, Any]:
-    """See ``serve_builtin``: ``{"cpu": %, "rss": bytes[, "gpu": %, "gpu_mem": bytes]
+    """See ``WorkerBuiltin.usage``: ``{"cpu": %, "rss": bytes[, "gpu": %, "gpu_mem": bytes]
     [, "tensors": bytes, "tensor_refs": n]}`` (the last two: the tensor engine's)."""
     import os
     import time
@@ -192,4 +235,4 @@ def _where(frame: Any) -> str:
     return f"{frame.f_code.co_name} ({frame.f_code.co_filename}:{frame.f_lineno})"
 
 
-__all__ = ["serve_builtin"]
+__all__ = ["ENDPOINTS", "WorkerBuiltin", "serve_builtin"]

@@ -2,7 +2,9 @@
 
 Threads:
 - the *routing thread* waits on the server's loop lane (LANE_LOOP, INBOX-1): spawns,
-  stops, cancels and async actors' calls. It owns the table of actors;
+  stops, cancels, async actors' calls, calls to the built-in actor (``_builtin``)
+  and port messages (``KIND_PORT``: ``mesh._port.deliver``). It owns the table of
+  actors;
 - each sync actor has a *thread of its own*, waiting on a lane of its own where the
   native server puts that actor's calls (INBOX-3); it runs the constructor and the
   endpoints one at a time, with no event loop (as Monarch does). So a sync endpoint
@@ -61,13 +63,14 @@ from monarch_kernel.worker import (
 )
 from monarch_kernel.worker._actor_table import ActorEntry
 from monarch_kernel.worker._async_actors import enqueue
-from monarch_kernel.worker._builtin import serve_builtin
+from monarch_kernel.worker._builtin import WorkerBuiltin, serve_builtin
 from monarch_kernel.worker._lanes import LaneThread
 
 if TYPE_CHECKING:
     import asyncio
 
 _SPAWN, _STOP, _CALL, _CANCEL = _native.KIND_SPAWN, _native.KIND_STOP, _native.KIND_CALL, _native.KIND_CANCEL
+_PORT = _native.KIND_PORT
 _LANE_LOOP = _native.LANE_LOOP
 
 
@@ -95,6 +98,8 @@ class Dispatcher:
         #: process hears failures on), set by the built-in ``supervise``.
         self._supervisors: dict[str, tuple[str, Any]] = {}
         install_actors(self, (server.addr, token), Context(Instance(point, name="root"), message_rank=point))
+        #: The built-in actor (``BUILTIN``), served on the routing thread.
+        self.builtin = WorkerBuiltin(self)
 
     def start(self) -> None:
         """Starts the routing thread."""
@@ -135,7 +140,7 @@ class Dispatcher:
         token, kind, actor, method = item.token, item.kind, item.actor, item.method
         if kind == _CALL and actor == BUILTIN:
             serve_builtin(self, item)
-        elif kind == _CALL and actor == _port.PORTS:
+        elif kind == _PORT:
             refused = _port.deliver(item, self.token)
             if refused is None:
                 self._reply(token, None, "port message")

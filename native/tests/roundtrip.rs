@@ -104,3 +104,92 @@ fn an_older_epoch_is_fenced_and_epoch_zero_never_is() {
     let (_, seen) = rt.block_on(conn.ping()).unwrap();
     assert_eq!(seen, 5);
 }
+
+#[test]
+fn a_port_message_arrives_as_its_own_kind_with_typed_fields_and_is_answered() {
+    use monarch_kernel_native::proto::v1::PortMessage;
+    use monarch_kernel_native::rpc::inbox::Kind;
+    let rt = runtime();
+    let host = WorkerHost::bind(rt.handle(), "127.0.0.1:0", "tok").unwrap();
+    // Even with an actor routed to a lane of its own, a port message goes to the loop
+    // lane: it is no call of an actor.
+    let own = host.inbox.open_lane().unwrap();
+    host.inbox.route("", Some(own));
+    let conn = WorkerConn::open(rt.handle(), &host.addr, "tok").unwrap();
+    let value = Bytes::from_static(b"the value alone");
+    let header = PortMessage {
+        port: 7,
+        rank: Some(3),
+        is_exception: true,
+    };
+    let (_, slot) = conn.send_port(header, &value, &[], "cell-1");
+    let lane = host.inbox.lane(LANE_LOOP).unwrap();
+    let items = lane.take_wait(Duration::from_secs(10));
+    assert_eq!(items.len(), 1);
+    let it = &items[0];
+    assert_eq!(it.kind, Kind::Port);
+    assert_eq!(it.port, Some(header));
+    assert_eq!(it.payload, value);
+    assert_eq!(it.origin, "cell-1");
+    assert!(it.actor.is_empty() && it.method.is_empty());
+    assert!(host.inbox.lane(own).unwrap().take().is_empty());
+    // PORT-2: the receiver's refusal reaches the sender as the message's reply.
+    let why = Bytes::from_static(b"port 7 is closed");
+    host.inbox
+        .reply(it.token, ReplyKind::Rejected, why.clone(), vec![]);
+    let r = slot.wait(Some(Duration::from_secs(10))).unwrap().unwrap();
+    assert_eq!(reply_kind(&r), ReplyKind::Rejected);
+    assert_eq!(r.payload, why);
+}
+
+#[test]
+fn port_messages_and_calls_on_one_connection_arrive_in_the_order_sent() {
+    use monarch_kernel_native::proto::v1::PortMessage;
+    use monarch_kernel_native::rpc::inbox::Kind;
+    let rt = runtime();
+    let host = WorkerHost::bind(rt.handle(), "127.0.0.1:0", "tok").unwrap();
+    let conn = WorkerConn::open(rt.handle(), &host.addr, "tok").unwrap();
+    let payloads: Vec<Bytes> = (0..40).map(|i| Bytes::from(format!("m-{i}"))).collect();
+    let slots: Vec<_> = payloads
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            if i % 2 == 0 {
+                let port = PortMessage {
+                    port: 1,
+                    rank: None,
+                    is_exception: false,
+                };
+                conn.send_port(port, p, &[], "").1
+            } else {
+                conn.call(&target(p), 0).1.unwrap()
+            }
+        })
+        .collect();
+    let lane = host.inbox.lane(LANE_LOOP).unwrap();
+    let mut got = Vec::new();
+    while got.len() < payloads.len() {
+        let items = lane.take_wait(Duration::from_secs(10));
+        assert!(
+            !items.is_empty(),
+            "only {} of the messages arrived",
+            got.len()
+        );
+        for it in items {
+            let kind = if got.len() % 2 == 0 {
+                Kind::Port
+            } else {
+                Kind::Call
+            };
+            assert_eq!(it.kind, kind);
+            host.inbox
+                .reply(it.token, ReplyKind::Result, Bytes::new(), vec![]);
+            got.push(it.payload);
+        }
+    }
+    assert_eq!(got, payloads);
+    for s in slots {
+        let r = s.wait(Some(Duration::from_secs(10))).unwrap().unwrap();
+        assert_eq!(reply_kind(&r), ReplyKind::Result);
+    }
+}

@@ -27,6 +27,7 @@ from monarch_kernel import Actor, ActorMesh, ProcMesh, Shape, _native, endpoint
 from monarch_kernel.control import AgentClient
 from monarch_kernel.errors import MeshTLSError, SupervisionError
 from monarch_kernel.hosts import AgentConfig, new_tls_identity, start_local_agent
+from monarch_kernel.mesh._builtin import call_builtin
 from monarch_kernel.mesh._proc_ref import ProcRef
 
 TIMEOUT = 30
@@ -143,9 +144,7 @@ def test_a_tls_mesh_answers_a_controller_with_its_ca_over_tls(tls_mesh):
     assert all(c.tls for c in conns)
     pings = _native.ping_all(conns, 10.0)
     assert all(isinstance(p, tuple) for p in pings), pings
-    replies = _native.wait_all(
-        _native.call(_native.Endpoint("__monarch__", "stacks"), conns, [0, 1], b"", []), timeout=TIMEOUT
-    )
+    replies = _native.wait_all(call_builtin(conns, [0, 1], "stacks"), timeout=TIMEOUT)
     assert [r.kind for r in replies] == [_native.REPLY_RESULT] * 2
     assert tls_mesh.client.tls
     assert [w["rank"] for w in tls_mesh.client.list_workers()] == [0, 1]

@@ -77,3 +77,73 @@ def test_the_agent_reads_each_control_line_a_worker_writes_as_its_kind():
     assert classify(f"{_debug.INPUT_MARK}your name? ") == (LineKind.INPUT, "your name? ")
     assert classify(_wire.ACTOR_FAILURE_MARK + '{"actor": "a"}') == (LineKind.ACTOR_FAILURE, '{"actor": "a"}')
     assert classify("what the user printed") == (LineKind.TEXT, "what the user printed")
+
+
+def _server_and_items(token: str = "wire-test") -> tuple[object, object]:
+    """A worker server of this process with no dispatcher: the test takes its items."""
+    server = _native.WorkerServer(token)
+
+    def items() -> list:
+        got = server.take_wait(_native.LANE_LOOP, 10.0)
+        assert got, "nothing arrived within 10 s"
+        return got
+
+    return server, items
+
+
+def test_a_port_message_arrives_as_its_own_kind_with_typed_fields_and_the_value_alone():
+    from monarch_kernel.mesh._port import Port
+    from monarch_kernel.mesh._serial import loads, rebuild_exception
+
+    server, items = _server_and_items()
+    try:
+        Port(server.addr, "wire-test", 5, rank=2).send({"a": 1})
+        (item,) = items()
+        assert item.kind == _native.KIND_PORT != _native.KIND_CALL
+        assert (item.port, item.sender_rank, item.is_exception) == (5, 2, False)
+        assert (item.actor, item.method) == ("", "")
+        assert loads(item.payload, list(item.buffers)) == {"a": 1}
+        server.reply(item.token, _native.REPLY_RESULT, b"", [])
+
+        Port(server.addr, "wire-test", 6).exception(KeyError("k"))
+        (item,) = items()
+        assert (item.port, item.sender_rank, item.is_exception) == (6, None, True)
+        exc = rebuild_exception(*loads(item.payload, list(item.buffers)))
+        assert isinstance(exc, KeyError) and exc.args == ("k",)
+        server.reply(item.token, _native.REPLY_RESULT, b"", [])
+    finally:
+        server.shutdown()
+
+
+def test_a_call_says_it_is_no_port_message():
+    server, items = _server_and_items()
+    try:
+        conn = _native.WorkerConn(server.addr, "wire-test")
+        _native.call(_native.Endpoint("a", "m"), [conn], [0], b"x", [])
+        (item,) = items()
+        assert item.kind == _native.KIND_CALL
+        assert (item.port, item.sender_rank, item.is_exception) == (0, None, False)
+        server.reply(item.token, _native.REPLY_RESULT, b"", [])
+    finally:
+        server.shutdown()
+
+
+def test_a_refused_port_message_is_said_on_the_senders_stderr(capfd):
+    """PORT-2, the sender's side: the receiver's refusal is printed where it was sent."""
+    import time
+
+    from monarch_kernel.mesh._port import Port
+
+    server, items = _server_and_items()
+    try:
+        Port(server.addr, "wire-test", 9).send(1)
+        (item,) = items()
+        server.reply(item.token, _native.REPLY_REJECTED, b"port 9 is closed", [])
+        deadline = time.monotonic() + 10
+        seen = ""
+        while "was refused" not in seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+            seen += capfd.readouterr().err
+        assert "a message on port 9 was refused: port 9 is closed" in seen
+    finally:
+        server.shutdown()

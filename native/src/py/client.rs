@@ -3,7 +3,7 @@
 use super::detach;
 use super::errors::to_py;
 use crate::node;
-use crate::proto::v1::Reply;
+use crate::proto::v1::{PortMessage, Reply};
 use crate::rpc::client::{Target, WorkerConn};
 use crate::rpc::slot::{Outcome, Slot};
 use crate::sync::{lock, unpoison};
@@ -231,6 +231,35 @@ impl PyWorkerConn {
             origin,
         );
         Ok(PendingCall::new(slot, 0, conn))
+    }
+
+    /// Sends a message for port `port` of the server at the other end: `payload` and
+    /// `buffers` are the pickled value alone; `rank` is the sender's (None outside an
+    /// actor's message), `is_exception` says the value is an exception to raise. Its
+    /// reply is the receiver's acknowledgement (`REPLY_RESULT`) or refusal
+    /// (`REPLY_REJECTED`, the reason in UTF-8).
+    #[pyo3(signature = (port, rank, is_exception, payload, buffers, *, origin=""))]
+    #[allow(clippy::too_many_arguments)] // six from Python, self and the GIL token
+    fn send_port(
+        &self,
+        py: Python<'_>,
+        port: u64,
+        rank: Option<u32>,
+        is_exception: bool,
+        payload: &[u8],
+        buffers: Vec<PyBuffer<u8>>,
+        origin: &str,
+    ) -> PyResult<PendingCall> {
+        let bufs = to_bytes_vec(py, &buffers)?;
+        let payload = Bytes::copy_from_slice(payload);
+        let conn = self.conn()?;
+        let header = PortMessage {
+            port,
+            rank,
+            is_exception,
+        };
+        let (id, slot) = detach(py, || conn.send_port(header, &payload, &bufs, origin));
+        Ok(PendingCall::new(slot, id, conn))
     }
 
     /// Stops actor `name`.

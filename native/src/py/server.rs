@@ -22,14 +22,14 @@ pub struct PyWorkerServer {
     host: WorkerHost,
 }
 
-/// One message of a lane: a spawn, a stop, a call or a cancel. Its fields are Python
-/// objects made once, so reading one is a reference, not a conversion (the dispatcher
-/// reads several per call).
+/// One message of a lane: a spawn, a stop, a call, a port message or a cancel. Its
+/// fields are Python objects made once, so reading one is a reference, not a
+/// conversion (the dispatcher reads several per call).
 #[pyclass(frozen, get_all, name = "Incoming", module = "monarch_kernel._native")]
 pub struct PyIncoming {
     /// What answers it (`WorkerServer.reply`); 0 for messages with no reply (oneway).
     token: u64,
-    /// `KIND_SPAWN`, `KIND_STOP`, `KIND_CALL` or `KIND_CANCEL`.
+    /// `KIND_SPAWN`, `KIND_STOP`, `KIND_CALL`, `KIND_PORT` or `KIND_CANCEL`.
     kind: u8,
     /// The caller's id of the call (what a cancel names).
     call_id: u64,
@@ -47,6 +47,13 @@ pub struct PyIncoming {
     sizes: Py<PyList>,
     /// The origin of the call (the notebook cell that made it), for output routing.
     origin: Py<PyString>,
+    /// `KIND_PORT`: the port's number in this process (0 for other kinds).
+    port: u64,
+    /// `KIND_PORT`: the rank of the actor that sent it, or None (sent from outside
+    /// an actor's message).
+    sender_rank: Option<u32>,
+    /// `KIND_PORT`: the payload is an exception for the receiver to raise.
+    is_exception: bool,
 }
 
 #[pymethods]
@@ -180,6 +187,9 @@ fn to_py_items(py: Python<'_>, items: Vec<Incoming>) -> PyResult<Vec<PyIncoming>
                 dims: PyList::new(py, &i.dims)?.unbind(),
                 sizes: PyList::new(py, &i.sizes)?.unbind(),
                 origin: PyString::new(py, &i.origin).unbind(),
+                port: i.port.map_or(0, |p| p.port),
+                sender_rank: i.port.and_then(|p| p.rank),
+                is_exception: i.port.is_some_and(|p| p.is_exception),
             })
         })
         .collect()
@@ -193,6 +203,7 @@ pub fn register_python_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("KIND_STOP", Kind::Stop as u8)?;
     m.add("KIND_CALL", Kind::Call as u8)?;
     m.add("KIND_CANCEL", Kind::Cancel as u8)?;
+    m.add("KIND_PORT", Kind::Port as u8)?;
     m.add("REPLY_RESULT", ReplyKind::Result as i32)?;
     m.add("REPLY_EXCEPTION", ReplyKind::Exception as i32)?;
     m.add("REPLY_REJECTED", ReplyKind::Rejected as i32)?;

@@ -1,6 +1,7 @@
 //! The inbox between the `Worker` service and the process's Python dispatcher: lanes
-//! of queued spawns, stops, calls and cancels, the routing of an actor's calls to a
-//! lane of its own, the admission of commands by epoch (fencing), and the replies.
+//! of queued spawns, stops, calls, port messages and cancels, the routing of an
+//! actor's calls to a lane of its own, the admission of commands by epoch (fencing),
+//! and the replies.
 //!
 //! INBOX-1: a lane's eventfd is readable whenever its queue is non-empty, so a
 //! dispatcher thread waits on it (`take_wait`, with the GIL released) and never polls.
@@ -9,7 +10,7 @@
 
 use super::resume::{Callers, Requests};
 use super::RpcError;
-use crate::proto::v1::{Reply, ReplyKind};
+use crate::proto::v1::{PortMessage, Reply, ReplyKind};
 use crate::sync::{lock, unpoison};
 use bytes::Bytes;
 use std::collections::{HashMap, VecDeque};
@@ -31,6 +32,9 @@ pub enum Kind {
     Call = 3,
     /// Cancel the call with `call_id`.
     Cancel = 4,
+    /// A message for a port of this process (`Incoming::port` says which); never
+    /// routed to an actor's lane.
+    Port = 5,
 }
 
 /// One item for the dispatcher.
@@ -56,8 +60,11 @@ pub struct Incoming {
     pub dims: Vec<String>,
     /// Sizes of the called mesh (calls).
     pub sizes: Vec<u32>,
-    /// Where the call comes from (calls and spawns; may be empty).
+    /// Where the call comes from (calls, port messages and spawns; may be empty).
     pub origin: String,
+    /// Which port, the sender's rank and whether it is an exception ([`Kind::Port`]
+    /// only; the payload is then the value alone).
+    pub port: Option<PortMessage>,
 }
 
 /// Where a reply goes.

@@ -1,6 +1,7 @@
-//! The `Worker` gRPC service: receives spawns, stops, calls and cancels, and queues
-//! them in an [`Inbox`] (`inbox.rs`) for the process's Python dispatcher, which
-//! answers through [`Inbox::reply`].
+//! The `Worker` gRPC service: receives spawns, stops, calls, port messages (a `Call`
+//! with its `port` set: [`Kind::Port`]) and cancels, and queues them in an [`Inbox`]
+//! (`inbox.rs`) for the process's Python dispatcher, which answers through
+//! [`Inbox::reply`].
 
 use super::inbox::{Inbox, Incoming, Kind};
 
@@ -102,6 +103,7 @@ fn item(kind: Kind, call_id: u64, actor: String) -> Incoming {
         dims: Vec::new(),
         sizes: Vec::new(),
         origin: String::new(),
+        port: None,
     }
 }
 
@@ -188,9 +190,14 @@ impl Worker for Service {
                         .await;
                     }
                     let sink = (!c.oneway).then_some(Sink::Stream(caller, c.call_id));
+                    let kind = if c.port.is_some() {
+                        Kind::Port
+                    } else {
+                        Kind::Call
+                    };
                     let it = Incoming {
                         token: 0,
-                        kind: Kind::Call,
+                        kind,
                         call_id: c.call_id,
                         actor: c.actor,
                         method: c.method,
@@ -200,6 +207,7 @@ impl Worker for Service {
                         dims: c.dims,
                         sizes: c.sizes,
                         origin: c.origin,
+                        port: c.port,
                     };
                     inbox.push(it, sink);
                 }

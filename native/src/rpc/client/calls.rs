@@ -1,9 +1,10 @@
 //! Endpoint calls: the message one call sends, to one worker or fanned out by a relay
-//! (a host agent) to several workers of its host, and the slots their replies complete.
+//! (a host agent) to several workers of its host, and the slots their replies complete;
+//! port messages, which take the same path as a call of their own kind.
 
 use super::pending::fail_all;
 use super::WorkerConn;
-use crate::proto::v1::{Call, Delivery};
+use crate::proto::v1::{Call, Delivery, PortMessage};
 use crate::rpc::resume;
 use crate::rpc::slot::Slot;
 use crate::rpc::{RpcError, MAX_MESSAGE_BYTES};
@@ -88,20 +89,62 @@ impl WorkerConn {
         (call_id, slots)
     }
 
+    /// Sends a message for the port `port` of the worker server at the other end
+    /// (`port` also carries the sender's rank and whether the value is an exception;
+    /// `payload` and `buffers` are the value alone). It goes on the stream as a call
+    /// does, in order with the calls sent before it, and its reply is the
+    /// receiver's acknowledgement or refusal. Returns the call id and that slot.
+    pub fn send_port(
+        &self,
+        port: PortMessage,
+        payload: &Bytes,
+        buffers: &[Bytes],
+        origin: &str,
+    ) -> (u64, Arc<Slot>) {
+        let call_id = next_call_id();
+        let msg = Call {
+            call_id,
+            actor: String::new(),
+            method: String::new(),
+            payload: payload.clone(),
+            buffers: buffers.to_vec(),
+            oneway: false,
+            rank: 0,
+            dims: Vec::new(),
+            sizes: Vec::new(),
+            epoch: self.epoch(),
+            origin: origin.to_string(),
+            fan_out: Vec::new(),
+            resent: false,
+            port: Some(port),
+        };
+        if let Err(err) = Self::fits(&msg) {
+            return (call_id, Slot::done_with(Err(err)));
+        }
+        (call_id, self.awaited(msg))
+    }
+
     /// Sends `msg` as it is (its id, epoch and origin kept: also a relay's delivery
     /// to one worker). The slot its reply completes, unless `oneway`.
     pub fn forward(&self, msg: Call) -> Option<Arc<Slot>> {
-        let slot = if msg.oneway {
-            None
-        } else {
-            let slot = Slot::new();
+        if msg.oneway {
+            self.send(msg);
+            return None;
+        }
+        Some(self.awaited(msg))
+    }
+
+    /// Sends `msg`, which expects a reply, and returns the slot the reply completes
+    /// (done at once with the loss if the connection is lost).
+    fn awaited(&self, msg: Call) -> Arc<Slot> {
+        let slot = Slot::new();
+        {
             let mut p = lock(&self.pending);
             if let Some(err) = &p.lost {
-                return Some(Slot::done_with(Err(err.clone())));
+                return Slot::done_with(Err(err.clone()));
             }
             p.calls.insert(msg.call_id, (slot.clone(), msg.clone()));
-            Some(slot)
-        };
+        }
         self.send(msg);
         slot
     }
@@ -137,6 +180,7 @@ impl WorkerConn {
             origin: origin.to_string(),
             fan_out,
             resent: false,
+            port: None,
         }
     }
 

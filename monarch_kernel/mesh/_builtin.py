@@ -1,0 +1,36 @@
+"""Calls to the built-in actor every worker has (``_wire.BUILTIN``, the class
+``worker._builtin.WorkerBuiltin``): the one place that encodes them, for the
+controller's session, an administrator's view and the mesh layer alike.
+
+Its endpoints take their arguments as every actor call does (``dumps((args,
+kwargs))``, unpickled by the worker with ``loads``), and answer as every endpoint
+does: a pickled return value, an exception with its remote traceback, or a refusal
+(no such method). They run on the worker's routing thread, not on an actor's, so
+they answer while every actor of the worker is busy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from monarch_kernel import _native
+from monarch_kernel._wire import BUILTIN
+from monarch_kernel.mesh._serial import dumps
+
+#: One ``_native.Endpoint`` per method, made on first use.
+_endpoints: dict[str, Any] = {}
+
+
+def call_builtin(conns: list[Any], ranks: list[int], method: str, *args: Any, origin: str = "") -> list[Any]:
+    """Calls ``method(*args)`` of the built-in actor of each worker in ``conns``
+    (``ranks[i]`` is the rank of ``conns[i]``); what the worker prints while it runs
+    is tagged with ``origin``. Returns one ``_native.PendingCall`` per worker, in order,
+    whose reply ``decode_reply`` (or ``loads``) reads."""
+    endpoint = _endpoints.get(method)
+    if endpoint is None:
+        endpoint = _endpoints[method] = _native.Endpoint(BUILTIN, method)
+    payload, buffers = dumps((args, {}), f"arguments of {BUILTIN}.{method}")
+    return _native.call(endpoint, conns, ranks, payload, buffers, origin=origin)
+
+
+__all__ = ["call_builtin"]
