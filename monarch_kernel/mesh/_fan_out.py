@@ -99,7 +99,7 @@ def fan_out(
                     out[i] = c
                     _direct.setdefault((token, procs[i]), []).append(c)
             if relayed:
-                relay = _native.WorkerConn(ref.hosts[host][0], token)
+                relay = _native.WorkerConn.relay(ref.hosts[host][0], token)
                 sent = _native.call_fanned(
                     target,
                     relay,

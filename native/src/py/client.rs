@@ -1,4 +1,5 @@
-//! Bindings of the `Worker` client: connections, fan-out calls, pending calls.
+//! Bindings of the `Worker` and `Relay` client: connections, fan-out calls, pending
+//! calls.
 
 use super::detach;
 use super::errors::to_py;
@@ -192,6 +193,14 @@ impl PyWorkerConn {
     #[new]
     fn new(py: Python<'_>, addr: &str, token: &str) -> PyResult<Self> {
         let inner = detach(py, || WorkerConn::get(node::handle(), addr, token)).map_err(to_py)?;
+        Ok(PyWorkerConn { inner })
+    }
+
+    /// This process's connection to the relay of the host agent at `addr` (RELAY-1):
+    /// it speaks the agent's `Relay` service, which carries fanned-out calls only.
+    #[staticmethod]
+    fn relay(py: Python<'_>, addr: &str, token: &str) -> PyResult<Self> {
+        let inner = detach(py, || WorkerConn::relay(node::handle(), addr, token)).map_err(to_py)?;
         Ok(PyWorkerConn { inner })
     }
 
