@@ -1,13 +1,14 @@
 //! The relay of fanned-out calls end to end, without Python: a host agent serving the
 //! `Relay` service (RELAY-1) to workers it starts, which are this test binary
 //! ([`relay_test_worker`]) answering each call with what it ran; clients that call
-//! them through the relay, and across a partition of the link to it (RESUME-1).
+//! them through the relay, across a partition of the link to it (RESUME-1), and by
+//! the fan-out's paths (ORDER-1).
 
 use bytes::Bytes;
 use monarch_kernel_native::agent::{self, AgentConfig, AgentHandle};
 use monarch_kernel_native::proto::v1::host_agent_client::HostAgentClient;
 use monarch_kernel_native::proto::v1::{ReplyKind, SpawnWorkersRequest, WorkerInfo};
-use monarch_kernel_native::rpc::client::{reply_kind, WorkerConn};
+use monarch_kernel_native::rpc::client::{reply_kind, Fanout, Target, WorkerConn};
 use monarch_kernel_native::rpc::inbox::{Kind, LANE_LOOP};
 use monarch_kernel_native::rpc::server::WorkerHost;
 use monarch_kernel_native::rpc::slot::Slot;
@@ -220,5 +221,52 @@ fn calls_through_a_partitioned_relay_wait_then_complete_once_each() {
         c.iter().map(text).collect::<Vec<_>>(),
         ["0:0:3:c", "1:1:3:c"]
     );
+    host.stop(&rt);
+}
+
+#[test]
+fn the_fan_out_keeps_each_workers_calls_in_the_order_sent_whichever_path_each_takes() {
+    let rt = runtime();
+    let host = Host::start(&rt, "relay-test-token-4", 2);
+    let token = host.token;
+    let fanout = Fanout::new(token, &[(host.handle.addr.clone(), 0, 2)]);
+    let conns: Vec<Arc<WorkerConn>> = host
+        .workers
+        .iter()
+        .map(|w| WorkerConn::get(rt.handle(), &w.addr, token).unwrap())
+        .collect();
+    let (x, slow) = (Bytes::from_static(b"x"), Bytes::from_static(b"slow"));
+    let t = target(&x);
+    let broadcast = Target { oneway: true, ..t };
+    let send = |t: &Target<'_>, procs: &[u32]| {
+        let conns: Vec<_> = procs.iter().map(|&p| conns[p as usize].clone()).collect();
+        fanout.send(rt.handle(), t, &conns, procs, procs).unwrap()
+    };
+    // One proc of the host: direct; both: one message to the relay.
+    let one = send(&t, &[0]);
+    assert!(one[0].relayed.is_none());
+    assert_eq!(text(&one[0].slot), "0:0:1:x");
+    let both = send(&target(&slow), &[0, 1]);
+    assert_eq!(both[0].call_id, both[1].call_id);
+    let relayed: Vec<_> = both.iter().map(|s| s.relayed.clone().unwrap()).collect();
+    let addrs = host.workers.iter().map(|w| w.addr.clone());
+    assert_eq!(relayed, addrs.zip([0, 1]).collect::<Vec<_>>());
+    // While those run: a call to proc 0 alone stays on the relay behind them, a
+    // broadcast goes through the relay, and so does every call until one after it is
+    // answered. Each worker counts what it ran: in the order sent.
+    let mut sent = vec![send(&t, &[0])];
+    assert!(send(&broadcast, &[0, 1]).is_empty());
+    sent.push(send(&t, &[0]));
+    sent.push(send(&t, &[0, 1]));
+    sent.push(send(&t, &[0]));
+    assert!(sent.iter().flatten().all(|s| s.relayed.is_some()));
+    let got: Vec<String> = sent.iter().flatten().map(|s| text(&s.slot)).collect();
+    assert_eq!(got, ["0:0:3:x", "0:0:5:x", "0:0:6:x", "1:1:3:x", "0:0:7:x"]);
+    let got: Vec<String> = both.iter().map(|s| text(&s.slot)).collect();
+    assert_eq!(got, ["0:0:2:slow", "1:1:1:slow"]);
+    // Everything answered: direct again.
+    let last = send(&t, &[0]);
+    assert!(last[0].relayed.is_none());
+    assert_eq!(text(&last[0].slot), "0:0:8:x");
     host.stop(&rt);
 }

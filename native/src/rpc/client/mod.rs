@@ -28,17 +28,22 @@
 //! service a connection speaks (`service.rs`), the calls waiting for replies
 //! (`pending.rs`), the task that runs and resumes the `Messages` stream (`link.rs`),
 //! what a failed RPC means (`failure.rs`), endpoint calls and their fan-out through a
-//! relay (`calls.rs`), and the unary RPCs (`unary.rs`).
+//! relay (`calls.rs`), which path each call to a worker takes (`order.rs`, ORDER-1) and
+//! a call to procs across hosts sent by those paths (`fanout.rs`), and the unary RPCs
+//! (`unary.rs`).
 
 mod calls;
 mod failure;
+mod fanout;
 mod link;
+mod order;
 mod pending;
 mod pool;
 mod service;
 mod unary;
 
 pub use calls::{Target, CALLS_SENT};
+pub use fanout::{Fanout, Sent};
 pub use link::set_resume_limit;
 
 use super::RpcError;
