@@ -58,6 +58,8 @@ class PendingCall:
 @final
 class WorkerConn:
     def __new__(cls, addr: str, token: str) -> WorkerConn: ...
+    @staticmethod
+    def relay(addr: str, token: str) -> WorkerConn: ...
     @property
     def addr(self) -> str: ...
     @property
@@ -100,18 +102,25 @@ def call(
     oneway: bool = False,
     origin: str = "",
 ) -> list[PendingCall]: ...
-def call_fanned(
-    endpoint: Endpoint,
-    relay: WorkerConn,
-    procs: list[int],
-    ranks: list[int],
-    addrs: list[str],
-    payload: bytes,
-    buffers: list[memoryview],
-    *,
-    oneway: bool = False,
-    origin: str = "",
-) -> list[PendingCall]: ...
+
+@final
+class Fanout:
+    """How a mesh's procs lie on its hosts: its calls across hosts, by the paths ORDER-1 allows."""
+
+    def __new__(cls, token: str, hosts: Sequence[tuple[str, int, int]]) -> Fanout: ...
+    def call(
+        self,
+        endpoint: Endpoint,
+        conns: list[WorkerConn],
+        procs: list[int],
+        ranks: list[int],
+        payload: bytes,
+        buffers: list[memoryview],
+        *,
+        oneway: bool = False,
+        origin: str = "",
+    ) -> list[PendingCall]: ...
+
 def calls_sent() -> int: ...
 def set_epoch(token: str, epoch: int) -> None: ...
 def abandon_calls(addr: str, token: str, reason: str) -> bool: ...

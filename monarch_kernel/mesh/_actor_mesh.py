@@ -8,6 +8,7 @@ runtime with the GIL released.
 from __future__ import annotations
 
 import inspect
+import os
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -25,7 +26,6 @@ from monarch_kernel.errors import (
 )
 from monarch_kernel.mesh import _buffers, _port
 from monarch_kernel.mesh._control import session_for
-from monarch_kernel.mesh._fan_out import FAN_OUT, fan_out
 from monarch_kernel.mesh._future import Future, cancel_calls
 from monarch_kernel.mesh._serial import dumps, loads, loads_exception
 from monarch_kernel.mesh._shape import MeshTrait, Point, Shape
@@ -38,6 +38,10 @@ R = TypeVar("R")
 
 #: Longest a call waits for its receivers to pull its large buffers (XFER-2).
 SEND_WAIT_S = 60.0
+#: Whether a call to a mesh across hosts goes as one message per host, through each
+#: host's agent (RELAY-1), where ORDER-1 allows (``_native.Fanout``); ``MONARCH_FANOUT=0``
+#: sends every call to each worker directly (one message per proc).
+FAN_OUT = os.environ.get("MONARCH_FANOUT", "1") != "0"
 _RESULT = _native.REPLY_RESULT
 _EXCEPTION = _native.REPLY_EXCEPTION
 _FENCED = _native.REPLY_FENCED
@@ -145,8 +149,9 @@ class Endpoint(Generic[R]):
         try:
             if mesh._proc.hosts and FAN_OUT:
                 procs = [mesh._shape.ranks[i] for i in local]
-                calls = fan_out(
-                    self._target, mesh._proc, conns, procs, local, payload, buffers, oneway, origin
+                fan = mesh._proc.state().fanout(mesh._proc.hosts)
+                calls = fan.call(
+                    self._target, conns, procs, local, payload, buffers, oneway=oneway, origin=origin
                 )
             else:
                 calls = _native.call(

@@ -36,9 +36,19 @@ class MeshState:
     #: Another controller attached after this process's session (it was let go).
     fenced: bool = False
     lost: SupervisionError | None = None
+    #: The native fan-out of calls across hosts (RELAY-1, ORDER-1) and the hosts it
+    #: was made for: made on first use, again only for other hosts.
+    _fanout: tuple[tuple[tuple[str, int, int], ...], Any] | None = field(default=None, init=False, repr=False)
 
     def changed(self) -> None:
         self.gen += 1
+
+    def fanout(self, hosts: tuple[tuple[str, int, int], ...]) -> Any:
+        """The ``_native.Fanout`` of the mesh on ``hosts`` (its ``ProcRef.hosts``)."""
+        made = self._fanout
+        if made is None or (made[0] is not hosts and made[0] != hosts):
+            made = self._fanout = (hosts, _native.Fanout(self.ref.token, hosts))
+        return made[1]
 
     def connect(self, ranks: Sequence[int]) -> list[Any]:
         """Connections to procs ``ranks`` where they are now, with no checks (the one

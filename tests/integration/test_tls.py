@@ -166,7 +166,7 @@ def test_a_call_fanned_out_through_a_tls_agent_reaches_its_workers_over_tls(tls_
     before = _native.calls_sent()
     assert counter.incr.call().get(timeout=TIMEOUT).values() == [1, 1]
     assert _native.calls_sent() == before + 1
-    assert _native.WorkerConn(tls_mesh.agent.addr, tls_mesh.token).tls
+    assert _native.WorkerConn.relay(tls_mesh.agent.addr, tls_mesh.token).tls
 
 
 def test_a_process_without_the_mesh_ca_gets_a_tls_error_naming_the_address(tls_mesh):

@@ -406,9 +406,9 @@ pub fn start(
             .max_decoding_message_size(crate::rpc::MAX_MESSAGE_BYTES),
         auth.clone(),
     );
-    // RELAY-1: the same port serves the Worker service as a relay of fanned-out calls.
+    // RELAY-1: the same port serves the Relay service, the relay of fanned-out calls.
     let relay = tonic::service::interceptor::InterceptedService::new(
-        crate::proto::v1::worker_server::WorkerServer::new(relay::Relay::new(agent.clone()))
+        crate::proto::v1::relay_server::RelayServer::new(relay::Relay::new(agent.clone()))
             .max_decoding_message_size(crate::rpc::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(crate::rpc::MAX_MESSAGE_BYTES),
         auth,

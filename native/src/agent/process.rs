@@ -354,7 +354,7 @@ impl Workers {
                 addr: info.addr.clone(),
                 reason: format!("its worker (pid {pid}) exited"),
             };
-            crate::rpc::client::WorkerConn::abandon_relay_at(&info.addr, &token, gone);
+            crate::rpc::client::WorkerConn::abandon_relayed_at(&info.addr, &token, gone);
             let _ = events.send(AgentEvent {
                 event: Some(agent_event::Event::WorkerExited(info)),
             });

@@ -1,23 +1,20 @@
-//! The agent as a relay of fanned-out calls: it serves the `Worker` service's
-//! `Messages` and `Cancel`, delivers each call to the workers of its host that the
-//! call names (`Call.fan_out`) and sends their replies back on the caller's stream,
-//! each marked with its worker's proc rank.
+//! The agent as a relay of fanned-out calls: it serves the `Relay` service
+//! (worker.proto), delivers each call to the workers of its host that the call names
+//! (`Call.fan_out`) and sends their replies back on the caller's stream, each marked
+//! with its worker's proc rank.
 //!
 //! RELAY-1: a controller that calls many procs across hosts sends one message per
-//! host, not per proc; each reply reaches the caller as from the worker itself (the
-//! same call id, kind and payload; a worker lost on the way is a `REPLY_KIND_LOST`
-//! reply, which the caller's client turns into the connection loss a direct call
-//! would have seen). The relay reads nothing of a call but its deliveries: the
-//! worker checks the caller's epoch and pulls the call's buffers itself. A caller
-//! whose connection to the relay broke resumes it (RESUME-1, `rpc/resume.rs`); the
-//! relay's own connections to its workers resume the same way.
+//! host, not per proc, to that host's `Relay`; each reply reaches the caller as from
+//! the worker itself (the same call id, kind and payload; a worker lost on the way is
+//! a `REPLY_KIND_LOST` reply, which the caller's client turns into the connection loss
+//! a direct call would have seen). The relay reads nothing of a call but its
+//! deliveries: the worker checks the caller's epoch and pulls the call's buffers
+//! itself. A caller whose connection to the relay broke resumes it (RESUME-1,
+//! `rpc/resume.rs`); the relay's own connections to its workers resume the same way.
 
 use super::Agent;
-use crate::proto::v1::worker_server::Worker;
-use crate::proto::v1::{
-    Calls, CancelReply, CancelRequest, PingReply, PingRequest, Replies, Reply, ReplyKind,
-    SpawnActorRequest, StatsReply, StatsRequest, StopActorRequest,
-};
+use crate::proto::v1::relay_server;
+use crate::proto::v1::{Calls, CancelReply, CancelRequest, Replies, Reply, ReplyKind};
 use crate::rpc::batch::Batched;
 use crate::rpc::client::WorkerConn;
 use crate::rpc::resume::{self, Admit, Callers};
@@ -68,18 +65,11 @@ fn refusal(call_id: u64, kind: ReplyKind, proc: Option<u32>, why: String) -> Rep
 
 type ReplyStream = Pin<Box<dyn Stream<Item = Result<Replies, Status>> + Send>>;
 
+/// Why a call that names no worker is refused.
 const ONLY: &str = "a host agent relays fanned-out calls only; send this to the worker";
 
 #[tonic::async_trait]
-impl Worker for Relay {
-    async fn spawn_actor(&self, _: Request<SpawnActorRequest>) -> Result<Response<Reply>, Status> {
-        Err(Status::unimplemented(ONLY))
-    }
-
-    async fn stop_actor(&self, _: Request<StopActorRequest>) -> Result<Response<Reply>, Status> {
-        Err(Status::unimplemented(ONLY))
-    }
-
+impl relay_server::Relay for Relay {
     type MessagesStream = ReplyStream;
 
     async fn messages(
@@ -141,14 +131,6 @@ impl Worker for Relay {
             found: !conns.is_empty(),
         }))
     }
-
-    async fn ping(&self, _: Request<PingRequest>) -> Result<Response<PingReply>, Status> {
-        Err(Status::unimplemented(ONLY))
-    }
-
-    async fn stats(&self, _: Request<StatsRequest>) -> Result<Response<StatsReply>, Status> {
-        Err(Status::unimplemented(ONLY))
-    }
 }
 
 /// Where a caller's replies go: through its remembered calls (RESUME-1), or straight
@@ -205,9 +187,7 @@ fn deliver(
                 "this host has no running worker of proc {}",
                 d.proc
             )),
-            Some(addr) => {
-                WorkerConn::get_relay(rt, &addr, agent.token()).map_err(|e| e.to_string())
-            }
+            Some(addr) => WorkerConn::relayed(rt, &addr, agent.token()).map_err(|e| e.to_string()),
         };
         match conn {
             Ok(c) => targets.push((d.proc, d.rank, c)),

@@ -1,10 +1,11 @@
-//! Bindings of the `Worker` client: connections, fan-out calls, pending calls.
+//! Bindings of the `Worker` and `Relay` client: connections, calls and their fan-out
+//! across hosts, pending calls.
 
 use super::detach;
 use super::errors::to_py;
 use crate::node;
 use crate::proto::v1::{PortMessage, Reply};
-use crate::rpc::client::{Target, WorkerConn};
+use crate::rpc::client::{Fanout, Target, WorkerConn};
 use crate::rpc::slot::{Outcome, Slot};
 use crate::sync::{lock, unpoison};
 use bytes::Bytes;
@@ -192,6 +193,14 @@ impl PyWorkerConn {
     #[new]
     fn new(py: Python<'_>, addr: &str, token: &str) -> PyResult<Self> {
         let inner = detach(py, || WorkerConn::get(node::handle(), addr, token)).map_err(to_py)?;
+        Ok(PyWorkerConn { inner })
+    }
+
+    /// This process's connection to the relay of the host agent at `addr` (RELAY-1):
+    /// it speaks the agent's `Relay` service, which carries fanned-out calls only.
+    #[staticmethod]
+    fn relay(py: Python<'_>, addr: &str, token: &str) -> PyResult<Self> {
+        let inner = detach(py, || WorkerConn::relay(node::handle(), addr, token)).map_err(to_py)?;
         Ok(PyWorkerConn { inner })
     }
 
@@ -408,46 +417,72 @@ fn call(
         .collect())
 }
 
-/// Sends one call of `endpoint` through `relay` (a host agent, RELAY-1) to the workers
-/// `procs` (proc ranks) of its host; `ranks[i]` is the index of `procs[i]` within the
-/// called mesh and `addrs[i]` its address. Returns one pending call per worker, in
-/// order, or an empty list if `oneway`.
-#[pyfunction]
-#[pyo3(signature = (endpoint, relay, procs, ranks, addrs, payload, buffers, *, oneway=false, origin=""))]
-#[allow(clippy::too_many_arguments)] // nine from Python, and the GIL token
-fn call_fanned(
-    py: Python<'_>,
-    endpoint: PyRef<'_, PyEndpoint>,
-    relay: PyRef<'_, PyWorkerConn>,
-    procs: Vec<u32>,
-    ranks: Vec<u32>,
-    addrs: Vec<String>,
-    payload: &[u8],
-    buffers: Vec<PyBuffer<u8>>,
-    oneway: bool,
-    origin: &str,
-) -> PyResult<Vec<PendingCall>> {
-    if procs.len() != ranks.len() || procs.len() != addrs.len() {
-        return Err(pyo3::exceptions::PyValueError::new_err(
-            "procs, ranks and addrs differ in length",
-        ));
-    }
-    let bufs = to_bytes_vec(py, &buffers)?;
-    let payload = Bytes::copy_from_slice(payload);
-    let conn = relay.conn()?;
-    let t = endpoint.target(&payload, &bufs, oneway, origin);
-    let deliveries: Vec<(u32, u32)> = procs.iter().copied().zip(ranks.iter().copied()).collect();
-    let (call_id, slots) = detach(py, || conn.call_fanned(&t, &deliveries));
-    Ok(slots
-        .into_iter()
-        .zip(addrs.into_iter().zip(procs))
-        .map(|(slot, target)| PendingCall {
-            slot,
-            call_id,
-            conn: conn.clone(),
-            target: Some(target),
+/// How a mesh's procs lie on its hosts, to call procs across hosts (RELAY-1) by the
+/// paths ORDER-1 allows: made once per mesh (converted once); every fan-out of one
+/// mesh token in this process keeps one order (`rpc/client/order.rs`).
+#[pyclass(frozen, name = "Fanout", module = "monarch_kernel._native")]
+pub struct PyFanout {
+    inner: Fanout,
+}
+
+#[pymethods]
+impl PyFanout {
+    /// `hosts`: each host's agent address (its relay), first proc rank and number of
+    /// procs.
+    #[new]
+    fn new(token: &str, hosts: Vec<(String, u32, u32)>) -> PyResult<Self> {
+        if hosts.is_empty() {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "a fan-out needs the mesh's hosts",
+            ));
+        }
+        Ok(PyFanout {
+            inner: Fanout::new(token, &hosts),
         })
-        .collect())
+    }
+
+    /// Sends one call of `endpoint` to the procs `procs`, each by the path ORDER-1
+    /// allows: direct on `conns[i]` (the connection to `procs[i]`), or with the other
+    /// procs of its host through the host's agent (RELAY-1). `ranks[i]` is the index
+    /// of `procs[i]` within the called mesh. Returns the pending calls in the order of
+    /// `procs`, or an empty list if `oneway`.
+    #[pyo3(signature = (endpoint, conns, procs, ranks, payload, buffers, *, oneway=false, origin=""))]
+    #[allow(clippy::too_many_arguments)] // eight from Python, and the GIL token
+    fn call(
+        &self,
+        py: Python<'_>,
+        endpoint: PyRef<'_, PyEndpoint>,
+        conns: Vec<PyRef<'_, PyWorkerConn>>,
+        procs: Vec<u32>,
+        ranks: Vec<u32>,
+        payload: &[u8],
+        buffers: Vec<PyBuffer<u8>>,
+        oneway: bool,
+        origin: &str,
+    ) -> PyResult<Vec<PendingCall>> {
+        if procs.len() != ranks.len() || procs.len() != conns.len() {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "conns, procs and ranks differ in length",
+            ));
+        }
+        let bufs = to_bytes_vec(py, &buffers)?;
+        let payload = Bytes::copy_from_slice(payload);
+        let conns: Vec<Arc<WorkerConn>> = conns.iter().map(|c| c.inner.clone()).collect();
+        let t = endpoint.target(&payload, &bufs, oneway, origin);
+        let sent = detach(py, || {
+            self.inner.send(node::handle(), &t, &conns, &procs, &ranks)
+        })
+        .map_err(to_py)?;
+        Ok(sent
+            .into_iter()
+            .map(|s| PendingCall {
+                slot: s.slot,
+                call_id: s.call_id,
+                conn: s.conn,
+                target: s.relayed,
+            })
+            .collect())
+    }
 }
 
 /// How many call messages this process has sent (a fanned-out call counts once).
@@ -611,7 +646,7 @@ pub fn register_python_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyReply>()?;
     m.add_class::<PyEndpoint>()?;
     m.add_function(wrap_pyfunction!(call, m)?)?;
-    m.add_function(wrap_pyfunction!(call_fanned, m)?)?;
+    m.add_class::<PyFanout>()?;
     m.add_function(wrap_pyfunction!(calls_sent, m)?)?;
     m.add_function(wrap_pyfunction!(wait_all, m)?)?;
     Ok(())

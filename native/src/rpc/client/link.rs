@@ -4,7 +4,7 @@
 
 use super::failure::{backoff, failure, never_connected};
 use super::pending::{fail_all, Pending};
-use super::Client;
+use super::service::Client;
 use crate::proto::v1::{Call, Calls, Reply, ReplyKind};
 use crate::rpc::batch::Batched;
 use crate::rpc::resume::{CALLER_HEADER, INCARNATION_HEADER, KNEW_HEADER};

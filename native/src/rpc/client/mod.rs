@@ -1,6 +1,9 @@
-//! The one client of the `Worker` service. A [`WorkerConn`] is one HTTP/2 connection
-//! to one worker with one long-lived `Messages` stream on it; calls are matched to
-//! replies by call id and complete [`Slot`](super::slot::Slot)s.
+//! The one client of the `Worker` and `Relay` services. A [`WorkerConn`] is one HTTP/2
+//! connection to one worker, or to one host agent's relay of fanned-out calls
+//! (RELAY-1), with one long-lived `Messages` stream on it; calls are matched to
+//! replies by call id and complete [`Slot`](super::slot::Slot)s. Both services carry
+//! the same messages, so one connection type speaks either: its `Peer` says which,
+//! and its `service::Client` sends each RPC to that service.
 //!
 //! CLIENT-1: once a connection is lost, every pending call on it fails with
 //! [`RpcError::ConnectionLost`] and so does every later call: nothing waits forever
@@ -21,42 +24,60 @@
 //! A connection is TLS when this process knows the mesh's CA (TLS-2, `tls.rs`); the
 //! choice is made once, when it opens, so calls cost the same as before.
 //!
-//! The pieces, one concern a file: the connection table and opening (`pool.rs`), the
-//! calls waiting for replies (`pending.rs`), the task that runs and resumes the
-//! `Messages` stream (`link.rs`), what a failed RPC means (`failure.rs`), endpoint calls
-//! and their fan-out through a relay (`calls.rs`), and the unary RPCs (`unary.rs`).
+//! The pieces, one concern a file: the connection tables and opening (`pool.rs`), the
+//! service a connection speaks (`service.rs`), the calls waiting for replies
+//! (`pending.rs`), the task that runs and resumes the `Messages` stream (`link.rs`),
+//! what a failed RPC means (`failure.rs`), endpoint calls and their fan-out through a
+//! relay (`calls.rs`), which path each call to a worker takes (`order.rs`, ORDER-1) and
+//! a call to procs across hosts sent by those paths (`fanout.rs`), and the unary RPCs
+//! (`unary.rs`).
 
 mod calls;
 mod failure;
+mod fanout;
 mod link;
+mod order;
 mod pending;
 mod pool;
+mod service;
 mod unary;
 
 pub use calls::{Target, CALLS_SENT};
+pub use fanout::{Fanout, Sent};
 pub use link::set_resume_limit;
 
-use super::auth::TokenAttach;
 use super::RpcError;
-use crate::proto::v1::worker_client::WorkerClient;
 use crate::proto::v1::{Call, Reply, ReplyKind};
 use crate::sync::lock;
 use pending::{fail_all, Pending};
+use service::Client;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, Notify};
-use tonic::service::interceptor::InterceptedService;
-use tonic::transport::Channel;
 
-/// The generated `Worker` client, with the mesh token attached to every request.
-type Client = WorkerClient<InterceptedService<Channel, TokenAttach>>;
+/// What a connection is to: which service it speaks, what it does with replies, and
+/// which of this process's tables shares it (CLIENT-2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Peer {
+    /// A worker, for this process's own calls (`Worker`); replies' buffers are pulled
+    /// as they arrive (XFER-2).
+    Worker,
+    /// A host agent's relay of fanned-out calls (`Relay`, RELAY-1); replies' buffers
+    /// are pulled as a worker's are.
+    Relay,
+    /// A worker, for the relay of its host's agent (`Worker`): replies pass on
+    /// untouched, their buffers are not pulled here.
+    Relayed,
+}
 
-/// A connection to one worker.
+/// A connection to one worker, or to one host agent's relay (its `Peer`).
 pub struct WorkerConn {
     addr: String,
     token: String,
+    /// What it is to; a connection lost is opened again as the same (CLIENT-3).
+    peer: Peer,
     client: Client,
     /// Outgoing calls, written to the `Messages` stream by the runtime.
     tx: mpsc::UnboundedSender<Call>,
@@ -94,7 +115,7 @@ impl WorkerConn {
         if self.lost().is_none() {
             return Ok(self.clone());
         }
-        Self::get(rt, &self.addr, &self.token)
+        Self::shared(self.peer, rt, &self.addr, &self.token)
     }
 
     /// The epoch commands carry.
@@ -107,7 +128,7 @@ impl WorkerConn {
         self.ca.is_some()
     }
 
-    /// The worker's address.
+    /// The worker's (or relay's) address.
     pub fn addr(&self) -> &str {
         &self.addr
     }

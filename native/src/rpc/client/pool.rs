@@ -1,14 +1,16 @@
-//! This process's connections, one per (address, token) (CLIENT-2), and the opening of
-//! a new one: its endpoint (TLS or not, TLS-2), its client and its connection task.
+//! This process's connections, one per (address, token) in each table (CLIENT-2): to
+//! workers, to host agents' relays, and (in an agent) its relay's to its workers; and
+//! the opening of a new one: its endpoint (TLS or not, TLS-2), its client and its
+//! connection task.
 
 use super::link::Link;
 use super::pending::Pending;
-use super::{epoch_cell, WorkerConn};
-use crate::proto::v1::worker_client::WorkerClient;
+use super::service::Client;
+use super::{epoch_cell, Peer, WorkerConn};
 use crate::proto::v1::Call;
 use crate::rpc::auth::TokenAttach;
 use crate::rpc::resume;
-use crate::rpc::{RpcError, MAX_MESSAGE_BYTES};
+use crate::rpc::RpcError;
 use crate::sync::lock;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
@@ -18,56 +20,70 @@ use tokio::runtime::Handle;
 use tokio::sync::{mpsc, Notify};
 use tonic::transport::Endpoint;
 
-/// This process's open connections, by address and token (CLIENT-2).
+/// This process's open connections to one kind of peer, by address and token (CLIENT-2).
 type ConnTable = Mutex<HashMap<(String, String), Arc<WorkerConn>>>;
 
-/// The connections of [`WorkerConn::get`].
-static CONNS: OnceLock<ConnTable> = OnceLock::new();
-/// The connections of [`WorkerConn::get_relay`].
-static RELAY_CONNS: OnceLock<ConnTable> = OnceLock::new();
+/// The table of `peer`'s connections.
+fn table(peer: Peer) -> &'static ConnTable {
+    static WORKERS: OnceLock<ConnTable> = OnceLock::new();
+    static RELAYS: OnceLock<ConnTable> = OnceLock::new();
+    static RELAYED: OnceLock<ConnTable> = OnceLock::new();
+    match peer {
+        Peer::Worker => &WORKERS,
+        Peer::Relay => &RELAYS,
+        Peer::Relayed => &RELAYED,
+    }
+    .get_or_init(Default::default)
+}
 
 impl WorkerConn {
-    /// Returns this process's connection to `addr`, opening it (lazily) if needed, if
-    /// the previous one was lost (CLIENT-2), or if the mesh's CA changed since (TLS-2).
+    /// Returns this process's connection to the worker at `addr`, opening it (lazily)
+    /// if needed, if the previous one was lost (CLIENT-2), or if the mesh's CA changed
+    /// since (TLS-2).
     pub fn get(rt: &Handle, addr: &str, token: &str) -> Result<Arc<WorkerConn>, RpcError> {
-        Self::shared(&CONNS, rt, addr, token, true)
+        Self::shared(Peer::Worker, rt, addr, token)
     }
 
-    /// [`WorkerConn::abandon`]s this process's connection to `addr` (CLIENT-2), if it
-    /// has one; whether it had.
-    pub fn abandon_at(addr: &str, token: &str, err: RpcError) -> bool {
-        Self::abandon_in(&CONNS, addr, token, err)
-    }
-
-    /// [`WorkerConn::abandon_at`] for a relay's connection ([`WorkerConn::get_relay`]):
-    /// its agent saw the worker exit.
-    pub fn abandon_relay_at(addr: &str, token: &str, err: RpcError) -> bool {
-        Self::abandon_in(&RELAY_CONNS, addr, token, err)
-    }
-
-    fn abandon_in(table: &OnceLock<ConnTable>, addr: &str, token: &str, err: RpcError) -> bool {
-        let conns = table.get_or_init(Default::default);
-        let key = (addr.to_string(), token.to_string());
-        let conn = lock(conns).get(&key).cloned();
-        conn.map(|c| c.abandon(err)).is_some()
+    /// This process's connection to the relay at `addr` (a host agent's `Relay`
+    /// service, RELAY-1), shared like [`WorkerConn::get`].
+    pub fn relay(rt: &Handle, addr: &str, token: &str) -> Result<Arc<WorkerConn>, RpcError> {
+        Self::shared(Peer::Relay, rt, addr, token)
     }
 
     /// A relay's connection to a worker of its host (shared like [`WorkerConn::get`]):
     /// replies pass through untouched, their buffers are not pulled here.
-    pub fn get_relay(rt: &Handle, addr: &str, token: &str) -> Result<Arc<WorkerConn>, RpcError> {
-        Self::shared(&RELAY_CONNS, rt, addr, token, false)
+    pub fn relayed(rt: &Handle, addr: &str, token: &str) -> Result<Arc<WorkerConn>, RpcError> {
+        Self::shared(Peer::Relayed, rt, addr, token)
     }
 
-    fn shared(
-        table: &'static OnceLock<ConnTable>,
+    /// [`WorkerConn::abandon`]s this process's connection to the worker or the relay
+    /// at `addr` (CLIENT-2), if it has one; whether it had.
+    pub fn abandon_at(addr: &str, token: &str, err: RpcError) -> bool {
+        let worker = Self::abandon_in(Peer::Worker, addr, token, err.clone());
+        Self::abandon_in(Peer::Relay, addr, token, err) || worker
+    }
+
+    /// [`WorkerConn::abandon_at`] for a relay's connection ([`WorkerConn::relayed`]):
+    /// its agent saw the worker exit.
+    pub fn abandon_relayed_at(addr: &str, token: &str, err: RpcError) -> bool {
+        Self::abandon_in(Peer::Relayed, addr, token, err)
+    }
+
+    fn abandon_in(peer: Peer, addr: &str, token: &str, err: RpcError) -> bool {
+        let key = (addr.to_string(), token.to_string());
+        let conn = lock(table(peer)).get(&key).cloned();
+        conn.map(|c| c.abandon(err)).is_some()
+    }
+
+    /// The connection of `peer`'s table to `addr` (see [`WorkerConn::get`]).
+    pub(super) fn shared(
+        peer: Peer,
         rt: &Handle,
         addr: &str,
         token: &str,
-        prefetch: bool,
     ) -> Result<Arc<WorkerConn>, RpcError> {
-        let conns = table.get_or_init(Default::default);
         let key = (addr.to_string(), token.to_string());
-        let mut map = lock(conns);
+        let mut map = lock(table(peer));
         if let Some(c) = map.get(&key) {
             let same_ca = match (&c.ca, crate::rpc::tls::mesh_ca(token)) {
                 (None, None) => true,
@@ -78,24 +94,19 @@ impl WorkerConn {
                 return Ok(c.clone());
             }
         }
-        let c = Arc::new(Self::open_with(rt, addr, token, prefetch)?);
+        let c = Arc::new(Self::open_as(peer, rt, addr, token)?);
         map.insert(key, c.clone());
         Ok(c)
     }
 
-    /// Opens a new connection (not shared): TLS if this process has the mesh's CA.
+    /// Opens a new connection to the worker at `addr` (not shared): TLS if this
+    /// process has the mesh's CA.
     pub fn open(rt: &Handle, addr: &str, token: &str) -> Result<WorkerConn, RpcError> {
-        Self::open_with(rt, addr, token, true)
+        Self::open_as(Peer::Worker, rt, addr, token)
     }
 
-    /// `prefetch`: whether replies' buffers are pulled as they arrive (XFER-2); a
-    /// relay passes them on untouched instead.
-    fn open_with(
-        rt: &Handle,
-        addr: &str,
-        token: &str,
-        prefetch: bool,
-    ) -> Result<WorkerConn, RpcError> {
+    /// Opens a new connection to `peer` at `addr` (not shared).
+    fn open_as(peer: Peer, rt: &Handle, addr: &str, token: &str) -> Result<WorkerConn, RpcError> {
         let attach = TokenAttach::new(token).map_err(|e| RpcError::Auth(e.to_string()))?;
         let ca = crate::rpc::tls::mesh_ca(token);
         let scheme = if ca.is_some() { "https" } else { "http" };
@@ -118,9 +129,7 @@ impl WorkerConn {
             .keep_alive_while_idle(true);
         let _guard = rt.enter();
         let channel = endpoint.connect_lazy();
-        let client = WorkerClient::with_interceptor(channel, attach)
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        let client = Client::new(channel, attach, peer == Peer::Relay);
         let (tx, rx) = mpsc::unbounded_channel::<Call>();
         let pending = Arc::new(Mutex::new(Pending::default()));
         let answered = Arc::new(AtomicBool::new(false));
@@ -131,7 +140,8 @@ impl WorkerConn {
             pending: pending.clone(),
             answered: answered.clone(),
             plaintext: ca.is_none(),
-            prefetch,
+            // XFER-2; a relay passes replies on untouched instead.
+            prefetch: peer != Peer::Relayed,
             token: Arc::from(token),
             caller: resume::random_id(),
             abandoned: abandoned.clone(),
@@ -140,6 +150,7 @@ impl WorkerConn {
         Ok(WorkerConn {
             addr: addr.to_string(),
             token: token.to_string(),
+            peer,
             client,
             tx,
             pending,

@@ -2,7 +2,8 @@
 //! breaks, run once: RESUME-4), cancelling a call, and the runtime's ping and stats.
 
 use super::failure::{backoff, error_of, failure};
-use super::{Client, WorkerConn};
+use super::service::Client;
+use super::WorkerConn;
 use crate::proto::v1::{
     CancelRequest, PingRequest, Reply, SpawnActorRequest, StatsReply, StatsRequest,
     StopActorRequest,

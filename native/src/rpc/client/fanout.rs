@@ -1,0 +1,169 @@
+//! A call to procs of a mesh across hosts: each proc by the path ORDER-1 allows
+//! ([`Order`], `order.rs`), the procs of a host that go through its relay as one
+//! message to it (RELAY-1), the others each on its own connection.
+//!
+//! A [`Fanout`] is made once per mesh (its hosts' relays, and which host runs each
+//! proc); the ORDER-1 state it consults is this process's one for the mesh's token,
+//! whichever `Fanout` sends.
+
+use super::calls::Target;
+use super::order::Order;
+use super::WorkerConn;
+use crate::rpc::slot::Slot;
+use crate::rpc::RpcError;
+use crate::sync::lock;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use tokio::runtime::Handle;
+
+/// The ORDER-1 state of the mesh with `token` in this process: one per mesh, so the
+/// calls of every actor mesh on it (and of every copy unpickled here) keep one order.
+fn order_of(token: &str) -> Arc<Mutex<Order>> {
+    static ORDERS: OnceLock<Mutex<HashMap<String, Arc<Mutex<Order>>>>> = OnceLock::new();
+    let orders = ORDERS.get_or_init(Default::default);
+    let mut map = lock(orders);
+    map.entry(token.to_string()).or_default().clone()
+}
+
+/// How a mesh's procs lie on its hosts, to send its calls by the paths ORDER-1 allows.
+pub struct Fanout {
+    token: String,
+    /// Each host's relay (its agent's address), by host index.
+    relays: Vec<String>,
+    /// The index of the host that runs each proc, by proc rank (a proc on no host:
+    /// host 0).
+    host_of: Vec<usize>,
+    /// The mesh's ORDER-1 state ([`order_of`]): held from choosing the paths of a
+    /// call until it is sent, so that the order of sending is the order chosen in.
+    order: Arc<Mutex<Order>>,
+}
+
+/// One call sent to one proc.
+pub struct Sent {
+    /// The call's id (shared by the procs of one message to a relay).
+    pub call_id: u64,
+    /// The slot its reply completes.
+    pub slot: Arc<Slot>,
+    /// The connection it went on: the worker's, or its host's relay's.
+    pub conn: Arc<WorkerConn>,
+    /// Through a relay: the worker's address and proc rank.
+    pub relayed: Option<(String, u32)>,
+}
+
+impl Fanout {
+    /// The fan-out of the mesh with `token` whose hosts are `hosts`: each one's relay
+    /// address, first proc rank and number of procs.
+    pub fn new(token: &str, hosts: &[(String, u32, u32)]) -> Fanout {
+        let end = hosts
+            .iter()
+            .map(|h| h.1 as usize + h.2 as usize)
+            .max()
+            .unwrap_or(0);
+        let mut host_of = vec![0; end];
+        // The first host that has a proc is its host: the later ones are written first.
+        for (i, (_, first, n)) in hosts.iter().enumerate().rev() {
+            for slot in &mut host_of[*first as usize..*first as usize + *n as usize] {
+                *slot = i;
+            }
+        }
+        Fanout {
+            token: token.to_string(),
+            relays: hosts.iter().map(|h| h.0.clone()).collect(),
+            host_of,
+            order: order_of(token),
+        }
+    }
+
+    fn host_of(&self, proc: u32) -> usize {
+        self.host_of.get(proc as usize).copied().unwrap_or(0)
+    }
+
+    /// Sends one call of `target` to `procs`, each by its path: `conns[i]` is the
+    /// connection to `procs[i]`'s worker, `ranks[i]` its index within the called mesh.
+    /// Returns the calls sent, in the order of `procs` (none for a broadcast).
+    pub fn send(
+        &self,
+        rt: &Handle,
+        target: &Target<'_>,
+        conns: &[Arc<WorkerConn>],
+        procs: &[u32],
+        ranks: &[u32],
+    ) -> Result<Vec<Sent>, RpcError> {
+        let hosts: Vec<usize> = procs.iter().map(|&p| self.host_of(p)).collect();
+        let mut out: Vec<Option<Sent>> = procs.iter().map(|_| None).collect();
+        let mut order = lock(&self.order);
+        for part in order.plan(procs, &hosts, self.relays.len(), target.oneway) {
+            // CLIENT-3: a lost connection is never used for a new call.
+            let direct = part
+                .direct
+                .iter()
+                .map(|&i| conns[i].current(rt))
+                .collect::<Result<Vec<_>, _>>()?;
+            for (&i, conn) in part.direct.iter().zip(direct) {
+                let (call_id, slot) = conn.call(target, ranks[i]);
+                if let Some(slot) = slot {
+                    order.sent_direct(procs[i], &slot);
+                    out[i] = Some(Sent {
+                        call_id,
+                        slot,
+                        conn,
+                        relayed: None,
+                    });
+                }
+            }
+            if part.relayed.is_empty() {
+                continue;
+            }
+            let relay = match self.relays.get(part.host) {
+                Some(addr) => WorkerConn::relay(rt, addr, &self.token)?,
+                None => {
+                    return Err(RpcError::Address(format!(
+                        "no relay for host {}",
+                        part.host
+                    )))
+                }
+            };
+            let deliveries: Vec<(u32, u32)> =
+                part.relayed.iter().map(|&i| (procs[i], ranks[i])).collect();
+            let (call_id, slots) = relay.call_fanned(target, &deliveries);
+            if target.oneway {
+                for &i in &part.relayed {
+                    order.sent_relayed(procs[i], None);
+                }
+            }
+            for (&i, slot) in part.relayed.iter().zip(slots) {
+                order.sent_relayed(procs[i], Some(&slot));
+                out[i] = Some(Sent {
+                    call_id,
+                    slot,
+                    conn: relay.clone(),
+                    relayed: Some((conns[i].addr().to_string(), procs[i])),
+                });
+            }
+        }
+        Ok(out.into_iter().flatten().collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_proc_is_on_the_first_host_that_has_it_and_one_on_none_on_host_0() {
+        let hosts = [("a:1".to_string(), 0, 2), ("b:1".to_string(), 2, 3)];
+        let f = Fanout::new("fanout-test-token", &hosts);
+        let got: Vec<usize> = (0..7).map(|p| f.host_of(p)).collect();
+        assert_eq!(got, vec![0, 0, 1, 1, 1, 0, 0]);
+        assert_eq!(f.relays, vec!["a:1", "b:1"]);
+    }
+
+    #[test]
+    fn the_fan_outs_of_one_token_share_one_order() {
+        let a = Fanout::new("fanout-shared-token", &[]);
+        let b = Fanout::new("fanout-shared-token", &[]);
+        let c = Fanout::new("fanout-other-token", &[]);
+        assert!(Arc::ptr_eq(&a.order, &b.order));
+        assert!(!Arc::ptr_eq(&a.order, &c.order));
+    }
+}
