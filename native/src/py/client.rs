@@ -3,34 +3,22 @@
 
 use super::detach;
 use super::errors::to_py;
+use super::pending::PendingCall;
 use crate::node;
-use crate::proto::v1::{PortMessage, Reply};
+use crate::proto::v1::PortMessage;
 use crate::rpc::client::{Fanout, Target, WorkerConn};
-use crate::rpc::slot::{Outcome, Slot};
-use crate::sync::{lock, unpoison};
 use bytes::Bytes;
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyTimeoutError;
 use pyo3::prelude::*;
-use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList};
+use pyo3::types::{PyByteArray, PyDict};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A connection to one worker (shared per address and token within the process).
 #[pyclass(frozen, name = "WorkerConn", module = "monarch_kernel._native")]
 pub struct PyWorkerConn {
     inner: Arc<WorkerConn>,
-}
-
-/// A call in flight.
-#[pyclass(frozen, name = "PendingCall", module = "monarch_kernel._native")]
-pub struct PendingCall {
-    slot: Arc<Slot>,
-    call_id: u64,
-    conn: Arc<WorkerConn>,
-    /// The worker's address and proc rank when the call went through a relay
-    /// (fan-out).
-    target: Option<(String, u32)>,
 }
 
 /// Copies Python buffer-protocol objects (format "B") into owned bytes.
@@ -56,129 +44,6 @@ pub(crate) fn buffers_to_py(
             None => Ok(PyByteArray::new(py, b).unbind().into_any()),
         })
         .collect()
-}
-
-/// A call's reply: its kind (`REPLY_RESULT`, `REPLY_EXCEPTION`, `REPLY_REJECTED`,
-/// `REPLY_FENCED`), the pickled payload (or, rejected or fenced, the reason in UTF-8)
-/// and its out-of-band buffers.
-#[pyclass(frozen, get_all, name = "Reply", module = "monarch_kernel._native")]
-pub struct PyReply {
-    kind: i32,
-    payload: Py<PyBytes>,
-    buffers: Py<PyList>,
-}
-
-fn reply_to_py(py: Python<'_>, r: &Reply) -> PyResult<PyReply> {
-    Ok(PyReply {
-        kind: r.kind,
-        payload: PyBytes::new(py, &r.payload).unbind(),
-        buffers: PyList::new(py, buffers_to_py(py, &r.payload, &r.buffers)?)?.unbind(),
-    })
-}
-
-fn outcome_to_py(py: Python<'_>, o: Outcome) -> PyResult<PyReply> {
-    match o {
-        Ok(r) => reply_to_py(py, &r),
-        Err(e) => Err(to_py(e)),
-    }
-}
-
-/// Waits for `slot`, releasing the GIL, waking every 50 ms to let Python run signal
-/// handlers (so Ctrl-C / a kernel interrupt reaches a blocked `.get()`).
-fn wait_slot(py: Python<'_>, slot: &Arc<Slot>, deadline: Option<Instant>) -> PyResult<Outcome> {
-    loop {
-        let chunk = match deadline {
-            None => Duration::from_millis(50),
-            Some(d) => d
-                .saturating_duration_since(Instant::now())
-                .min(Duration::from_millis(50)),
-        };
-        if let Some(o) = detach(py, || slot.wait(Some(chunk))) {
-            return Ok(o);
-        }
-        py.check_signals()?;
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Err(PyTimeoutError::new_err("timed out waiting for the reply"));
-        }
-    }
-}
-
-fn deadline(timeout: Option<f64>) -> Option<Instant> {
-    timeout.map(|t| Instant::now() + Duration::from_secs_f64(t.max(0.0)))
-}
-
-impl Drop for PendingCall {
-    /// A reply that was never taken (its Future dropped without `get()`): what was
-    /// pulled for it ahead of time (XFER-2) is freed with it.
-    fn drop(&mut self) {
-        if let Some(Ok(r)) = self.slot.wait(Some(Duration::ZERO)) {
-            crate::transfer::discard_message(&r.payload, &r.buffers);
-        }
-    }
-}
-
-impl PendingCall {
-    fn new(slot: Arc<Slot>, call_id: u64, conn: Arc<WorkerConn>) -> Self {
-        PendingCall {
-            slot,
-            call_id,
-            conn,
-            target: None,
-        }
-    }
-
-    /// The slot its reply completes: the transfer bindings hook the end of the
-    /// registrations a call carries on it, and wait on it.
-    pub(crate) fn slot(&self) -> &Arc<Slot> {
-        &self.slot
-    }
-
-    /// Its connection: once lost, its receiver will not read what it carries.
-    pub(crate) fn conn(&self) -> &Arc<WorkerConn> {
-        &self.conn
-    }
-}
-
-#[pymethods]
-impl PendingCall {
-    /// Waits for the reply: `(kind, payload, buffers)`. Raises TimeoutError,
-    /// ConnectionLost, AuthError or MessageTooLarge.
-    #[pyo3(signature = (timeout=None))]
-    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<PyReply> {
-        let o = wait_slot(py, &self.slot, deadline(timeout))?;
-        outcome_to_py(py, o)
-    }
-
-    /// True once the reply (or the failure) is in.
-    fn done(&self) -> bool {
-        self.slot.is_done()
-    }
-
-    /// Calls `fn()` once the call completes: on a runtime thread, or at once here if
-    /// it already has.
-    fn add_done_callback(&self, cb: Py<PyAny>) {
-        self.slot.on_done(Box::new(move || super::enter_python(cb)));
-    }
-
-    /// Asks the worker to cancel this call.
-    fn cancel(&self) {
-        let proc = self.target.as_ref().map(|t| t.1);
-        self.conn.cancel(node::handle(), self.call_id, proc);
-    }
-
-    #[getter]
-    fn call_id(&self) -> u64 {
-        self.call_id
-    }
-
-    /// The worker's address (also for a call that went through its host's agent).
-    #[getter]
-    fn addr(&self) -> String {
-        match &self.target {
-            Some((addr, _)) => addr.clone(),
-            None => self.conn.addr().to_string(),
-        }
-    }
 }
 
 impl PyWorkerConn {
@@ -491,83 +356,6 @@ fn calls_sent() -> u64 {
     crate::rpc::client::CALLS_SENT.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// Waits for every call, with one deadline for all. Returns, in order, each `Reply`
-/// or the exception instance that call failed with; raises TimeoutError if the
-/// deadline passes first. With `fail_fast`, it returns as soon as one call has
-/// failed (its worker died: a reply from a live worker, even an exception, is not a
-/// failure), with None for the calls still running, so a dead rank is known at once
-/// whatever the others do.
-#[pyfunction]
-#[pyo3(signature = (calls, timeout=None, fail_fast=false))]
-fn wait_all(
-    py: Python<'_>,
-    calls: Vec<PyRef<'_, PendingCall>>,
-    timeout: Option<f64>,
-    fail_fast: bool,
-) -> PyResult<Vec<Py<PyAny>>> {
-    let d = deadline(timeout);
-    let early = fail_fast && calls.len() > 1;
-    if early {
-        wait_first_failure(py, &calls, d)?;
-    }
-    let mut out = Vec::with_capacity(calls.len());
-    for c in &calls {
-        if early && !c.slot.is_done() {
-            out.push(py.None());
-            continue;
-        }
-        let o = wait_slot(py, &c.slot, d)?;
-        out.push(match outcome_to_py(py, o) {
-            Ok(t) => Py::new(py, t)?.into_any(),
-            Err(e) => e.into_value(py).into_any(),
-        });
-    }
-    Ok(out)
-}
-
-/// Waits until every call is done or one has failed (or the deadline passes:
-/// TimeoutError), with the GIL released and signals checked every 50 ms. Each slot
-/// rings one bell when it completes, so the wait wakes at the first completion.
-fn wait_first_failure(
-    py: Python<'_>,
-    calls: &[PyRef<'_, PendingCall>],
-    deadline: Option<Instant>,
-) -> PyResult<()> {
-    let bell = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
-    for c in calls {
-        let b = bell.clone();
-        c.slot.on_done(Box::new(move || {
-            *lock(&b.0) = true;
-            b.1.notify_all();
-        }));
-    }
-    let slots: Vec<Arc<Slot>> = calls.iter().map(|c| c.slot.clone()).collect();
-    loop {
-        let settled = detach(py, || {
-            let mut rung = lock(&bell.0);
-            let chunk = match deadline {
-                None => Duration::from_millis(50),
-                Some(d) => d
-                    .saturating_duration_since(Instant::now())
-                    .min(Duration::from_millis(50)),
-            };
-            if !*rung {
-                rung = unpoison(bell.1.wait_timeout(rung, chunk)).0;
-            }
-            *rung = false;
-            drop(rung);
-            slots.iter().all(|s| s.is_done()) || slots.iter().any(|s| s.has_failed())
-        });
-        if settled {
-            return Ok(());
-        }
-        py.check_signals()?;
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Err(PyTimeoutError::new_err("timed out waiting for the reply"));
-        }
-    }
-}
-
 /// Sets the epoch that this process's commands to the mesh with `token` carry
 /// (fencing: the controller that attached last owns the mesh).
 #[pyfunction]
@@ -642,12 +430,10 @@ pub fn register_python_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(abandon_calls, m)?)?;
     m.add_function(wrap_pyfunction!(set_resume_limit, m)?)?;
     m.add_class::<PyWorkerConn>()?;
-    m.add_class::<PendingCall>()?;
-    m.add_class::<PyReply>()?;
     m.add_class::<PyEndpoint>()?;
     m.add_function(wrap_pyfunction!(call, m)?)?;
     m.add_class::<PyFanout>()?;
     m.add_function(wrap_pyfunction!(calls_sent, m)?)?;
-    m.add_function(wrap_pyfunction!(wait_all, m)?)?;
+    super::pending::register_python_bindings(m)?;
     Ok(())
 }

@@ -13,6 +13,7 @@
 mod agent;
 mod client;
 mod errors;
+mod pending;
 mod server;
 mod tls;
 mod transfer;

@@ -3,8 +3,8 @@
 //! through its methods), the `RecvBuffer` a transfer lands in, and the waits that
 //! tie registrations to calls (XFER-1, XFER-2).
 
-use super::client::PendingCall;
 use super::detach;
+use super::pending::PendingCall;
 use crate::rpc::client::WorkerConn;
 use crate::rpc::slot::Slot;
 use crate::transfer::{engine, Descriptor, Engine, Waited, DEFAULT_STREAMS, HEADER, STREAMS_ENV};
