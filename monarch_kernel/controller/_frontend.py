@@ -15,7 +15,7 @@ from monarch_kernel.mesh import _future
 from monarch_kernel.mesh._control import MeshFailure
 
 if TYPE_CHECKING:
-    from monarch_kernel.controller._session import Session
+    from monarch_kernel.controller._held import HeldMesh
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class Frontend:
 
     #: A line of worker output: ``(session, line)``, the line being the agent's
     #: ``LogLine`` (rank, stream, text, origin). None: printed as ``[mesh rank] text``.
-    on_line: Callable[[Session, Any], None] | None = None
+    on_line: Callable[[HeldMesh, Any], None] | None = None
     #: A failure that no ``on_failure`` callback or ``__supervise__`` hook handled.
     #: None: one line on stderr.
     on_failure: Callable[[MeshFailure], None] | None = None

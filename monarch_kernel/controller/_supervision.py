@@ -38,7 +38,7 @@ from monarch_kernel.mesh._serial import dumps, loads
 
 if TYPE_CHECKING:
     from monarch_kernel.control._group import HostLink
-    from monarch_kernel.controller._session import Session
+    from monarch_kernel.controller._held import HeldMesh
 
 #: Heartbeat period and the misses that make a worker unresponsive (SUPERVISE-2).
 HEARTBEAT_S = 1.0
@@ -72,7 +72,7 @@ class Supervisor:
     thread hands it worker exits and the agent's loss, its own thread sends the
     heartbeats."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: HeldMesh) -> None:
         self.s = session
         #: The watch and the heartbeat may both see one death.
         self._dead_lock = threading.Lock()
