@@ -17,8 +17,7 @@ from monarch_kernel import _native
 from monarch_kernel._wire import ACTOR_FAILED
 
 if TYPE_CHECKING:
-    from monarch_kernel.worker._actor_table import ActorEntry
-    from monarch_kernel.worker._dispatcher import Dispatcher
+    from monarch_kernel.worker._host import ActorEntry, DispatcherLike
 
 
 def fails_actor(e: BaseException) -> bool:
@@ -29,7 +28,7 @@ def fails_actor(e: BaseException) -> bool:
     return not isinstance(e, (Exception, KeyboardInterrupt, asyncio.CancelledError))
 
 
-def fail_actor(d: Dispatcher, a: ActorEntry, exc: BaseException, token: int, what: str) -> None:
+def fail_actor(d: DispatcherLike, a: ActorEntry, exc: BaseException, token: int, what: str) -> None:
     """DISPATCH-4: ``exc`` (a BaseException that is no Exception, and no interrupt)
     ends actor ``a``: the call that raised fails with a SupervisionError, later
     calls to it are refused saying why, its ``__cleanup__`` runs, and supervision
@@ -39,7 +38,7 @@ def fail_actor(d: Dispatcher, a: ActorEntry, exc: BaseException, token: int, wha
     end_actor(d, a, f"{what} raised\n{formatted}", token)
 
 
-def end_actor(d: Dispatcher, a: ActorEntry, why: str, token: int = 0) -> None:
+def end_actor(d: DispatcherLike, a: ActorEntry, why: str, token: int = 0) -> None:
     """DISPATCH-4: actor ``a`` failed (``why``), and ends; see ``fail_actor``."""
     reason = f"actor {a.context.actor_instance} exited because of the following reason: {why}"
     d._failed[a.name] = reason
@@ -49,7 +48,7 @@ def end_actor(d: Dispatcher, a: ActorEntry, why: str, token: int = 0) -> None:
     stop_later(d, a)
 
 
-def stop_later(d: Dispatcher, a: ActorEntry) -> None:
+def stop_later(d: DispatcherLike, a: ActorEntry) -> None:
     """Stops ``a`` on the routing thread, if it is still the actor of its name then
     (not replaced meanwhile)."""
 
@@ -60,7 +59,7 @@ def stop_later(d: Dispatcher, a: ActorEntry) -> None:
     d.router.submit(stop)
 
 
-def instance_ends(d: Dispatcher, name: str, reason: str | None, failed: bool) -> None:
+def instance_ends(d: DispatcherLike, name: str, reason: str | None, failed: bool) -> None:
     """``context().actor_instance.abort(reason)`` (``failed``) or ``.stop(reason)``:
     the running actor ends once its current message is done."""
     a = d.actors.get(name)

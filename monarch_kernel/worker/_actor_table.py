@@ -1,5 +1,5 @@
-"""The ``Dispatcher``'s table of actors: what it keeps of each actor, which actor a
-call is for, spawning one (the constructor), replacing and stopping it (its
+"""The ``Dispatcher``'s table of actors (of ``_host.ActorEntry`` records): which
+actor a call is for, spawning one (the constructor), replacing and stopping it (its
 ``__cleanup__``), and stopping them all when the worker is stopped (STOP-1). The
 table is owned by the routing thread.
 
@@ -14,7 +14,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from monarch_kernel import _native, _origin
@@ -22,36 +21,14 @@ from monarch_kernel._wire import ACTOR_FAILED
 from monarch_kernel.actor import Context, Instance, _current, endpoints_of
 from monarch_kernel.mesh._shape import Extent, Point
 from monarch_kernel.worker import _output
+from monarch_kernel.worker._host import ActorEntry
 from monarch_kernel.worker._lanes import LaneThread, lane_threads
 
 if TYPE_CHECKING:
-    import asyncio
-
-    from monarch_kernel.worker._dispatcher import Dispatcher
+    from monarch_kernel.worker._host import DispatcherLike
 
 # Methods the controller may call on an actor that defines them, endpoints or not.
 _HOOKS = frozenset({"__supervise__"})
-
-
-@dataclass
-class ActorEntry:
-    """An actor of this process, as the table keeps it."""
-
-    name: str
-    instance: Any
-    is_async: bool
-    endpoints: frozenset[str]
-    context: Context
-    # Async actors (touched only on the asyncio thread): messages wait here for the
-    # actor's consumer task (DISPATCH-1).
-    inbox: asyncio.Queue[_native.Incoming] | None = None
-    task: asyncio.Task[None] | None = None
-    running: dict[int, asyncio.Task[Any]] = field(default_factory=dict)
-    #: Endpoints whose messages run concurrently (ENDPOINT-2), and their tasks.
-    concurrent: frozenset[str] = frozenset()
-    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
-    # Sync actors: the thread that runs them.
-    runner: LaneThread | None = None
 
 
 def message_context(a: ActorEntry, item: _native.Incoming) -> Context:
@@ -60,7 +37,7 @@ def message_context(a: ActorEntry, item: _native.Incoming) -> Context:
 
 
 def callee(
-    d: Dispatcher, token: int, actor: str, method: str, runner: LaneThread | None = None
+    d: DispatcherLike, token: int, actor: str, method: str, runner: LaneThread | None = None
 ) -> ActorEntry | None:
     """The actor a call is for, or None after rejecting the call. With ``runner``,
     the actor must still be the one that runner serves (not stopped or replaced)."""
@@ -83,7 +60,7 @@ def callee(
 
 
 def construct(
-    d: Dispatcher,
+    d: DispatcherLike,
     token: int,
     name: str,
     cls: type,
@@ -128,7 +105,7 @@ def construct(
     d.router.submit(lambda: _install(d, token, a))
 
 
-def _install(d: Dispatcher, token: int, a: ActorEntry) -> None:
+def _install(d: DispatcherLike, token: int, a: ActorEntry) -> None:
     """Makes ``a`` the actor of its name (routing thread), replacing any old one."""
     old = d.actors.get(a.name)
     d.actors[a.name] = a
@@ -141,7 +118,7 @@ def _install(d: Dispatcher, token: int, a: ActorEntry) -> None:
         _cleanup(d, old, lambda: d._reply(token, None, f"spawn of {a.name}"))
 
 
-def stop_actor(d: Dispatcher, token: int, name: str) -> None:
+def stop_actor(d: DispatcherLike, token: int, name: str) -> None:
     """Stops actor ``name`` (routing thread)."""
     a = d.actors.pop(name, None)
     d.server.route(name, None)
@@ -151,7 +128,7 @@ def stop_actor(d: Dispatcher, token: int, name: str) -> None:
         _cleanup(d, a, lambda: d._reply(token, None, f"stop of {name}"))
 
 
-def _cleanup(d: Dispatcher, a: ActorEntry, then: Callable[[], Any] | None = None) -> None:
+def _cleanup(d: DispatcherLike, a: ActorEntry, then: Callable[[], Any] | None = None) -> None:
     """Runs ``a``'s ``__cleanup__`` after what it has queued, then ends it; then
     ``then()``."""
     hook = getattr(a.instance, "__cleanup__", None)
@@ -161,7 +138,7 @@ def _cleanup(d: Dispatcher, a: ActorEntry, then: Callable[[], Any] | None = None
         d._cleanup_sync(a, hook, then)
 
 
-def exit_cleanly(d: Dispatcher, grace: float = 1.5) -> None:
+def exit_cleanly(d: DispatcherLike, grace: float = 1.5) -> None:
     """STOP-1: the agent stops a worker with SIGTERM (the mesh stopped, its idle
     timeout passed), then SIGKILL 2 s later. Meanwhile every actor's
     ``__cleanup__`` runs, on its own thread or event loop after the message it
@@ -198,4 +175,4 @@ def exit_cleanly(d: Dispatcher, grace: float = 1.5) -> None:
     os._exit(128 + signal.SIGTERM)
 
 
-__all__ = ["ActorEntry", "callee", "construct", "exit_cleanly", "message_context", "stop_actor"]
+__all__ = ["callee", "construct", "exit_cleanly", "message_context", "stop_actor"]

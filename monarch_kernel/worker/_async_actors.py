@@ -33,11 +33,10 @@ from monarch_kernel.worker._replies import REPLY_WAIT_S
 if TYPE_CHECKING:
     import asyncio
 
-    from monarch_kernel.worker._actor_table import ActorEntry
-    from monarch_kernel.worker._dispatcher import Dispatcher
+    from monarch_kernel.worker._host import ActorEntry, DispatcherLike
 
 
-def event_loop(d: Dispatcher) -> asyncio.AbstractEventLoop:
+def event_loop(d: DispatcherLike) -> asyncio.AbstractEventLoop:
     """The event loop of async actors, started on first use (routing thread)."""
     if d._aloop is None:
         import asyncio
@@ -68,7 +67,7 @@ def _forget(running: dict[int, Any], call_id: int, _task: Any) -> None:
     running.pop(call_id, None)
 
 
-async def consume(d: Dispatcher, a: ActorEntry) -> None:
+async def consume(d: DispatcherLike, a: ActorEntry) -> None:
     """``a``'s consumer task: runs its messages one at a time (DISPATCH-1)."""
     import asyncio
 
@@ -97,7 +96,7 @@ async def consume(d: Dispatcher, a: ActorEntry) -> None:
             a.running.pop(call_id, None)
 
 
-async def _run_call(d: Dispatcher, a: ActorEntry, item: _native.Incoming) -> None:
+async def _run_call(d: DispatcherLike, a: ActorEntry, item: _native.Incoming) -> None:
     import asyncio
 
     token, call_id, method = item.token, item.call_id, item.method
@@ -126,7 +125,7 @@ async def _run_call(d: Dispatcher, a: ActorEntry, item: _native.Incoming) -> Non
 
 
 def cleanup_async(
-    d: Dispatcher, a: ActorEntry, hook: Callable[[Any], Any] | None, then: Callable[[], Any] | None = None
+    d: DispatcherLike, a: ActorEntry, hook: Callable[[Any], Any] | None, then: Callable[[], Any] | None = None
 ) -> None:
     """Ends async actor ``a`` (on the asyncio thread): see ``_end``; then ``then()``."""
     import asyncio
@@ -139,7 +138,7 @@ def cleanup_async(
     d._async_cleanups = [t for t in d._async_cleanups if not t.done()] + [task]
 
 
-async def _end(d: Dispatcher, a: ActorEntry, hook: Callable[[Any], Any] | None) -> None:
+async def _end(d: DispatcherLike, a: ActorEntry, hook: Callable[[Any], Any] | None) -> None:
     """ENDPOINT-2: the actor's concurrent tasks are cancelled and awaited, then its
     ``__cleanup__`` runs. Calls still queued for it are refused (never left
     without a reply), as a sync actor's are."""

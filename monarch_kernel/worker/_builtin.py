@@ -25,7 +25,7 @@ from monarch_kernel.worker import _debug, _output
 from monarch_kernel.worker._lanes import thread_stacks
 
 if TYPE_CHECKING:
-    from monarch_kernel.worker._dispatcher import Dispatcher
+    from monarch_kernel.worker._host import DispatcherLike
 
 
 class WorkerBuiltin(Actor):
@@ -35,7 +35,7 @@ class WorkerBuiltin(Actor):
     #: wait for the user (a debugging session), and the routing thread must not.
     OWN_THREAD = frozenset({"post_mortem"})
 
-    def __init__(self, dispatcher: Dispatcher) -> None:
+    def __init__(self, dispatcher: DispatcherLike) -> None:
         self._d = dispatcher
 
     @endpoint
@@ -106,7 +106,7 @@ class WorkerBuiltin(Actor):
 ENDPOINTS = frozenset(endpoints_of(WorkerBuiltin))
 
 
-def serve_builtin(d: Dispatcher, item: _native.Incoming) -> None:
+def serve_builtin(d: DispatcherLike, item: _native.Incoming) -> None:
     """A call to the built-in actor (``BUILTIN``), on the routing thread: its
     arguments unpickled as every call's, ``d.builtin``'s endpoint run here (or on a
     thread of its own, ``WorkerBuiltin.OWN_THREAD``) with the call's origin, and
@@ -129,7 +129,7 @@ def serve_builtin(d: Dispatcher, item: _native.Incoming) -> None:
 
 
 def _serve(
-    d: Dispatcher,
+    d: DispatcherLike,
     token: int,
     origin: str,
     method: str,
@@ -209,7 +209,7 @@ def usage() -> dict[str, Any]:
     return out
 
 
-def running_calls(d: Dispatcher) -> list[tuple[int, str, str]]:
+def running_calls(d: DispatcherLike) -> list[tuple[int, str, str]]:
     """What this worker's actors run now: (call id, ``actor.method``, where its code
     is: the innermost Python frame), for a caller whose call waits behind one."""
     frames = sys._current_frames()

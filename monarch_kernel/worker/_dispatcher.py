@@ -24,11 +24,14 @@ DISPATCH-4, in ``_actor_failure``: a BaseException that is no Exception ends the
 
 This file holds the dispatcher's state and its routing; each other concern is a
 file of functions that take the dispatcher first, bound below as its methods (so
-a call between them costs what a method call costs, and the files import each
-other without loops):
+a call between them costs what a method call costs). Those files type the
+dispatcher by ``_host.DispatcherLike``, what they use of it, never by
+``Dispatcher``: this file imports them, none imports it, and the imports go one
+way (mypy checks, at the end of this file, that ``Dispatcher`` is ``DispatcherLike``):
 
-- ``_actor_table``: the actors' records, spawning, replacing and stopping them, and
-  the worker's exit (STOP-1);
+- ``_host``: ``DispatcherLike``, and ``ActorEntry``, the record of an actor;
+- ``_actor_table``: which actor a call is for, spawning, replacing and stopping
+  actors, and the worker's exit (STOP-1);
 - ``_sync_actors``: a sync actor's calls, on its lane thread;
 - ``_async_actors``: the asyncio thread and the async actors' calls;
 - ``_interrupts``: cancels, and a second one ending the worker (INTERRUPT-2);
@@ -61,13 +64,15 @@ from monarch_kernel.worker import (
     _supervision,
     _sync_actors,
 )
-from monarch_kernel.worker._actor_table import ActorEntry
 from monarch_kernel.worker._async_actors import enqueue
 from monarch_kernel.worker._builtin import WorkerBuiltin, serve_builtin
+from monarch_kernel.worker._host import ActorEntry
 from monarch_kernel.worker._lanes import LaneThread
 
 if TYPE_CHECKING:
     import asyncio
+
+    from monarch_kernel.worker._host import DispatcherLike
 
 _SPAWN, _STOP, _CALL, _CANCEL = _native.KIND_SPAWN, _native.KIND_STOP, _native.KIND_CALL, _native.KIND_CANCEL
 _PORT = _native.KIND_PORT
@@ -172,5 +177,10 @@ class Dispatcher:
         elif kind == _CANCEL:
             self._cancel(item.call_id)
 
+
+if TYPE_CHECKING:
+    # The parts are typed by DispatcherLike: mypy fails here if Dispatcher, with
+    # their functions as its methods, is not that (a field renamed, a signature changed).
+    _is_dispatcher_like: type[DispatcherLike] = Dispatcher
 
 __all__ = ["Dispatcher"]

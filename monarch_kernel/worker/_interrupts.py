@@ -17,14 +17,13 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from monarch_kernel.worker._actor_table import ActorEntry
-    from monarch_kernel.worker._dispatcher import Dispatcher
+    from monarch_kernel.worker._host import ActorEntry, DispatcherLike
 
 #: A worker's exit status when a second interrupt ended it (INTERRUPT-2), as a shell's 128 + SIGINT.
 EXIT_INTERRUPTED = 130
 
 
-def cancel(d: Dispatcher, call_id: int) -> None:
+def cancel(d: DispatcherLike, call_id: int) -> None:
     running = _running(d, call_id) is not None  # only these count (INTERRUPT-2)
     for a in d.actors.values():
         if a.runner is not None:
@@ -49,7 +48,7 @@ def cancel(d: Dispatcher, call_id: int) -> None:
         threading.Thread(target=_escalate, args=(d, call_id), name="monarch-escalate", daemon=True).start()
 
 
-def _running(d: Dispatcher, call_id: int) -> str | None:
+def _running(d: DispatcherLike, call_id: int) -> str | None:
     """``actor.method``-ish name of what runs call ``call_id`` here, if anything does."""
     for a in list(d.actors.values()):
         if (a.runner is not None and a.runner.running_call == call_id) or call_id in a.running:
@@ -57,7 +56,7 @@ def _running(d: Dispatcher, call_id: int) -> str | None:
     return None
 
 
-def _escalate(d: Dispatcher, call_id: int, grace: float = 1.0) -> None:
+def _escalate(d: DispatcherLike, call_id: int, grace: float = 1.0) -> None:
     """INTERRUPT-2: a second interrupt of a call that still runs ``grace`` s later
     ends this worker (a thread stuck in C code cannot be stopped otherwise); the
     controller reports it dead, and ``procs.respawn()`` starts it again."""
@@ -77,7 +76,7 @@ def _escalate(d: Dispatcher, call_id: int, grace: float = 1.0) -> None:
     os._exit(EXIT_INTERRUPTED)
 
 
-def _break_async(d: Dispatcher, actors: list[ActorEntry], call_id: int, grace: float = 0.2) -> None:
+def _break_async(d: DispatcherLike, actors: list[ActorEntry], call_id: int, grace: float = 0.2) -> None:
     """A cancelled async call whose code does not await (a Python loop) holds the
     event loop, so ``task.cancel()`` never runs. If it still runs ``grace`` s later
     and is the loop's current task, CancelledError is raised in it, as the stop

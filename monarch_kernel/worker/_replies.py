@@ -15,13 +15,13 @@ from monarch_kernel.mesh._serial import dumps, dumps_exception
 from monarch_kernel.worker import _debug
 
 if TYPE_CHECKING:
-    from monarch_kernel.worker._dispatcher import Dispatcher
+    from monarch_kernel.worker._host import DispatcherLike
 
 #: Longest an actor waits for its caller to pull a large return value (XFER-2).
 REPLY_WAIT_S = 10.0
 
 
-def reply(d: Dispatcher, token: int, value: Any, what: str) -> list[int]:
+def reply(d: DispatcherLike, token: int, value: Any, what: str) -> list[int]:
     """Sends ``value`` back; the registrations of its large buffers that are this
     process's own memory, which the actor should not change before the caller
     has pulled them (XFER-2: see ``wait_read``)."""
@@ -37,7 +37,7 @@ def reply(d: Dispatcher, token: int, value: Any, what: str) -> list[int]:
     return live
 
 
-def reply_exception(d: Dispatcher, token: int, exc: BaseException | None, what: str | None) -> None:
+def reply_exception(d: DispatcherLike, token: int, exc: BaseException | None, what: str | None) -> None:
     assert exc is not None
     tb = exc.__traceback__
     # Drop the dispatcher's own frame: the user's code starts at the next one,
@@ -66,7 +66,7 @@ def reply_exception(d: Dispatcher, token: int, exc: BaseException | None, what: 
     d.server.reply(token, _native.REPLY_EXCEPTION, data, raws)
 
 
-def reject(d: Dispatcher, token: int, message: str) -> None:
+def reject(d: DispatcherLike, token: int, message: str) -> None:
     if token:
         d.server.reply(token, _native.REPLY_REJECTED, message.encode(), [])
 

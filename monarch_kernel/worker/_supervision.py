@@ -20,13 +20,13 @@ from monarch_kernel.mesh import _control
 from monarch_kernel.mesh._control import MeshFailure
 
 if TYPE_CHECKING:
-    from monarch_kernel.worker._dispatcher import Dispatcher
+    from monarch_kernel.worker._host import DispatcherLike
 
 #: This worker's mesh, as failures name it.
 _MESH = os.environ.get("MONARCH_MESH", "mesh")
 
 
-def actor_failed(d: Dispatcher, actor: str, message: str) -> None:
+def actor_failed(d: DispatcherLike, actor: str, message: str) -> None:
     """Supervision of a failure of ``actor`` (OWN-1): to the actor that spawned it
     (the port it gave, ``supervise``), else to this worker's controller, else (the
     controller's own ``this_proc()``) on stderr."""
@@ -45,7 +45,7 @@ def actor_failed(d: Dispatcher, actor: str, message: str) -> None:
         print(f"monarch: {message}", file=sys.stderr, flush=True)
 
 
-def supervise_owner(d: Dispatcher, actor: str, failure: Any, limit: float = 60.0) -> bool:
+def supervise_owner(d: DispatcherLike, actor: str, failure: Any, limit: float = 60.0) -> bool:
     """Runs ``actor.__supervise__(failure)`` in order with its messages (on its
     thread, or its event loop); whether it handled the failure (returned true)."""
     a = d.actors.get(actor)
@@ -93,7 +93,7 @@ def supervise_owner(d: Dispatcher, actor: str, failure: Any, limit: float = 60.0
     return bool(out[0])
 
 
-def send_up(d: Dispatcher, owner: str, mesh: str, failure: Any) -> None:
+def send_up(d: DispatcherLike, owner: str, mesh: str, failure: Any) -> None:
     """OWN-1: a failure of mesh ``mesh`` that its owner ``owner`` did not handle
     fails the owner, as in Monarch (DISPATCH-4: later calls to it say why), and goes
     up to its own supervisor as a failure of the owner."""

@@ -25,11 +25,10 @@ from monarch_kernel.worker._lanes import LaneThread, lane_threads
 from monarch_kernel.worker._replies import REPLY_WAIT_S
 
 if TYPE_CHECKING:
-    from monarch_kernel.worker._actor_table import ActorEntry
-    from monarch_kernel.worker._dispatcher import Dispatcher
+    from monarch_kernel.worker._host import ActorEntry, DispatcherLike
 
 
-def run_sync_item(d: Dispatcher, runner: LaneThread, item: _native.Incoming) -> None:
+def run_sync_item(d: DispatcherLike, runner: LaneThread, item: _native.Incoming) -> None:
     """Runs one call on its actor's thread ``runner`` and replies (DISPATCH-1, DISPATCH-2)."""
     token, call_id, method = item.token, item.call_id, item.method
     a = d._callee(token, item.actor, method, runner)
@@ -62,7 +61,7 @@ def run_sync_item(d: Dispatcher, runner: LaneThread, item: _native.Incoming) -> 
 
 
 def cleanup_sync(
-    d: Dispatcher, a: ActorEntry, hook: Callable[[Any], Any] | None, then: Callable[[], Any] | None = None
+    d: DispatcherLike, a: ActorEntry, hook: Callable[[Any], Any] | None, then: Callable[[], Any] | None = None
 ) -> None:
     """Ends sync actor ``a`` on its thread, after what it has queued: its
     ``__cleanup__``, the meshes it owns (OWN-1), ``then()``, its thread."""
@@ -76,7 +75,7 @@ def cleanup_sync(
     runner.submit(lambda: close_runner(d, runner))
 
 
-def close_runner(d: Dispatcher, runner: LaneThread) -> None:
+def close_runner(d: DispatcherLike, runner: LaneThread) -> None:
     """Ends ``runner``'s thread (on it); calls still queued for it are rejected."""
     runner.stopped = True
     lane_threads.discard(runner)
