@@ -17,7 +17,7 @@ from monarch_kernel import _native
 from monarch_kernel._wire import ACTOR_FAILED
 
 if TYPE_CHECKING:
-    from monarch_kernel.worker._host import ActorEntry, DispatcherLike
+    from monarch_kernel.worker._state import ActorEntry, DispatcherLike
 
 
 def fails_actor(e: BaseException) -> bool:

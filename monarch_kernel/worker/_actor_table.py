@@ -1,4 +1,4 @@
-"""The ``Dispatcher``'s table of actors (of ``_host.ActorEntry`` records): which
+"""The ``Dispatcher``'s table of actors (of ``_state.ActorEntry`` records): which
 actor a call is for, spawning one (the constructor), replacing and stopping it (its
 ``__cleanup__``), and stopping them all when the worker is stopped (STOP-1). The
 table is owned by the routing thread.
@@ -21,11 +21,11 @@ from monarch_kernel._wire import ACTOR_FAILED
 from monarch_kernel.actor import Context, Instance, _current, endpoints_of
 from monarch_kernel.mesh._shape import Extent, Point
 from monarch_kernel.worker import _output
-from monarch_kernel.worker._host import ActorEntry
+from monarch_kernel.worker._state import ActorEntry
 from monarch_kernel.worker._lanes import LaneThread, lane_threads
 
 if TYPE_CHECKING:
-    from monarch_kernel.worker._host import DispatcherLike
+    from monarch_kernel.worker._state import DispatcherLike
 
 # Methods the controller may call on an actor that defines them, endpoints or not.
 _HOOKS = frozenset({"__supervise__"})

@@ -33,7 +33,7 @@ from monarch_kernel.worker._replies import REPLY_WAIT_S
 if TYPE_CHECKING:
     import asyncio
 
-    from monarch_kernel.worker._host import ActorEntry, DispatcherLike
+    from monarch_kernel.worker._state import ActorEntry, DispatcherLike
 
 
 def event_loop(d: DispatcherLike) -> asyncio.AbstractEventLoop:

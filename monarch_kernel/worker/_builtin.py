@@ -25,7 +25,7 @@ from monarch_kernel.worker import _debug, _output
 from monarch_kernel.worker._lanes import thread_stacks
 
 if TYPE_CHECKING:
-    from monarch_kernel.worker._host import DispatcherLike
+    from monarch_kernel.worker._state import DispatcherLike
 
 
 class WorkerBuiltin(Actor):

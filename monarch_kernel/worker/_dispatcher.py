@@ -25,11 +25,11 @@ DISPATCH-4, in ``_actor_failure``: a BaseException that is no Exception ends the
 This file holds the dispatcher's state and its routing; each other concern is a
 file of functions that take the dispatcher first, bound below as its methods (so
 a call between them costs what a method call costs). Those files type the
-dispatcher by ``_host.DispatcherLike``, what they use of it, never by
+dispatcher by ``_state.DispatcherLike``, what they use of it, never by
 ``Dispatcher``: this file imports them, none imports it, and the imports go one
 way (mypy checks, at the end of this file, that ``Dispatcher`` is ``DispatcherLike``):
 
-- ``_host``: ``DispatcherLike``, and ``ActorEntry``, the record of an actor;
+- ``_state``: ``DispatcherLike``, and ``ActorEntry``, the record of an actor;
 - ``_actor_table``: which actor a call is for, spawning, replacing and stopping
   actors, and the worker's exit (STOP-1);
 - ``_sync_actors``: a sync actor's calls, on its lane thread;
@@ -66,13 +66,13 @@ from monarch_kernel.worker import (
 )
 from monarch_kernel.worker._async_actors import enqueue
 from monarch_kernel.worker._builtin import WorkerBuiltin, serve_builtin
-from monarch_kernel.worker._host import ActorEntry
+from monarch_kernel.worker._state import ActorEntry
 from monarch_kernel.worker._lanes import LaneThread
 
 if TYPE_CHECKING:
     import asyncio
 
-    from monarch_kernel.worker._host import DispatcherLike
+    from monarch_kernel.worker._state import DispatcherLike
 
 _SPAWN, _STOP, _CALL, _CANCEL = _native.KIND_SPAWN, _native.KIND_STOP, _native.KIND_CALL, _native.KIND_CANCEL
 _PORT = _native.KIND_PORT

@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from monarch_kernel.worker._host import ActorEntry, DispatcherLike
+    from monarch_kernel.worker._state import ActorEntry, DispatcherLike
 
 #: A worker's exit status when a second interrupt ended it (INTERRUPT-2), as a shell's 128 + SIGINT.
 EXIT_INTERRUPTED = 130

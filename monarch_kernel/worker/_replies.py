@@ -15,7 +15,7 @@ from monarch_kernel.mesh._serial import dumps, dumps_exception
 from monarch_kernel.worker import _debug
 
 if TYPE_CHECKING:
-    from monarch_kernel.worker._host import DispatcherLike
+    from monarch_kernel.worker._state import DispatcherLike
 
 #: Longest an actor waits for its caller to pull a large return value (XFER-2).
 REPLY_WAIT_S = 10.0

@@ -20,7 +20,7 @@ from monarch_kernel.mesh import _control
 from monarch_kernel.mesh._control import MeshFailure
 
 if TYPE_CHECKING:
-    from monarch_kernel.worker._host import DispatcherLike
+    from monarch_kernel.worker._state import DispatcherLike
 
 #: This worker's mesh, as failures name it.
 _MESH = os.environ.get("MONARCH_MESH", "mesh")

@@ -25,7 +25,7 @@ from monarch_kernel.worker._lanes import LaneThread, lane_threads
 from monarch_kernel.worker._replies import REPLY_WAIT_S
 
 if TYPE_CHECKING:
-    from monarch_kernel.worker._host import ActorEntry, DispatcherLike
+    from monarch_kernel.worker._state import ActorEntry, DispatcherLike
 
 
 def run_sync_item(d: DispatcherLike, runner: LaneThread, item: _native.Incoming) -> None:
