@@ -111,7 +111,7 @@ def main() -> None:
     print(f"{'':<12} " + " ".join(f"{k:>11}" for k in keys))
     for name, got in rows.items():
         med = {k: statistics.median(v) for k, v in got.items()}
-        print(f"{name:<12} " + " ".join(f"{med[k]:>11,.0f}" for k in keys))
+        print(f"{name:<12} " + " ".join(f"{med[k]:>11,.0f}" if k in med else f"{'n/a':>11}" for k in keys))
 
 
 if __name__ == "__main__":

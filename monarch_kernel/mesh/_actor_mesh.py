@@ -115,10 +115,10 @@ class Endpoint(Generic[R]):
         #: Where its calls go, converted once (the native side keeps it).
         self._target = _native.Endpoint(mesh._name, name, mesh._labels, mesh._sizes)
         self._positional = _positional_range(self._signature)
-
-    @property
-    def _what(self) -> str:
-        return f"{self._mesh._name}.{self._name}"
+        # Made once, not per call (the call path reads them on every call).
+        self._what = f"{mesh._name}.{name}"
+        self._args_what = f"arguments of {self._what}"
+        self._explicit: bool = prop._explicit_response_port
 
     def _send(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], local: list[int], oneway: bool
@@ -141,7 +141,7 @@ class Endpoint(Generic[R]):
         regs: list[int] = []
         live: list[int] = []
         payload, buffers = dumps(
-            (args, kwargs), f"arguments of {self._what}", mesh._proc.token, len(local), regs, live
+            (args, kwargs), self._args_what, mesh._proc.token, len(local), regs, live
         )
         origin = _origin.current()
         if origin:
@@ -175,10 +175,6 @@ class Endpoint(Generic[R]):
                     cancel_calls(calls)
                 raise
         return calls
-
-    @property
-    def _explicit(self) -> bool:
-        return self._prop._explicit_response_port
 
     def _answered(
         self, local: list[int], args: tuple[Any, ...], kwargs: dict[str, Any], expected: int, finish: Any
@@ -235,8 +231,9 @@ class Endpoint(Generic[R]):
             return self._answered([i], args, kwargs, 1, lambda got: _port.value_of(got[0]))
         (c,) = self._send(args, kwargs, [i], False)
         proc = self._mesh._proc
-        finish = _finish_one(proc, shape.ranks[i], Point(i, shape.extent), self._what)
-        return Future(_calls=[c], _finish=finish, _where=(proc.name, self._what, (shape.ranks[i],)))
+        what = self._what
+        finish = _finish_one(proc, shape.ranks[i], Point(i, shape.extent), what)
+        return Future(_calls=[c], _finish=finish, _where=(proc.name, what, (shape.ranks[i],)))
 
     def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
         """Calls the one actor of a single-actor mesh (slice first if needed)."""

@@ -97,7 +97,8 @@ def drop_when_done(calls: list[Any], ids: list[int]) -> None:
     """XFER-1 for calls: once every call has its reply (or failed), the receivers are
     done with the registrations ``ids``, released or not (a receiver that died never
     releases): they end. Hooked on the calls in native code; no Python runs then."""
-    _native.xfer_drop_when_done(calls, ids)
+    if ids:  # (most calls register nothing: no crossing into native code for them)
+        _native.xfer_drop_when_done(calls, ids)
 
 
 def wait_read(
