@@ -140,9 +140,7 @@ class Endpoint(Generic[R]):
             conns = [conns[i] for i in local]
         regs: list[int] = []
         live: list[int] = []
-        payload, buffers = dumps(
-            (args, kwargs), self._args_what, mesh._proc.token, len(local), regs, live
-        )
+        payload, buffers = dumps((args, kwargs), self._args_what, mesh._proc.token, len(local), regs, live)
         origin = _origin.current()
         if origin:
             _origin.touched.add(mesh._proc.name)

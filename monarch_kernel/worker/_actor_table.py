@@ -21,8 +21,8 @@ from monarch_kernel._wire import ACTOR_FAILED
 from monarch_kernel.actor import Context, Instance, _current, endpoints_of
 from monarch_kernel.mesh._shape import Extent, Point
 from monarch_kernel.worker import _output
-from monarch_kernel.worker._state import ActorEntry
 from monarch_kernel.worker._lanes import LaneThread, lane_threads
+from monarch_kernel.worker._state import ActorEntry
 
 if TYPE_CHECKING:
     from monarch_kernel.worker._state import DispatcherLike

@@ -66,8 +66,8 @@ from monarch_kernel.worker import (
 )
 from monarch_kernel.worker._async_actors import enqueue
 from monarch_kernel.worker._builtin import WorkerBuiltin, serve_builtin
-from monarch_kernel.worker._state import ActorEntry
 from monarch_kernel.worker._lanes import LaneThread
+from monarch_kernel.worker._state import ActorEntry
 
 if TYPE_CHECKING:
     import asyncio
