@@ -98,7 +98,6 @@ def call(
     ranks: list[int],
     payload: bytes,
     buffers: list[memoryview],
-    *,
     oneway: bool = False,
     origin: str = "",
 ) -> list[PendingCall]: ...
@@ -116,7 +115,6 @@ class Fanout:
         ranks: list[int],
         payload: bytes,
         buffers: list[memoryview],
-        *,
         oneway: bool = False,
         origin: str = "",
     ) -> list[PendingCall]: ...

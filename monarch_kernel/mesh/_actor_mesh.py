@@ -148,13 +148,10 @@ class Endpoint(Generic[R]):
             if mesh._proc.hosts and FAN_OUT:
                 procs = [mesh._shape.ranks[i] for i in local]
                 fan = mesh._proc.state().fanout(mesh._proc.hosts)
-                calls = fan.call(
-                    self._target, conns, procs, local, payload, buffers, oneway=oneway, origin=origin
-                )
+                calls = fan.call(self._target, conns, procs, local, payload, buffers, oneway, origin)
             else:
-                calls = _native.call(
-                    self._target, conns, local, payload, buffers, oneway=oneway, origin=origin
-                )
+                # (positional: pyo3 parses keyword arguments on every call)
+                calls = _native.call(self._target, conns, local, payload, buffers, oneway, origin)
         except BaseException:
             _buffers.drop_now(regs)  # nothing was sent: nobody will read them
             raise

@@ -242,7 +242,7 @@ impl PyEndpoint {
 /// GIL release); `ranks[i]` is the index of `conns[i]` within the called mesh.
 /// Returns the pending calls in the same order, or an empty list if `oneway`.
 #[pyfunction]
-#[pyo3(signature = (endpoint, conns, ranks, payload, buffers, *, oneway=false, origin=""))]
+#[pyo3(signature = (endpoint, conns, ranks, payload, buffers, oneway=false, origin=""))]
 #[allow(clippy::too_many_arguments)] // seven from Python, and the GIL token
 fn call(
     py: Python<'_>,
@@ -311,7 +311,7 @@ impl PyFanout {
     /// procs of its host through the host's agent (RELAY-1). `ranks[i]` is the index
     /// of `procs[i]` within the called mesh. Returns the pending calls in the order of
     /// `procs`, or an empty list if `oneway`.
-    #[pyo3(signature = (endpoint, conns, procs, ranks, payload, buffers, *, oneway=false, origin=""))]
+    #[pyo3(signature = (endpoint, conns, procs, ranks, payload, buffers, oneway=false, origin=""))]
     #[allow(clippy::too_many_arguments)] // eight from Python, and the GIL token
     fn call(
         &self,
