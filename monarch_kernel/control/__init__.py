@@ -9,10 +9,9 @@ from monarch_kernel.control._agent_client import (
     has_exited,
     worker_dict,
 )
-from monarch_kernel.control._events import WIDGET_MIME, ActorFailure, DisplayMessage, LineKind, Prompt
+from monarch_kernel.control._events import ActorFailure, DisplayMessage, LineKind, Prompt
 
 __all__ = [
-    "WIDGET_MIME",
     "WORKER_EXITED",
     "WORKER_RUNNING",
     "ActorFailure",

@@ -4,6 +4,7 @@ reach it; and this host's state folder, logs and room for workers."""
 
 from __future__ import annotations
 
+import math
 import os
 import resource
 import shutil
@@ -194,10 +195,7 @@ class LocalHost:
         from monarch_kernel.hosts._placement import placement_env
 
         env = placement_env(per_host)  # PLACE-1: checked before anything starts
-        nprocs = 1
-        for n in per_host.values():
-            nprocs *= n
-        check_room(nprocs)  # and whether the host can hold them
+        check_room(math.prod(per_host.values()))  # and whether the host can hold them
         return env
 
     def allocate(self, cfg: AgentConfig) -> Allocation:
