@@ -80,11 +80,15 @@ impl relay_server::Relay for Relay {
             0 => resume::random_id(),
             id => id,
         };
+        let seq = resume::stream_of(&req);
         let mut calls = req.into_inner();
         let (tx, rx) = mpsc::unbounded_channel::<Reply>();
         let (agent, in_flight) = (self.agent.clone(), self.in_flight.clone());
         let callers = self.callers.clone();
-        let (stream, knew) = callers.attach(caller, tx.clone());
+        let Some((stream, knew)) = callers.attach(caller, seq, tx.clone())
+        else {
+            return Err(resume::superseded());
+        };
         let rt = tokio::runtime::Handle::current();
         tokio::spawn(async move {
             let to = To {
@@ -95,7 +99,7 @@ impl relay_server::Relay for Relay {
             };
             while let Some(Ok(batch)) = calls.next().await {
                 if batch.resync {
-                    callers.resync(caller, &batch.waiting);
+                    callers.resync(caller, stream, &batch.waiting);
                 }
                 for call in batch.calls {
                     deliver(&rt, &agent, &in_flight, call, &to);

@@ -32,6 +32,11 @@ use tokio::sync::watch;
 
 /// The request metadata that names the caller (a [`WorkerConn`](super::client::WorkerConn)).
 pub const CALLER_HEADER: &str = "x-monarch-caller";
+/// The request metadata that numbers a caller's streams, in the order the caller opened
+/// them (RESUME-1): a stream the server reads late, after a newer one of its caller
+/// (an attempt the caller gave up on, or the broken stream's last messages), is stale
+/// whatever order the server happens to accept them in.
+pub const STREAM_HEADER: &str = "x-monarch-stream";
 /// The response metadata that names the server's process (its incarnation).
 pub const INCARNATION_HEADER: &str = "x-monarch-incarnation";
 /// The response metadata that says the server knew the caller before this stream
@@ -69,8 +74,11 @@ enum Entry {
 
 /// One caller: where its replies go now, and its calls not yet received.
 struct Caller {
-    /// The newest stream's sender and its number; None while no stream is open.
-    tx: Option<(u64, UnboundedSender<Reply>)>,
+    /// The newest stream's sender; None while it is closed (no stream open).
+    tx: Option<UnboundedSender<Reply>>,
+    /// The newest stream's number: only its calls are admitted, even once it has
+    /// closed (a message of an older stream read then is stale, not new).
+    newest: u64,
     /// Calls admitted and not yet received, by (call id, proc).
     calls: HashMap<(u64, u32), Entry>,
     /// Since when no stream has been open (RESUME-3).
@@ -145,22 +153,34 @@ fn key(call_id: u64, proc: Option<u32>) -> (u64, u32) {
 }
 
 impl Callers {
-    /// A new stream of `caller`: its replies go to `tx` from now on. Returns the
+    /// A new stream of `caller`, numbered `seq` by the caller ([`STREAM_HEADER`];
+    /// None: the server numbers it): its replies go to `tx` from now on. Returns the
     /// stream's number, for [`Callers::admit`] and [`Callers::detach`], and whether
-    /// the caller was known here before.
-    pub fn attach(&self, caller: u64, tx: UnboundedSender<Reply>) -> (u64, bool) {
-        let n = self.streams.fetch_add(1, Ordering::Relaxed) + 1;
+    /// the caller was known here before; None if the caller has opened a newer stream
+    /// already (this one is an older attempt read late: nothing of it is taken).
+    pub fn attach(
+        &self,
+        caller: u64,
+        seq: Option<u64>,
+        tx: UnboundedSender<Reply>,
+    ) -> Option<(u64, bool)> {
+        let n = seq.unwrap_or_else(|| self.streams.fetch_add(1, Ordering::Relaxed) + 1);
         let mut t = lock(&self.map);
         t.sweep();
         let knew = t.callers.contains_key(&caller);
         let c = t.callers.entry(caller).or_insert_with(|| Caller {
             tx: None,
+            newest: n,
             calls: HashMap::new(),
             idle_since: None,
         });
-        c.tx = Some((n, tx));
+        if knew && n < c.newest {
+            return None;
+        }
+        c.newest = n;
+        c.tx = Some(tx);
         c.idle_since = None;
-        (n, knew)
+        Some((n, knew))
     }
 
     /// Stream `n` of `caller` ended; if it was the newest, replies wait for the next.
@@ -170,7 +190,7 @@ impl Callers {
         let Some(c) = t.callers.get_mut(&caller) else {
             return;
         };
-        if c.tx.as_ref().is_some_and(|(m, _)| *m == n) {
+        if c.newest == n && c.tx.is_some() {
             c.tx = None;
             c.idle_since = Some(Instant::now());
         }
@@ -179,12 +199,15 @@ impl Callers {
     /// The first message of a resumed stream says which calls the caller still
     /// waits for (`waiting`): every other one is forgotten (its reply was received,
     /// though the message saying so was lost with the old stream; or the caller gave
-    /// up on it). A reply still to come for a forgotten call is sent, not kept.
-    pub fn resync(&self, caller: u64, waiting: &[u64]) {
+    /// up on it). A reply still to come for a forgotten call is sent, not kept. The
+    /// list of a stale stream (`stream` not the newest) is out of date: ignored.
+    pub fn resync(&self, caller: u64, stream: u64, waiting: &[u64]) {
         let keep: std::collections::HashSet<u64> = waiting.iter().copied().collect();
         let mut t = lock(&self.map);
         if let Some(c) = t.callers.get_mut(&caller) {
-            c.calls.retain(|(id, _), _| keep.contains(id));
+            if c.newest == stream {
+                c.calls.retain(|(id, _), _| keep.contains(id));
+            }
         }
     }
 
@@ -204,7 +227,7 @@ impl Callers {
         let Some(c) = t.callers.get_mut(&caller) else {
             return Admit::Run; // (a stream's calls can be read before its attach: none here)
         };
-        if c.tx.as_ref().is_some_and(|(n, _)| *n != stream) {
+        if stream != c.newest {
             return Admit::Stale;
         }
         if Self::replay(c, call_id, procs) {
@@ -235,7 +258,7 @@ impl Callers {
         {
             return false;
         }
-        if let Some((_, tx)) = &c.tx {
+        if let Some(tx) = &c.tx {
             for p in procs {
                 if let Some(Entry::Done(r)) = c.calls.get(&key(call_id, *p)) {
                     let _ = tx.send(r.clone());
@@ -255,7 +278,7 @@ impl Callers {
         if let MapEntry::Occupied(mut e) = c.calls.entry(key(reply.call_id, reply.proc)) {
             e.insert(Entry::Done(reply.clone()));
         }
-        if let Some((_, tx)) = &c.tx {
+        if let Some(tx) = &c.tx {
             let _ = tx.send(reply);
         }
     }
@@ -344,6 +367,12 @@ pub async fn reply_of(mut rx: watch::Receiver<Option<Reply>>) -> Option<Reply> {
         .and_then(|r| r.clone())
 }
 
+/// The answer to a stream opened after a newer one of its caller ([`Callers::attach`]):
+/// the caller gave it up already; nothing of it is taken.
+pub fn superseded() -> tonic::Status {
+    tonic::Status::aborted("a newer stream of this caller is open: this one is not taken (RESUME-1)")
+}
+
 /// The answer to a resent call the server does not know (RESUME-2).
 pub fn forgotten(call_id: u64, proc: Option<u32>) -> Reply {
     Reply {
@@ -361,11 +390,19 @@ pub fn forgotten(call_id: u64, proc: Option<u32>) -> Reply {
 
 /// The caller id a request names (0: none, so nothing is resumed).
 pub fn caller_of<T>(req: &tonic::Request<T>) -> u64 {
+    hex_header(req, CALLER_HEADER).unwrap_or(0)
+}
+
+/// The number the caller gave this stream ([`STREAM_HEADER`]), if it gave one.
+pub fn stream_of<T>(req: &tonic::Request<T>) -> Option<u64> {
+    hex_header(req, STREAM_HEADER)
+}
+
+fn hex_header<T>(req: &tonic::Request<T>, name: &str) -> Option<u64> {
     req.metadata()
-        .get(CALLER_HEADER)
+        .get(name)
         .and_then(|v| v.to_str().ok())
         .and_then(|s| u64::from_str_radix(s, 16).ok())
-        .unwrap_or(0)
 }
 
 impl Callers {
@@ -407,13 +444,13 @@ mod tests {
     fn a_resent_call_runs_once_and_its_reply_comes_again_on_the_new_stream() {
         let c = Callers::default();
         let (tx1, mut rx1) = mpsc::unbounded_channel();
-        let (s1, _) = c.attach(7, tx1);
+        let (s1, _) = c.attach(7, None, tx1).unwrap();
         assert_eq!(c.admit(7, s1, 1, &[None], false), Admit::Run);
         assert_eq!(c.admit(7, s1, 2, &[None], false), Admit::Run);
         c.detach(7, s1); // the connection broke
         c.reply(7, reply(1, None)); // answered while nobody listened
         let (tx2, mut rx2) = mpsc::unbounded_channel();
-        let (s2, _) = c.attach(7, tx2);
+        let (s2, _) = c.attach(7, None, tx2).unwrap();
         assert_eq!(c.admit(7, s2, 1, &[None], true), Admit::Known);
         assert_eq!(rx2.try_recv().unwrap().call_id, 1);
         assert_eq!(c.admit(7, s2, 2, &[None], true), Admit::Known); // still running
@@ -428,7 +465,7 @@ mod tests {
     fn a_resent_call_that_never_arrived_runs_once() {
         let c = Callers::default();
         let (tx, _rx) = mpsc::unbounded_channel();
-        let (s, _) = c.attach(7, tx);
+        let (s, _) = c.attach(7, None, tx).unwrap();
         assert_eq!(c.admit(7, s, 5, &[None], true), Admit::Run);
         assert_eq!(c.admit(7, s, 5, &[None], true), Admit::Known);
         assert_eq!(c.admit(7, s, 6, &[None], false), Admit::Run);
@@ -439,9 +476,9 @@ mod tests {
     fn a_call_read_late_from_an_older_stream_is_not_run() {
         let c = Callers::default();
         let (tx1, _rx1) = mpsc::unbounded_channel();
-        let (s1, _) = c.attach(7, tx1);
+        let (s1, _) = c.attach(7, None, tx1).unwrap();
         let (tx2, _rx2) = mpsc::unbounded_channel();
-        let (s2, _) = c.attach(7, tx2); // the caller resumed before the old stream ended
+        let (s2, _) = c.attach(7, None, tx2).unwrap(); // the caller resumed before the old stream ended
         assert_eq!(c.admit(7, s2, 3, &[None], true), Admit::Run);
         c.reply(7, reply(3, None));
         c.received(7, &[got(3, None)]);
@@ -453,23 +490,58 @@ mod tests {
     fn a_resync_forgets_what_the_caller_no_longer_waits_for() {
         let c = Callers::default();
         let (tx1, _rx1) = mpsc::unbounded_channel();
-        let (s1, _) = c.attach(7, tx1);
+        let (s1, _) = c.attach(7, None, tx1).unwrap();
         for id in 1..=3 {
             assert_eq!(c.admit(7, s1, id, &[None], false), Admit::Run);
             c.reply(7, reply(id, None));
         }
         // The message saying 1 and 2 were received was lost with the stream.
         let (tx2, _rx2) = mpsc::unbounded_channel();
-        let _ = c.attach(7, tx2);
-        c.resync(7, &[3]);
+        let (s2, _) = c.attach(7, None, tx2).unwrap();
+        c.resync(7, s1, &[]); // (an older stream's list is out of date: ignored)
+        assert_eq!(c.remembered(), 3);
+        c.resync(7, s2, &[3]);
         assert_eq!(c.remembered(), 1);
+    }
+
+    #[test]
+    fn a_call_read_from_an_older_stream_after_the_newest_closed_is_not_run() {
+        // The broken stream's last call is read only after its caller resumed on a
+        // newer stream, got the reply there, said so, and that stream closed too.
+        let c = Callers::default();
+        let (tx0, _rx0) = mpsc::unbounded_channel();
+        let (s0, _) = c.attach(7, Some(0), tx0).unwrap();
+        let (tx1, _rx1) = mpsc::unbounded_channel();
+        let (s1, _) = c.attach(7, Some(1), tx1).unwrap();
+        assert_eq!(c.admit(7, s1, 3, &[None], true), Admit::Run);
+        c.reply(7, reply(3, None));
+        c.received(7, &[got(3, None)]);
+        c.detach(7, s1);
+        assert_eq!(c.admit(7, s0, 3, &[None], false), Admit::Stale);
+        assert_eq!(c.remembered(), 0);
+    }
+
+    #[test]
+    fn an_attempt_accepted_after_a_newer_stream_of_its_caller_takes_nothing() {
+        // The server accepts its connections in any order after a stop: the caller's
+        // numbers, not the server's order, say which stream is the newest.
+        let c = Callers::default();
+        let (tx2, mut rx2) = mpsc::unbounded_channel();
+        let (s2, _) = c.attach(7, Some(2), tx2).unwrap();
+        let (tx1, mut rx1) = mpsc::unbounded_channel();
+        assert!(c.attach(7, Some(1), tx1).is_none());
+        c.detach(7, 1); // (the given-up attempt ends: the newest is still open)
+        assert_eq!(c.admit(7, s2, 4, &[None], true), Admit::Run);
+        c.reply(7, reply(4, None));
+        assert_eq!(rx2.try_recv().unwrap().call_id, 4);
+        assert!(rx1.try_recv().is_err());
     }
 
     #[test]
     fn a_resent_call_of_a_forgotten_caller_never_runs() {
         let c = Callers::default();
         let (tx, _rx) = mpsc::unbounded_channel();
-        let (s, _) = c.attach(4, tx);
+        let (s, _) = c.attach(4, None, tx).unwrap();
         assert_eq!(c.admit(4, s, 1, &[None], false), Admit::Run);
         c.detach(4, s);
         {
@@ -478,10 +550,10 @@ mod tests {
             idle.idle_since = Instant::now().checked_sub(FORGET_AFTER);
         }
         let (tx, _rx) = mpsc::unbounded_channel();
-        let _ = c.attach(5, tx); // any attach forgets the stale
+        let _ = c.attach(5, None, tx).unwrap(); // any attach forgets the stale
         assert_eq!(c.remembered(), 0);
         let (tx, _rx) = mpsc::unbounded_channel();
-        let (s, _) = c.attach(4, tx); // it comes back
+        let (s, _) = c.attach(4, None, tx).unwrap(); // it comes back
         assert_eq!(c.admit(4, s, 1, &[None], true), Admit::Forgotten);
         assert_eq!(c.admit(4, s, 2, &[None], false), Admit::Run); // new calls run
         assert_eq!(c.admit(4, s, 2, &[None], true), Admit::Known);
@@ -491,7 +563,7 @@ mod tests {
     fn a_fanned_call_is_remembered_per_proc() {
         let c = Callers::default();
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let (s, _) = c.attach(3, tx);
+        let (s, _) = c.attach(3, None, tx).unwrap();
         assert_eq!(c.admit(3, s, 9, &[Some(0), Some(1)], false), Admit::Run);
         c.reply(3, reply(9, Some(1)));
         assert_eq!(rx.try_recv().unwrap().proc, Some(1));
@@ -505,7 +577,7 @@ mod tests {
     fn a_known_call_is_answered_again_and_an_unknown_one_is_not_taken_for_it() {
         let c = Callers::default();
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let (s, _) = c.attach(1, tx);
+        let (s, _) = c.attach(1, None, tx).unwrap();
         assert!(!c.known(1, 5, &[None]));
         assert_eq!(c.admit(1, s, 5, &[None], false), Admit::Run);
         c.reply(1, reply(5, None));

@@ -141,11 +141,15 @@ impl Worker for Service {
             0 => resume::random_id(),
             id => id,
         };
+        let seq = resume::stream_of(&req);
         let mut calls = req.into_inner();
         let (tx, rx) = mpsc::unbounded_channel();
         let inbox = self.inbox.clone();
         let token = self.token.clone();
-        let (stream, knew) = inbox.callers.attach(caller, tx.clone());
+        let Some((stream, knew)) = inbox.callers.attach(caller, seq, tx.clone())
+        else {
+            return Err(resume::superseded());
+        };
         tokio::spawn(async move {
             loop {
                 let batch = tokio::select! {
@@ -156,7 +160,7 @@ impl Worker for Service {
                     _ = inbox.stopped() => break,
                 };
                 if batch.resync {
-                    inbox.callers.resync(caller, &batch.waiting);
+                    inbox.callers.resync(caller, stream, &batch.waiting);
                 }
                 for c in batch.calls {
                     inbox.received.fetch_add(1, Ordering::Relaxed);

@@ -7,7 +7,7 @@ use super::pending::{fail_all, Pending};
 use super::service::Client;
 use crate::proto::v1::{Call, Calls, Reply, ReplyKind};
 use crate::rpc::batch::Batched;
-use crate::rpc::resume::{CALLER_HEADER, INCARNATION_HEADER, KNEW_HEADER};
+use crate::rpc::resume::{CALLER_HEADER, INCARNATION_HEADER, KNEW_HEADER, STREAM_HEADER};
 use crate::rpc::RpcError;
 use crate::sync::lock;
 use std::collections::HashSet;
@@ -132,6 +132,9 @@ impl Link {
         let mut req = tonic::Request::new(out);
         if let Ok(v) = format!("{:x}", self.caller).parse() {
             req.metadata_mut().insert(CALLER_HEADER, v);
+        }
+        if let Ok(v) = format!("{:x}", st.streams).parse() {
+            req.metadata_mut().insert(STREAM_HEADER, v);
         }
         let mut c = self.client.clone();
         let opening = c.messages(req);
