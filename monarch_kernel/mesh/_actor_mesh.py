@@ -281,9 +281,6 @@ class Endpoint(Generic[R]):
         return f"<Endpoint {self._what}>"
 
 
-_SIGNATURES: dict[int, inspect.Signature] = {}
-
-
 def _positional_range(sig: inspect.Signature) -> tuple[int, int]:
     """How many positional arguments (``self`` included) a call may pass with no keywords
     and be sure to bind; (1, 0), an empty range, when keyword-only parameters without
@@ -301,10 +298,12 @@ def _positional_range(sig: inspect.Signature) -> tuple[int, int]:
 
 
 def _signature(prop: EndpointProperty[Any]) -> inspect.Signature:
-    key = id(prop)
-    sig = _SIGNATURES.get(key)
+    """The method's signature, read once per ``EndpointProperty`` and kept on it (not in
+    a table by ``id``: a property made by ``as_endpoint`` is freed after its call, and a
+    later one at the same address would find another method's signature)."""
+    sig: inspect.Signature | None = prop.__dict__.get("_call_signature")
     if sig is None:
-        sig = _SIGNATURES[key] = inspect.signature(prop._method)
+        sig = prop.__dict__["_call_signature"] = inspect.signature(prop._method)
     return sig
 
 

@@ -20,7 +20,7 @@ import traceback
 from typing import Any
 
 from monarch_kernel.actor import Actor, endpoint
-from monarch_kernel.mesh._shape import Extent, Point, Shape
+from monarch_kernel.mesh import Extent, Point, Shape
 from monarch_kernel.tensor import _commands as C
 
 #: A collective's dropped CPU result of at least this size is kept for the next
@@ -123,12 +123,14 @@ class TensorEngine(Actor):
 
     @endpoint
     def run(self, batch: list[tuple[Any, ...]]) -> None:
-        # Spares kept before this batch: used by it, or freed after it.
-        stale = {id(t) for kept in self.spare.values() for t in kept} if self.spare else None
+        # Spares kept before this batch: used by it, or freed after it. ``held`` keeps
+        # them alive through the batch, so no tensor made by it can take one's id.
+        held = [t for kept in self.spare.values() for t in kept]
         for cmd in batch:
             self._one(cmd)
-        if stale:
-            self._free_spares(stale)
+        if held:
+            self._free_spares({id(t) for t in held})
+        del held
 
     def _one(self, cmd: tuple[Any, ...]) -> None:
         kind = cmd[0]

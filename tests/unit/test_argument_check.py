@@ -35,3 +35,19 @@ def test_the_fast_check_agrees_with_bind(fn, n):
         binds = False
     if lo <= n <= hi:  # the fast path skips bind: it must be right to
         assert binds
+
+
+def test_each_endpoint_property_keeps_its_own_signature_when_an_earlier_one_is_freed():
+    """``as_endpoint`` makes a property per call and drops it after; a later property at
+    the freed one's address must still get its own method's signature (a table keyed by
+    ``id`` gave it the old method's, and calls failed with "too many positional
+    arguments")."""
+    from monarch_kernel.actor import EndpointProperty
+    from monarch_kernel.mesh._actor_mesh import _signature
+
+    def one(self, a): ...
+    def three(self, a, b, c): ...
+
+    for i in range(200):
+        fn = (one, three)[i % 2]
+        assert list(_signature(EndpointProperty(fn)).parameters) == list(inspect.signature(fn).parameters)
