@@ -56,9 +56,20 @@ if TYPE_CHECKING:
         RemoteException,
         SupervisionError,
     )
-    from monarch_kernel.hosts._admin import MeshInfo
-    from monarch_kernel.mesh import ActorMesh, Endpoint, Extent, Future, Point, ProcMesh, Shape, ValueMesh
-    from monarch_kernel.mesh._transfer_buffer import TransferBuffer, gather, scatter
+    from monarch_kernel.hosts import MeshInfo
+    from monarch_kernel.mesh import (
+        ActorMesh,
+        Endpoint,
+        Extent,
+        Future,
+        Point,
+        ProcMesh,
+        Shape,
+        TransferBuffer,
+        ValueMesh,
+        gather,
+        scatter,
+    )
     from monarch_kernel.tensor import (
         Stream,
         Tensor,
@@ -121,7 +132,7 @@ _LAZY: dict[str, str] = {
     "endpoint": "monarch_kernel.actor",
     "Extent": "monarch_kernel.mesh",
     "Future": "monarch_kernel.mesh",
-    "gather": "monarch_kernel.mesh._transfer_buffer",
+    "gather": "monarch_kernel.mesh",
     "get_or_spawn_controller": "monarch_kernel._compat",
     "gpu_direct_rdma_supported": "monarch_kernel._compat",
     "HostMesh": "monarch_kernel.controller",
@@ -130,7 +141,7 @@ _LAZY: dict[str, str] = {
     "list_meshes": "monarch_kernel.controller",
     "local_proc_mesh": "monarch_kernel._compat",
     "MeshFailure": "monarch_kernel.controller",
-    "MeshInfo": "monarch_kernel.hosts._admin",
+    "MeshInfo": "monarch_kernel.hosts",
     "MeshNotFoundError": "monarch_kernel.errors",
     "MeshOwnershipError": "monarch_kernel.errors",
     "MeshStoppedError": "monarch_kernel.errors",
@@ -140,10 +151,10 @@ _LAZY: dict[str, str] = {
     "PortReceiver": "monarch_kernel._compat",
     "proc_mesh": "monarch_kernel._compat",
     "ProcMesh": "monarch_kernel.mesh",
-    "RDMABuffer": "monarch_kernel.mesh._transfer_buffer:TransferBuffer",
+    "RDMABuffer": "monarch_kernel.mesh:TransferBuffer",
     "returns_future": "monarch_kernel._compat",
     "run_worker_loop_forever": "monarch_kernel._compat",
-    "scatter": "monarch_kernel.mesh._transfer_buffer",
+    "scatter": "monarch_kernel.mesh",
     "send": "monarch_kernel._compat",
     "Shape": "monarch_kernel.mesh",
     "shutdown_context": "monarch_kernel._compat",
@@ -151,7 +162,7 @@ _LAZY: dict[str, str] = {
     "SupervisionError": "monarch_kernel.errors",
     "this_host": "monarch_kernel.controller",
     "this_proc": "monarch_kernel.controller",
-    "TransferBuffer": "monarch_kernel.mesh._transfer_buffer",
+    "TransferBuffer": "monarch_kernel.mesh",
     "unhandled_fault_hook": "monarch_kernel._compat",
     "ValueMesh": "monarch_kernel.mesh",
 }

@@ -11,10 +11,15 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from monarch_kernel.actor import concurrent_endpoint
-from monarch_kernel.mesh._actor_mesh import Endpoint
-from monarch_kernel.mesh._control import unhandled_fault_hook
-from monarch_kernel.mesh._future import Future
-from monarch_kernel.mesh._port import Channel, Port, PortReceiver, RankedPortReceiver
+from monarch_kernel.mesh import (
+    Channel,
+    Endpoint,
+    Future,
+    Port,
+    PortReceiver,
+    RankedPortReceiver,
+    unhandled_fault_hook,
+)
 
 A = TypeVar("A")
 R = TypeVar("R")
@@ -78,7 +83,7 @@ def send(
 def _forward(calls: list[Any], local: list[int], decode: Callable[[Any, int], Any], port: Port[Any]) -> None:
     """``send(..., port=...)`` of a returning endpoint: each answer goes on ``port``
     as it comes, as its actor's rank."""
-    from monarch_kernel.mesh._future import wait_calls
+    from monarch_kernel.mesh import wait_calls
 
     for i, c in enumerate(calls):
         ranked: Port[Any] = Port(port._addr, port._token, port._id, port._once, local[i])
@@ -96,12 +101,12 @@ def get_or_spawn_controller(name: str, cls: type, *args: Any, **kwargs: Any) -> 
     ``cls(*args, **kwargs)`` on the root controller's ``this_proc()`` on first use;
     from any actor on any proc, the same one. The spawn never blocks an event loop
     that awaits it."""
-    from monarch_kernel.controller import _singletons
+    from monarch_kernel.controller import get_or_spawn_singleton
 
     async def spawn() -> Any:
         import asyncio
 
-        call = functools.partial(_singletons.get_or_spawn, name, cls, args, kwargs)
+        call = functools.partial(get_or_spawn_singleton, name, cls, args, kwargs)
         return await asyncio.get_running_loop().run_in_executor(None, call)
 
     return Future(coro=spawn())
@@ -113,7 +118,7 @@ def as_endpoint(
     """An endpoint of a method of a spawned actor that is not marked ``@endpoint``:
     ``as_endpoint(mesh.method).call(...)``."""
     from monarch_kernel.actor import EndpointProperty
-    from monarch_kernel.mesh._actor_mesh import NotAnEndpoint
+    from monarch_kernel.mesh import NotAnEndpoint
 
     if not isinstance(not_an_endpoint, NotAnEndpoint):
         raise ValueError("expected an method of a spawned actor")
@@ -138,7 +143,7 @@ def returns_future(function: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P,
 def shutdown_context() -> Future[None]:
     """Stops what this process started for its actors: its unnamed (ephemeral) meshes,
     as at exit. Named meshes keep running (``monarch-kernel down NAME`` stops them)."""
-    from monarch_kernel.controller._lifecycle import stop_all_ephemeral
+    from monarch_kernel.controller import stop_all_ephemeral
 
     stop_all_ephemeral()
     return Future._resolved(None)

@@ -9,8 +9,9 @@ from typing import Any
 
 
 def lazy_getattr(package: str, names: Mapping[str, str]) -> Callable[[str], Any]:
-    """A module ``__getattr__`` serving ``names`` (attribute -> ``module`` or
-    ``module:attribute`` for an alias), imported on first use and then cached in the
+    """A module ``__getattr__`` serving ``names`` (attribute -> ``module``,
+    ``module:attribute`` for an alias, or ``module:*`` for the module itself: a
+    namespace the package exports), imported on first use and then cached in the
     package's namespace."""
 
     def __getattr__(name: str) -> Any:
@@ -18,7 +19,8 @@ def lazy_getattr(package: str, names: Mapping[str, str]) -> Callable[[str], Any]
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         module, _, attr = module.partition(":")
-        value = getattr(importlib.import_module(module), attr or name)
+        loaded = importlib.import_module(module)
+        value = loaded if attr == "*" else getattr(loaded, attr or name)
         setattr(importlib.import_module(package), name, value)
         return value
 

@@ -24,6 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, overload
 
 from monarch_kernel.errors import MeshSpecError
+
+# (the mesh package's own modules: this module is of the mesh layer, and importing
+# the package's facade here would import it back through _actor_mesh)
 from monarch_kernel.mesh._role import here
 from monarch_kernel.mesh._shape import Extent, Point
 

@@ -15,7 +15,7 @@ import warnings
 
 
 def _ls(_args: argparse.Namespace) -> int:
-    from monarch_kernel.controller._admin import mesh_table
+    from monarch_kernel.controller import mesh_table
 
     for line in mesh_table():
         print(line)
@@ -23,7 +23,7 @@ def _ls(_args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
-    from monarch_kernel.controller._admin import down, left_running, plan_down_all
+    from monarch_kernel.controller import down, left_running, plan_down_all
 
     if args.all == bool(args.names):
         print("monarch-kernel down: give mesh names, or --all (not both)", file=sys.stderr)
@@ -53,7 +53,7 @@ def _down(args: argparse.Namespace) -> int:
 def _respawn(args: argparse.Namespace) -> int:
     import json
 
-    from monarch_kernel.controller._admin import respawn
+    from monarch_kernel.controller import respawn
     from monarch_kernel.errors import MonarchKernelError
 
     try:
@@ -79,7 +79,7 @@ def _confirm(question: str) -> bool:
 
 
 def _install(args: argparse.Namespace) -> int:
-    from monarch_kernel.kernel._install import install
+    from monarch_kernel.kernel import install
 
     if args.user and (args.sys_prefix or args.prefix):
         print("monarch-kernel install: give one of --user, --sys-prefix, --prefix", file=sys.stderr)

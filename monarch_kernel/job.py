@@ -86,13 +86,13 @@ class JobTrait(ABC):
         """Ends the job: stops every mesh spawned from it (from any process). A mesh
         whose agents cannot be reached from here is left running, and once the others
         are stopped its ``MeshUnreachableError`` says where it runs."""
-        from monarch_kernel.controller._lifecycle import stop_record
+        from monarch_kernel.controller import stop_record
         from monarch_kernel.errors import MeshUnreachableError
-        from monarch_kernel.hosts import _registry
+        from monarch_kernel.hosts import registry
 
         unreached: list[MeshUnreachableError] = []
-        for name in _registry.names():
-            rec = _registry.read(name)
+        for name in registry.names():
+            rec = registry.read(name)
             if rec is not None and rec.job.get("tag") == self._tag:
                 try:
                     stop_record(rec)

@@ -25,8 +25,16 @@ from monarch_kernel.errors import (
     SupervisionError,
 )
 
-#: Set by the monarch kernel as it starts: its Jupyter kernel id (OWNER-1).
+#: Set by the monarch kernel as it starts (``set_kernel_id``): its Jupyter kernel id
+#: (OWNER-1).
 KERNEL_ID: str | None = None
+
+
+def set_kernel_id(kernel_id: str | None) -> None:
+    """This controller is the Jupyter kernel ``kernel_id`` (None: a script), as the
+    agents it attaches to are told (OWNER-1)."""
+    global KERNEL_ID
+    KERNEL_ID = kernel_id
 
 
 def owner() -> dict[str, Any]:

@@ -1,13 +1,13 @@
 """The controller: this process's hold on the meshes it created or attached to.
 
-A mesh's *session* (``Session``) holds its lease, its epoch (fencing), its
+A mesh's *session* (``_session.Session``) holds its lease, its epoch (fencing), its
 supervision (deaths, heartbeats, failure hooks) and the commands a controller sends.
 This package is the controller's public face, for the Jupyter kernel and other
-front ends:
+front ends (which see a session only as a ``MeshSession``):
 
 - ``this_host()``, ``attach()``, ``list_meshes()``, ``this_proc()``: where proc
   meshes come from (also exported by ``monarch_kernel``);
-- ``session(name)`` / ``sessions()``: the sessions of this process;
+- ``session(name)`` / ``sessions()``: the sessions of this process (``MeshSession``);
 - ``set_frontend(Frontend(...))``: where worker output, failures, notices and slow
   waits go (the kernel shows them in the notebook); the lines a front end gets are
   typed by ``LineKind``, a display's payload decoded once as a ``DisplayMessage``;
@@ -25,20 +25,29 @@ CONTROL-1: importing this package installs it as this process's controller
 from __future__ import annotations
 
 from monarch_kernel.control import DisplayMessage, LineKind, Prompt
-from monarch_kernel.controller._admin import all_names, down, left_running, mesh_table, plan_down_all
+from monarch_kernel.controller._admin import (
+    all_names,
+    down,
+    down_one,
+    left_running,
+    mesh_table,
+    owner_text,
+    plan_down_all,
+    respawn,
+)
 from monarch_kernel.controller._cells import CELLS_ACTOR, run_cell, spmd_actors
 from monarch_kernel.controller._frontend import Frontend, frontend, set_frontend
 from monarch_kernel.controller._host_mesh import HostMesh, attach, list_meshes, this_host, this_proc
-from monarch_kernel.controller._lifecycle import session_for, stop_record
-from monarch_kernel.controller._session import Session, sessions_lock
+from monarch_kernel.controller._lifecycle import session_for, stop_all_ephemeral, stop_record
+from monarch_kernel.controller._mesh_session import MeshSession
 from monarch_kernel.controller._session import sessions as _by_name
+from monarch_kernel.controller._session import sessions_lock
+from monarch_kernel.controller._singletons import get_or_spawn as get_or_spawn_singleton
 from monarch_kernel.controller._supervision import MeshFailure
-from monarch_kernel.controller._view import view_of
+from monarch_kernel.controller._view import ask_workers, meshes_view, view_of
 from monarch_kernel.controller._waits import calls_of, describe_wait
-from monarch_kernel.hosts._admin import MeshInfo
-from monarch_kernel.mesh._buffers import prefer_huge_pages
-from monarch_kernel.mesh._future import escalate_interrupted, interrupt
-from monarch_kernel.mesh._role import install_controller
+from monarch_kernel.hosts import MeshInfo
+from monarch_kernel.mesh import escalate_interrupted, install_controller, interrupt, prefer_huge_pages
 from monarch_kernel.torch import BACKENDS as TORCH_BACKENDS
 
 
@@ -52,13 +61,13 @@ class _Controller:
 install_controller(_Controller())
 
 
-def session(name: str) -> Session | None:
+def session(name: str) -> MeshSession | None:
     """This process's live session of mesh ``name``, if it controls it."""
     s = _by_name.get(name)
     return s if s is not None and not s.closed else None
 
 
-def sessions() -> list[Session]:
+def sessions() -> list[MeshSession]:
     """This process's sessions, live or closed, oldest first."""
     return list(_by_name.values())
 
@@ -73,12 +82,19 @@ __all__ = [
     "HostMesh",
     "MeshFailure",
     "MeshInfo",
-    "Session",
+    "MeshSession",
     "all_names",
     "attach",
     "calls_of",
     "describe_wait",
     "down",
+    "down_one",
+    "get_or_spawn_singleton",
+    "ask_workers",
+    "meshes_view",
+    "owner_text",
+    "respawn",
+    "stop_all_ephemeral",
     "escalate_interrupted",
     "frontend",
     "interrupt",

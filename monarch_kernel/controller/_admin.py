@@ -11,9 +11,8 @@ from monarch_kernel.controller._lifecycle import attach_session, stop_record
 from monarch_kernel.controller._session import sessions
 from monarch_kernel.controller._view import mesh_view
 from monarch_kernel.errors import MeshNotFoundError, MeshOwnershipError, MeshUnreachableError
-from monarch_kernel.hosts import _registry
-from monarch_kernel.hosts._admin import MeshInfo, list_meshes, mesh_info
-from monarch_kernel.mesh._proc_mesh import SPAWN_TIMEOUT
+from monarch_kernel.hosts import MeshInfo, list_meshes, mesh_info, registry
+from monarch_kernel.mesh import SPAWN_TIMEOUT
 
 _COLUMNS = ("NAME", "PROCS", "ALIVE", "CONTROLLER", "EPOCH", "IDLE TIMEOUT", "AGE", "AGENT PID", "HOSTS")
 
@@ -102,7 +101,7 @@ def down_one(name: str) -> str:
     """Stops the mesh ``name`` as an administrator; what happened. Raises
     ``MeshNotFoundError`` when it does not run, and ``MeshUnreachableError`` when its
     agents cannot be reached from here (it is left running, with its state file)."""
-    rec = _registry.read(name)
+    rec = registry.read(name)
     if rec is None:
         raise MeshNotFoundError(f"no mesh named {name!r} is running (see monarch-kernel ls)")
     if stop_record(rec):
@@ -149,7 +148,7 @@ def respawn(name: str) -> list[int]:
 
 def all_names() -> list[str]:
     """The names of every mesh with a state file."""
-    return _registry.names()
+    return registry.names()
 
 
 def plan_down_all(force: bool) -> tuple[list[str], list[tuple[str, str]]]:

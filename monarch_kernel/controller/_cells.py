@@ -5,16 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from monarch_kernel.controller._session import Session
-from monarch_kernel.mesh._actor_mesh import ActorMesh
-from monarch_kernel.mesh._future import Future
-from monarch_kernel.worker._spmd import MeshCells
+from monarch_kernel.controller._mesh_session import MeshSession
+from monarch_kernel.mesh import ActorMesh, Future
+from monarch_kernel.worker import MeshCells
 
 #: The name of the SPMD actor mesh (``%%mesh``, ``%mesh push``/``pull``).
 CELLS_ACTOR = "__mesh_cells__"
 
 
-def spmd_actors(session: Session) -> ActorMesh[Any]:
+def spmd_actors(session: MeshSession) -> ActorMesh[Any]:
     """The ``MeshCells`` actors on every proc of ``session``'s mesh, spawned on first use."""
     procs = session.procs()
     if CELLS_ACTOR in session.records:
@@ -23,7 +22,7 @@ def spmd_actors(session: Session) -> ActorMesh[Any]:
     return actors
 
 
-def run_cell(session: Session, ranks: list[int], source: str, filename: str) -> list[Future[Any]]:
+def run_cell(session: MeshSession, ranks: list[int], source: str, filename: str) -> list[Future[Any]]:
     """Runs ``source`` (named ``filename`` in tracebacks) on procs ``ranks`` of the
     mesh, in one native call; one Future per rank (the repr of the cell's value, or
     None)."""

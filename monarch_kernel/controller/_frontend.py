@@ -10,12 +10,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from monarch_kernel.control import _agent_client
-from monarch_kernel.mesh import _future
-from monarch_kernel.mesh._control import MeshFailure
+from monarch_kernel.control import set_kernel_id
+from monarch_kernel.mesh import MeshFailure, set_slow_wait
 
 if TYPE_CHECKING:
-    from monarch_kernel.controller._held import HeldMesh
+    from monarch_kernel.controller._mesh_session import MeshSession
 
 
 @dataclass(frozen=True)
@@ -25,7 +24,7 @@ class Frontend:
 
     #: A line of worker output: ``(session, line)``, the line being the agent's
     #: ``LogLine`` (rank, stream, text, origin). None: printed as ``[mesh rank] text``.
-    on_line: Callable[[HeldMesh, Any], None] | None = None
+    on_line: Callable[[MeshSession, Any], None] | None = None
     #: A failure that no ``on_failure`` callback or ``__supervise__`` hook handled.
     #: None: one line on stderr.
     on_failure: Callable[[MeshFailure], None] | None = None
@@ -74,8 +73,8 @@ def progress(total: int, what: str) -> Any:
 def set_frontend(frontend: Frontend) -> None:
     """Installs ``frontend`` for every mesh of this process (replacing any before)."""
     _current[0] = frontend
-    _future.set_slow_wait(frontend.slow_wait)
-    _agent_client.KERNEL_ID = frontend.kernel_id
+    set_slow_wait(frontend.slow_wait)
+    set_kernel_id(frontend.kernel_id)
 
 
 def frontend() -> Frontend:

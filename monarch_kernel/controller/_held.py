@@ -1,6 +1,6 @@
-"""What a session is to the parts of the controller it holds (its supervisor) and to
-front ends (the lines they are handed): ``HeldMesh``, a protocol ``Session``
-satisfies. Those modules take this, not ``Session``, so that they and the session's
+"""What a session is to the parts of the controller it holds (its supervisor):
+``HeldMesh``, a protocol ``Session`` satisfies (front ends see less of it:
+``MeshSession``). Those modules take this, not ``Session``, so that they and the session's
 module do not import each other (not even for types)."""
 
 from __future__ import annotations
@@ -8,14 +8,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from monarch_kernel.control._group import AgentGroup
-from monarch_kernel.hosts._registry import MeshRecord
-from monarch_kernel.mesh._control import MeshFailure
-from monarch_kernel.mesh._proc_ref import MeshState
+from monarch_kernel.control import AgentGroup
+from monarch_kernel.hosts import MeshRecord
+from monarch_kernel.mesh import MeshFailure, MeshState
 
 
 class HeldMesh(Protocol):
-    """A mesh this process holds (``Session``): what its supervisor and front ends use."""
+    """A mesh this process holds (``Session``): what its supervisor uses."""
 
     name: str
     token: str

@@ -12,12 +12,9 @@ from monarch_kernel.actor import _ROOT, CREATOR_ENV, Actor, _current, endpoint
 from monarch_kernel.controller._lifecycle import attach_session, get_or_create
 from monarch_kernel.controller._this_proc import this_proc
 from monarch_kernel.errors import MeshSpecError
-from monarch_kernel.hosts import Allocator, LocalHost, _admin
-from monarch_kernel.hosts._admin import MeshInfo
-from monarch_kernel.hosts._placement import HOSTS_DIM
-from monarch_kernel.mesh import _control
-from monarch_kernel.mesh._proc_mesh import ProcMesh
-from monarch_kernel.mesh._shape import Extent, MeshTrait, Shape
+from monarch_kernel.hosts import HOSTS_DIM, Allocator, LocalHost, MeshInfo
+from monarch_kernel.hosts import list_meshes as _mesh_infos
+from monarch_kernel.mesh import Extent, MeshTrait, ProcMesh, Shape, adopt
 
 
 def _check_per_host(per_host: Mapping[str, int] | None) -> dict[str, int]:
@@ -103,7 +100,7 @@ class HostMesh(MeshTrait):
             allocator=self._allocator,
         )
         if session.rec.ephemeral:  # OWN-1: made by an actor, it is that actor's
-            _control.adopt(session.name, lambda: session.stop(timeout=10))
+            adopt(session.name, lambda: session.stop(timeout=10))
         procs = ProcMesh(session.ref, Shape.of(session.sizes))
         if bootstrap is not None:
             try:
@@ -158,7 +155,7 @@ def list_meshes() -> list[MeshInfo]:
     """The running meshes this user can attach to, as ``MeshInfo`` records (name,
     procs, alive, owner_epoch, attached, ...). State files of meshes that are gone are
     removed, with a warning."""
-    return _admin.list_meshes()
+    return _mesh_infos()
 
 
 __all__ = ["HostMesh", "attach", "list_meshes", "this_host", "this_proc"]

@@ -19,7 +19,7 @@ from typing import Any
 from monarch_kernel import _native
 from monarch_kernel._caller import user_stacklevel
 from monarch_kernel._shutdown import Stage, shutdown
-from monarch_kernel.control._group import AgentGroup
+from monarch_kernel.control import AgentGroup
 from monarch_kernel.controller._frontend import progress as frontend_progress
 from monarch_kernel.controller._session import Session, sessions, sessions_lock
 from monarch_kernel.controller._singletons import ROOT_ENV, root_address
@@ -31,19 +31,21 @@ from monarch_kernel.errors import (
     MonarchKernelError,
 )
 from monarch_kernel.hosts import (
+    HOSTS_DIM,
     AgentConfig,
     AgentProcess,
     Allocator,
     LocalHost,
-    _registry,
+    MeshRecord,
+    connect,
+    group_of,
+    host_id,
     new_tls_identity,
+    registry,
     release,
+    stop_unowned,
 )
-from monarch_kernel.hosts._admin import connect, group_of, stop_unowned
-from monarch_kernel.hosts._host_id import host_id
-from monarch_kernel.hosts._placement import HOSTS_DIM
-from monarch_kernel.hosts._registry import MeshRecord
-from monarch_kernel.mesh._proc_ref import ProcRef
+from monarch_kernel.mesh import ProcRef
 
 #: Default idle timeout of a named mesh: how long it waits for a controller.
 DEFAULT_IDLE_TIMEOUT = 24 * 3600.0
@@ -80,7 +82,7 @@ def attach_record(rec: MeshRecord) -> Session:
             _native.set_mesh_ca(rec.token, rec.ca)
         client = connect(rec)
         if client is None:
-            _registry.remove_if_ours(rec.name, rec.token)
+            registry.remove_if_ours(rec.name, rec.token)
             raise MeshNotFoundError(
                 f"mesh {rec.name!r} is not running: its host agent (pid {rec.agent_pid}, {rec.agent_addr}) is "
                 "gone, and its state file was removed. Start it again with "
@@ -90,7 +92,7 @@ def attach_record(rec: MeshRecord) -> Session:
         # fenced, or nobody would be left in control (the write after can still fail on a
         # disk that fills meanwhile: then the attach stands, and the file keeps the old epoch).
         try:
-            _registry.write(rec)
+            registry.write(rec)
         except MeshStateError:
             client.close()
             raise
@@ -106,11 +108,11 @@ def attach_record(rec: MeshRecord) -> Session:
             old.detach()
         rec.epoch = session.epoch
         try:
-            _registry.write(rec)
+            registry.write(rec)
         except MeshStateError as e:
             warnings.warn(
                 f"{e} (this controller owns the mesh all the same)",
-                _registry.MeshStateWarning,
+                registry.MeshStateWarning,
                 stacklevel=user_stacklevel(),
             )
         sessions[rec.name] = session
@@ -176,7 +178,7 @@ def create(
         state_home=os.environ.get("XDG_STATE_HOME", "") if remote else "",
         # REGISTRY-2: an agent of this host lists the mesh itself as soon as it listens,
         # so no error or interrupt after it starts leaves it unlisted.
-        state_file="" if remote else str(_registry.path_of(mesh_name)),
+        state_file="" if remote else str(registry.path_of(mesh_name)),
         record=None if remote else dataclasses.asdict(first),
     )
     allocation = allocator.allocate(cfg)
@@ -210,7 +212,7 @@ def create(
         release(allocation.job)
         if allocation.process is not None:
             allocation.process.wait(10)
-        _registry.remove_if_ours(mesh_name, token)
+        registry.remove_if_ours(mesh_name, token)
 
     where = f" on {nhosts} hosts" if nhosts is not None else ""
     return _bring_up(
@@ -238,7 +240,7 @@ def _bring_up(
     epoch; on any failure, an interrupt too, stops the agents and runs ``undo``:
     nothing may be left running that no state file names."""
     try:
-        _registry.write(rec)  # listed from the first moment: nothing runs unlisted
+        registry.write(rec)  # listed from the first moment: nothing runs unlisted
         epoch = client.attach()[0].epoch
         nprocs = sum(link.nprocs for link in client.links)
         workers = _showing_progress(
@@ -251,7 +253,7 @@ def _bring_up(
         )
         rec = dataclasses.replace(rec, epoch=epoch)
         session = Session(rec, client, epoch, workers, [], agent)
-        _registry.write(rec)
+        registry.write(rec)
     except BaseException:
         try:
             client.shutdown()
@@ -354,10 +356,10 @@ def get_or_create(
 
     if name is None:
         return new(None)
-    _registry.check_name(name)
+    registry.check_name(name)
     spec = _spec(allocator, sizes, env)
-    with _registry.locked(name):
-        rec = _registry.read(name, wait_restore=RESTORE_WAIT_S)
+    with registry.locked(name):
+        rec = registry.read(name, wait_restore=RESTORE_WAIT_S)
         if rec is not None:
             mine = sessions.get(name)
             if rec.spec == spec:
@@ -369,7 +371,7 @@ def get_or_create(
                     pass  # stale: create it anew below
             elif not replace:
                 if connect(rec) is None:
-                    _registry.remove_if_ours(rec.name, rec.token)
+                    registry.remove_if_ours(rec.name, rec.token)
                 else:
                     raise MeshSpecError(
                         f"mesh {name!r} is running with {_spec_text(rec.spec)}, not {_spec_text(spec)}. Pass "
@@ -400,11 +402,11 @@ def stop_record(rec: MeshRecord) -> bool:
 
 def attach_session(name: str) -> Session:
     """Attaches to the running mesh ``name`` (see ``attach_record``)."""
-    _registry.check_name(name)
-    with _registry.locked(name):
-        rec = _registry.read(name, wait_restore=RESTORE_WAIT_S)
+    registry.check_name(name)
+    with registry.locked(name):
+        rec = registry.read(name, wait_restore=RESTORE_WAIT_S)
         if rec is None:
-            running = ", ".join(repr(n) for n in _registry.names()) or "none"
+            running = ", ".join(repr(n) for n in registry.names()) or "none"
             raise MeshNotFoundError(
                 f"no mesh named {name!r} is running (running: {running}). Create it with "
                 f"this_host().spawn_procs(per_host={{'procs': N}}, name={name!r})."

@@ -21,9 +21,15 @@ from typing import Any
 from monarch_kernel import _native, _origin
 from monarch_kernel._caller import user_stacklevel
 from monarch_kernel._wire import BUILTIN
-from monarch_kernel.control import ActorFailure, DisplayMessage, LineKind, has_exited
-from monarch_kernel.control._agent_client import check_tail
-from monarch_kernel.control._group import AgentGroup, HostLink
+from monarch_kernel.control import (
+    ActorFailure,
+    AgentGroup,
+    DisplayMessage,
+    HostLink,
+    LineKind,
+    check_tail,
+    has_exited,
+)
 from monarch_kernel.controller._frontend import frontend
 from monarch_kernel.controller._supervision import MeshFailure, Supervisor
 from monarch_kernel.errors import (
@@ -33,18 +39,19 @@ from monarch_kernel.errors import (
     MonarchKernelError,
     SupervisionError,
 )
-from monarch_kernel.hosts import AgentProcess, _registry
-from monarch_kernel.hosts._admin import agent_alive
-from monarch_kernel.hosts._allocator import end_reason, release
-from monarch_kernel.hosts._registry import MeshRecord
-from monarch_kernel.mesh._actor_mesh import decode_reply
-from monarch_kernel.mesh._buffers import know_token
-from monarch_kernel.mesh._builtin import call_builtin
-from monarch_kernel.mesh._future import Future
-from monarch_kernel.mesh._proc_mesh import ProcMesh
-from monarch_kernel.mesh._proc_ref import MeshState, ProcRef
-from monarch_kernel.mesh._serial import loads
-from monarch_kernel.mesh._shape import Extent, Shape
+from monarch_kernel.hosts import AgentProcess, MeshRecord, agent_alive, end_reason, registry, release
+from monarch_kernel.mesh import (
+    Extent,
+    Future,
+    MeshState,
+    ProcMesh,
+    ProcRef,
+    Shape,
+    call_builtin,
+    decode_reply,
+    know_token,
+    loads,
+)
 from monarch_kernel.torch import DIST_ACTOR
 from monarch_kernel.torch import rejoin as torch_rejoin
 from monarch_kernel.torch import setup as torch_setup
@@ -218,7 +225,7 @@ class Session:
 
     def forget_record(self) -> None:
         """Removes the mesh's state file, if it is still this mesh's."""
-        _registry.remove_if_ours(self.name, self.token)
+        registry.remove_if_ours(self.name, self.token)
 
     # -- commands ------------------------------------------------------------------------
 
@@ -324,7 +331,7 @@ class Session:
         # would have them wait for it).
         self.state.ref.abandon_calls(f"mesh {self.name!r} was stopped")
         release(self.rec.job)
-        _registry.remove_if_ours(self.name, self.token)
+        registry.remove_if_ours(self.name, self.token)
         if self.agent is not None:
             self.agent.wait(timeout)
 
@@ -369,13 +376,13 @@ class Session:
 
     def activate(self, procs: ProcMesh) -> Any:
         """``ProcMesh.activate`` (see ``monarch_kernel.tensor``)."""
-        from monarch_kernel.tensor._activate import activate
+        from monarch_kernel.tensor import activate
 
         return activate(procs)
 
     def rank_tensor(self, procs: ProcMesh, dims: Any) -> Any:
         """``ProcMesh.rank_tensor`` (see ``monarch_kernel.tensor``)."""
-        from monarch_kernel.tensor._ops import rank_tensor
+        from monarch_kernel.tensor import rank_tensor
 
         return rank_tensor(procs, dims)
 

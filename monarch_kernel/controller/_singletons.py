@@ -17,10 +17,7 @@ from typing import Any
 from monarch_kernel.actor import _ROOT, Actor, _current, endpoint
 from monarch_kernel.controller._this_proc import this_proc
 from monarch_kernel.errors import MeshStoppedError, SupervisionError
-from monarch_kernel.mesh import _port
-from monarch_kernel.mesh._actor_mesh import ActorMesh
-from monarch_kernel.mesh._proc_ref import ProcRef
-from monarch_kernel.mesh._shape import Extent, Shape
+from monarch_kernel.mesh import ActorMesh, Extent, ProcRef, Shape, local_address
 
 #: The environment variable that tells a worker where the root controller is.
 ROOT_ENV = "MONARCH_ROOT"
@@ -64,7 +61,7 @@ def root_address() -> str:
         if not _registry_up:
             this_proc().spawn(REGISTRY, _Registry)
             _registry_up.append(True)
-    addr, token = _port._local_address()
+    addr, token = local_address()
     return json.dumps([addr, token])
 
 

@@ -31,13 +31,20 @@ from monarch_kernel import _native
 from monarch_kernel.control import ActorFailure, has_exited, worker_dict
 from monarch_kernel.controller._frontend import frontend
 from monarch_kernel.errors import MonarchKernelError, SupervisionError
-from monarch_kernel.mesh import _control
-from monarch_kernel.mesh._control import MeshFailure
-from monarch_kernel.mesh._proc_ref import death_error, describe, tail_lines
-from monarch_kernel.mesh._serial import dumps, loads
+from monarch_kernel.mesh import (
+    MeshFailure,
+    death_error,
+    describe,
+    dumps,
+    escalate,
+    loads,
+    owner_handles,
+    tail_lines,
+    user_fault_hook,
+)
 
 if TYPE_CHECKING:
-    from monarch_kernel.control._group import HostLink
+    from monarch_kernel.control import HostLink
     from monarch_kernel.controller._held import HeldMesh
 
 #: Heartbeat period and the misses that make a worker unresponsive (SUPERVISE-2).
@@ -230,9 +237,9 @@ class Supervisor:
             handled = self._supervise(failure) or handled
         if not handled and failure.kind in _FAILURES:
             handled = (
-                _control.owner_handles(self.s.name, failure)
-                or _control.escalate(self.s.name, failure)
-                or _control.user_fault_hook(failure)
+                owner_handles(self.s.name, failure)
+                or escalate(self.s.name, failure)
+                or user_fault_hook(failure)
             )
         sink = frontend().on_failure
         if not handled and sink is not None:

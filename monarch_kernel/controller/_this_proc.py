@@ -8,10 +8,7 @@ import secrets
 import threading
 
 from monarch_kernel import _native
-from monarch_kernel.mesh._proc_mesh import ProcMesh, current_proc
-from monarch_kernel.mesh._proc_ref import ProcRef
-from monarch_kernel.mesh._role import set_this_proc
-from monarch_kernel.mesh._shape import Extent, Point, Shape
+from monarch_kernel.mesh import Extent, Point, ProcMesh, ProcRef, Shape, current_proc, set_this_proc
 from monarch_kernel.worker import Dispatcher
 
 _this_proc_lock = threading.Lock()

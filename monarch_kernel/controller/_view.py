@@ -27,10 +27,8 @@ from typing import Any
 
 from monarch_kernel import _native
 from monarch_kernel.controller._supervision import HEARTBEAT_S
-from monarch_kernel.hosts import _admin
-from monarch_kernel.hosts._registry import MeshRecord
-from monarch_kernel.mesh._builtin import call_builtin
-from monarch_kernel.mesh._serial import loads
+from monarch_kernel.hosts import MeshInfo, MeshRecord, list_meshes, mesh_info
+from monarch_kernel.mesh import call_builtin, loads
 
 #: How long a live worker has to say what it uses before it is shown unresponsive.
 ANSWER_WAIT_S = HEARTBEAT_S
@@ -77,7 +75,7 @@ def _why(w: dict[str, Any]) -> str:
     return str(w["signal_name"]) if w.get("signal_name") else f"exit {w['exit_code']}"
 
 
-def mesh_view(info: _admin.MeshInfo) -> dict[str, Any]:
+def mesh_view(info: MeshInfo) -> dict[str, Any]:
     """The picture of one mesh (see the module docstring), as JSON-ready data."""
     if info.unreachable is not None:
         return _unreachable_view(info)
@@ -133,7 +131,7 @@ def mesh_view(info: _admin.MeshInfo) -> dict[str, Any]:
     }
 
 
-def _unreachable_view(info: _admin.MeshInfo) -> dict[str, Any]:
+def _unreachable_view(info: MeshInfo) -> dict[str, Any]:
     """A mesh whose agents do not answer here: what its state file says, and why."""
     return {
         "name": info.name,
@@ -156,12 +154,12 @@ def _unreachable_view(info: _admin.MeshInfo) -> dict[str, Any]:
 
 def meshes_view() -> list[dict[str, Any]]:
     """Every running mesh of this user (what ``monarch-kernel ls`` lists), pictured."""
-    return [mesh_view(info) for info in _admin.list_meshes()]
+    return [mesh_view(info) for info in list_meshes()]
 
 
 def view_of(name: str) -> dict[str, Any] | None:
     """The running mesh ``name`` pictured, or None when it does not run."""
-    info = _admin.mesh_info(name)
+    info = mesh_info(name)
     return None if info is None else mesh_view(info)
 
 

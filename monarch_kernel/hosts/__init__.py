@@ -13,6 +13,16 @@ from typing import TYPE_CHECKING
 from monarch_kernel._lazy import lazy_getattr
 
 if TYPE_CHECKING:
+    from monarch_kernel.hosts import _registry as registry
+    from monarch_kernel.hosts._admin import (
+        MeshInfo,
+        agent_alive,
+        connect,
+        group_of,
+        list_meshes,
+        mesh_info,
+        stop_unowned,
+    )
     from monarch_kernel.hosts._allocator import (
         AgentConfig,
         AgentProcess,
@@ -22,38 +32,67 @@ if TYPE_CHECKING:
         new_tls_identity,
         release,
     )
+    from monarch_kernel.hosts._host_id import host_id
     from monarch_kernel.hosts._local import LocalHost, start_local_agent, state_dir
+    from monarch_kernel.hosts._placement import GPUS_ENV, HOSTS_DIM, apply_in_worker
+    from monarch_kernel.hosts._registry import MeshRecord
     from monarch_kernel.hosts._slurm import SlurmHosts
     from monarch_kernel.hosts._ssh import SSHHosts
 
 _LAZY: dict[str, str] = {
+    "agent_alive": "monarch_kernel.hosts._admin",
     "AgentConfig": "monarch_kernel.hosts._allocator",
     "AgentProcess": "monarch_kernel.hosts._allocator",
     "Allocation": "monarch_kernel.hosts._allocator",
     "Allocator": "monarch_kernel.hosts._allocator",
+    "apply_in_worker": "monarch_kernel.hosts._placement",
+    "connect": "monarch_kernel.hosts._admin",
     "end_reason": "monarch_kernel.hosts._allocator",
-    "new_tls_identity": "monarch_kernel.hosts._allocator",
-    "release": "monarch_kernel.hosts._allocator",
+    "GPUS_ENV": "monarch_kernel.hosts._placement",
+    "group_of": "monarch_kernel.hosts._admin",
+    "host_id": "monarch_kernel.hosts._host_id",
+    "HOSTS_DIM": "monarch_kernel.hosts._placement",
+    "list_meshes": "monarch_kernel.hosts._admin",
     "LocalHost": "monarch_kernel.hosts._local",
-    "start_local_agent": "monarch_kernel.hosts._local",
-    "state_dir": "monarch_kernel.hosts._local",
+    "mesh_info": "monarch_kernel.hosts._admin",
+    "MeshInfo": "monarch_kernel.hosts._admin",
+    "MeshRecord": "monarch_kernel.hosts._registry",
+    "new_tls_identity": "monarch_kernel.hosts._allocator",
+    "registry": "monarch_kernel.hosts._registry:*",
+    "release": "monarch_kernel.hosts._allocator",
     "SlurmHosts": "monarch_kernel.hosts._slurm",
     "SSHHosts": "monarch_kernel.hosts._ssh",
+    "start_local_agent": "monarch_kernel.hosts._local",
+    "state_dir": "monarch_kernel.hosts._local",
+    "stop_unowned": "monarch_kernel.hosts._admin",
 }
 
 __all__ = [
+    "agent_alive",
     "AgentConfig",
     "AgentProcess",
     "Allocation",
     "Allocator",
-    "LocalHost",
-    "SSHHosts",
-    "SlurmHosts",
+    "apply_in_worker",
+    "connect",
     "end_reason",
+    "GPUS_ENV",
+    "group_of",
+    "host_id",
+    "HOSTS_DIM",
+    "list_meshes",
+    "LocalHost",
+    "mesh_info",
+    "MeshInfo",
+    "MeshRecord",
     "new_tls_identity",
+    "registry",
     "release",
+    "SlurmHosts",
+    "SSHHosts",
     "start_local_agent",
     "state_dir",
+    "stop_unowned",
 ]
 
 __getattr__ = lazy_getattr(__name__, _LAZY)

@@ -31,8 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from monarch_kernel._caller import user_stacklevel
-from monarch_kernel.control import AgentClient
-from monarch_kernel.control._group import AgentGroup, HostLink
+from monarch_kernel.control import AgentClient, AgentGroup, HostLink
 from monarch_kernel.errors import (
     AgentUnresponsiveError,
     MeshAuthError,

@@ -4,7 +4,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from monarch_kernel._lazy import lazy_getattr
+
+if TYPE_CHECKING:
+    from monarch_kernel.kernel._install import install
+
 KERNEL_NAME = "monarch"
 DISPLAY_NAME = "Python 3 (monarch mesh)"
 
-__all__ = ["DISPLAY_NAME", "KERNEL_NAME"]
+__all__ = ["DISPLAY_NAME", "KERNEL_NAME", "install"]
+
+# (``install`` on first use: the kernel process itself never needs it)
+__getattr__ = lazy_getattr(__name__, {"install": "monarch_kernel.kernel._install"})

@@ -54,7 +54,7 @@ class MeshCellError(MonarchKernelError):
 class MeshCellRun:
     """A ``%%mesh`` cell running on ranks: per-rank futures of the last value's repr."""
 
-    def __init__(self, session: controller.Session, ranks: list[int], futures: list[Any]) -> None:
+    def __init__(self, session: controller.MeshSession, ranks: list[int], futures: list[Any]) -> None:
         self.session = session
         self.mesh = session.name
         self.ranks = ranks
@@ -214,7 +214,7 @@ def _parse_ranks(spec: str, n: int) -> list[int]:
     return sorted(set(ranks))
 
 
-def select_ranks(session: controller.Session, ranks: str | None, slice_: str | None) -> list[int]:
+def select_ranks(session: controller.MeshSession, ranks: str | None, slice_: str | None) -> list[int]:
     """The ranks ``--ranks SPEC`` or ``--slice DIM=I`` pick (every rank without them);
     each must be alive."""
     if ranks and slice_:
@@ -241,7 +241,7 @@ def select_ranks(session: controller.Session, ranks: str | None, slice_: str | N
 
 def run_cell(
     shell: Any,
-    session: controller.Session,
+    session: controller.MeshSession,
     ranks: list[int],
     cell: str,
     noblock: bool,

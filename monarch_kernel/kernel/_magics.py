@@ -84,7 +84,7 @@ class MeshMagics(Magics):
 
     # -- helpers -----------------------------------------------------------------------
 
-    def _session(self, name: str | None) -> controller.Session:
+    def _session(self, name: str | None) -> controller.MeshSession:
         """This kernel's session of mesh ``name`` (or of the default)."""
         name = name or self.default
         if name is None:

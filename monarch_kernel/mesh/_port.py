@@ -41,7 +41,7 @@ SEND_WAIT_S = 60.0
 # -- this process's receiving end -------------------------------------------------------
 
 
-def _local_address() -> tuple[str, str]:
+def local_address() -> tuple[str, str]:
     """This process's worker server, where its ports receive: started on first use in
     a controller (``this_proc()``, through its role)."""
     if here.server is None and here.controller is not None:
@@ -309,7 +309,7 @@ class Channel(Generic[R]):
     @staticmethod
     def open(once: bool = False) -> tuple[Port[R], PortReceiver[R]]:
         """A new port and its receiver, in this process; ``once=True``: a port for one message."""
-        addr, token = _local_address()
+        addr, token = local_address()
         pid, inbox = _open(once)
         return Port(addr, token, pid, once), PortReceiver(pid, inbox)
 
@@ -332,7 +332,7 @@ def call_port(
     first ``expected`` messages into the call's value. Returns the port, the future
     of the value, and ``fail(exc)``: the call failed before its answer came (its
     worker died, its endpoint raised)."""
-    addr, token = _local_address()
+    addr, token = local_address()
     pid, inbox = _open(False)
     _call_port_opened(pid)
     out: concurrent.futures.Future[Any] = concurrent.futures.Future()
@@ -394,7 +394,7 @@ def stream_port(
     """A port for a ``stream`` of an explicit-response endpoint: ``n`` futures, the
     i-th settled by the i-th message to arrive (from whichever actor); ``fail(exc)``
     settles those still open."""
-    addr, token = _local_address()
+    addr, token = local_address()
     pid, inbox = _open(False)
     _call_port_opened(pid)
     outs: list[concurrent.futures.Future[Any]] = [concurrent.futures.Future() for _ in range(n)]

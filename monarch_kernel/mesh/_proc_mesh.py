@@ -244,11 +244,11 @@ class ProcMesh(MeshTrait):
                 mesh=self.name,
             )
         elif not st.stopped and self._proc.agent_addr is not None:
-            from monarch_kernel.hosts import _admin, _registry  # (grpcio: only when needed)
+            from monarch_kernel.hosts import registry, stop_unowned  # (grpcio: only when needed)
 
-            rec = _registry.read(self.name)
+            rec = registry.read(self.name)
             if rec is not None and rec.token == self._proc.token:
-                _admin.stop_unowned(rec)
+                stop_unowned(rec)
         st.stopped = True
         st.changed()
         return Future._resolved(None)

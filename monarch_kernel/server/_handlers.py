@@ -13,9 +13,8 @@ import tornado.web
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
-from monarch_kernel.control._agent_client import MAX_TAIL
-from monarch_kernel.controller._admin import owner_text
-from monarch_kernel.controller._view import ask_workers, meshes_view
+from monarch_kernel.control import MAX_TAIL
+from monarch_kernel.controller import ask_workers, meshes_view, owner_text
 from monarch_kernel.errors import (
     AgentUnresponsiveError,
     MeshAuthError,
@@ -23,7 +22,7 @@ from monarch_kernel.errors import (
     MeshSpecError,
     MonarchKernelError,
 )
-from monarch_kernel.hosts import _admin, _registry
+from monarch_kernel.hosts import connect, mesh_info, registry
 
 #: How often the events stream looks at the agents while someone listens.
 EVERY_S = 0.5
@@ -53,7 +52,7 @@ class _Handler(APIHandler):  # type: ignore[misc]
 def _name(name: str) -> str:
     """SERVER-1: ``name`` as a mesh name, or a 400 that says why."""
     try:
-        _registry.check_name(name)
+        registry.check_name(name)
     except MeshSpecError as e:
         raise tornado.web.HTTPError(400, str(e)) from None
     return name
@@ -146,8 +145,8 @@ async def _with_mesh(name: str, work: Callable[[Any, Any], Any]) -> Any:
     from here (REGISTRY-3: it may run; nothing is removed)."""
 
     def run() -> Any:
-        rec = _registry.read(name)
-        client = _admin.connect(rec) if rec is not None else None
+        rec = registry.read(name)
+        client = connect(rec) if rec is not None else None
         if rec is None or client is None:
             raise MeshNotFoundError(f"no mesh named {name!r} is running")
         try:
@@ -220,7 +219,7 @@ class DownHandler(_Handler):
     @tornado.web.authenticated
     async def post(self, name: str) -> None:
         name = _name(name)
-        from monarch_kernel.controller._admin import down_one
+        from monarch_kernel.controller import down_one
 
         try:
             what = await asyncio.get_running_loop().run_in_executor(None, down_one, name)
@@ -248,7 +247,7 @@ class RespawnHandler(_Handler):
     async def post(self, name: str) -> None:
         name = _name(name)
         loop = asyncio.get_running_loop()
-        info = await loop.run_in_executor(None, _admin.mesh_info, name)
+        info = await loop.run_in_executor(None, mesh_info, name)
         if info is None:
             raise tornado.web.HTTPError(404, f"no mesh named {name!r} is running")
         if info.unreachable is not None:

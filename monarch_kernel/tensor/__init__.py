@@ -19,12 +19,13 @@ from monarch_kernel._lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from monarch_kernel.errors import MeshTensorError, RemoteException
-    from monarch_kernel.tensor._activate import get_active_mesh, no_mesh
+    from monarch_kernel.tensor._activate import activate, get_active_mesh, no_mesh
     from monarch_kernel.tensor._ops import (
         coalescing,
         fetch_shard,
         grad_generator,
         inspect,
+        rank_tensor,
         reduce,
         reduce_,
         remote,
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from monarch_kernel.tensor._tensor import Tensor
 
 _LAZY: dict[str, str] = {
+    "activate": "monarch_kernel.tensor._activate",
     "coalescing": "monarch_kernel.tensor._ops",
     "fetch_shard": "monarch_kernel.tensor._ops",
     "get_active_mesh": "monarch_kernel.tensor._activate",
@@ -44,6 +46,7 @@ _LAZY: dict[str, str] = {
     "inspect": "monarch_kernel.tensor._ops",
     "MeshTensorError": "monarch_kernel.errors",
     "no_mesh": "monarch_kernel.tensor._activate",
+    "rank_tensor": "monarch_kernel.tensor._ops",
     "reduce": "monarch_kernel.tensor._ops",
     "reduce_": "monarch_kernel.tensor._ops",
     "remote": "monarch_kernel.tensor._ops",
@@ -56,22 +59,24 @@ _LAZY: dict[str, str] = {
 }
 
 __all__ = [
-    "MeshTensorError",
-    "RemoteException",
-    "Stream",
-    "Tensor",
+    "activate",
     "coalescing",
     "fetch_shard",
     "get_active_mesh",
     "get_active_stream",
     "grad_generator",
     "inspect",
+    "MeshTensorError",
     "no_mesh",
+    "rank_tensor",
     "reduce",
     "reduce_",
     "remote",
+    "RemoteException",
     "show",
     "slice_mesh",
+    "Stream",
+    "Tensor",
     "to_mesh",
 ]
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from monarch_kernel.mesh._proc_mesh import ProcMesh
+from monarch_kernel.mesh import ProcMesh
 from monarch_kernel.tensor._client import client_of
 from monarch_kernel.tensor._tensor import run_op
 

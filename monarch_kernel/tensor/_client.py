@@ -22,8 +22,7 @@ import weakref
 from typing import Any
 
 from monarch_kernel.errors import SupervisionError
-from monarch_kernel.mesh._proc_mesh import ProcMesh
-from monarch_kernel.mesh._shape import Extent, Shape
+from monarch_kernel.mesh import Extent, ProcMesh, Shape
 from monarch_kernel.tensor import _commands as C
 from monarch_kernel.tensor._stream import get_active_stream
 

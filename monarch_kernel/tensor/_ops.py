@@ -14,8 +14,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from monarch_kernel.errors import MeshTensorError, RemoteException
-from monarch_kernel.mesh._future import Future
-from monarch_kernel.mesh._proc_mesh import ProcMesh
+from monarch_kernel.mesh import Future, ProcMesh
 from monarch_kernel.tensor import _commands as C
 from monarch_kernel.tensor._activate import active_mesh, get_active_mesh
 from monarch_kernel.tensor._client import TensorClient, client_of

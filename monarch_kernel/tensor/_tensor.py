@@ -28,8 +28,7 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from monarch_kernel.errors import MeshTensorError
-from monarch_kernel.mesh._proc_mesh import ProcMesh
-from monarch_kernel.mesh._shape import Shape
+from monarch_kernel.mesh import ProcMesh, Shape
 from monarch_kernel.tensor import _commands as C
 from monarch_kernel.tensor._client import TensorClient, client_of
 from monarch_kernel.tensor._stream import default_stream

@@ -22,12 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 from monarch_kernel.actor import Actor, endpoint
 from monarch_kernel.errors import ActorError, DistributedSetupError, SupervisionError
-from monarch_kernel.hosts._placement import GPUS_ENV
-from monarch_kernel.mesh._proc_mesh import ProcMesh, current_proc
-from monarch_kernel.mesh._shape import Point, Shape
+from monarch_kernel.hosts import GPUS_ENV
+from monarch_kernel.mesh import Point, ProcMesh, Shape, current_proc
 
 if TYPE_CHECKING:
-    from monarch_kernel.mesh._control import MeshControl
+    from monarch_kernel.mesh import MeshControl
 
 #: The name of the built-in actor mesh that sets torch.distributed up.
 DIST_ACTOR = "__torch_dist__"

@@ -35,10 +35,10 @@ def main() -> None:
         _native.set_mesh_ca(token, tls["ca"])
     dims, sizes = json.loads(os.environ["MONARCH_SHAPE"])
     rank = int(os.environ["MONARCH_RANK"])
-    from monarch_kernel.hosts import _placement
+    from monarch_kernel.hosts import apply_in_worker
 
-    _placement.apply_in_worker(rank, dims, sizes)  # before any user code can initialise CUDA
-    from monarch_kernel.mesh._buffers import prefer_huge_pages
+    apply_in_worker(rank, dims, sizes)  # before any user code can initialise CUDA
+    from monarch_kernel.mesh import prefer_huge_pages
 
     prefer_huge_pages()
     from monarch_kernel.worker import _output
@@ -50,10 +50,7 @@ def main() -> None:
     for p in reversed(json.loads(os.environ.get("MONARCH_SYS_PATH", "[]"))):
         if p not in sys.path:
             sys.path.insert(0, p)
-    from monarch_kernel.mesh._proc_mesh import ProcMesh
-    from monarch_kernel.mesh._proc_ref import ProcRef
-    from monarch_kernel.mesh._role import install_worker
-    from monarch_kernel.mesh._shape import Extent, Point, Shape
+    from monarch_kernel.mesh import Extent, Point, ProcMesh, ProcRef, Shape, install_worker
     from monarch_kernel.worker import Dispatcher
 
     server = _native.WorkerServer(

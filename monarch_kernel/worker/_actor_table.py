@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from monarch_kernel import _native, _origin
 from monarch_kernel._wire import ACTOR_FAILED
 from monarch_kernel.actor import Context, Instance, _current, endpoints_of
-from monarch_kernel.mesh._shape import Extent, Point
+from monarch_kernel.mesh import Extent, Point
 from monarch_kernel.worker import _output
 from monarch_kernel.worker._lanes import LaneThread, lane_threads
 from monarch_kernel.worker._state import ActorEntry

@@ -22,9 +22,7 @@ from typing import TYPE_CHECKING, Any
 from monarch_kernel import _native, _origin
 from monarch_kernel._wire import ACTOR_FAILED
 from monarch_kernel.actor import _current
-from monarch_kernel.mesh import _control
-from monarch_kernel.mesh._buffers import wait_read
-from monarch_kernel.mesh._serial import loads
+from monarch_kernel.mesh import loads, owns, stop_owned, wait_read
 from monarch_kernel.worker import _display
 from monarch_kernel.worker._actor_failure import fails_actor
 from monarch_kernel.worker._actor_table import message_context
@@ -157,8 +155,8 @@ async def _end(d: DispatcherLike, a: ActorEntry, hook: Callable[[Any], Any] | No
         a.tasks.difference_update(tasks)
     if hook is not None:
         await _guard(hook(None), f"{a.name}.__cleanup__")
-    if _control.owns(a.name):  # OWN-1 (stopping waits for the agent: off the loop)
-        await asyncio.get_running_loop().run_in_executor(None, _control.stop_owned, a.name)
+    if owns(a.name):  # OWN-1 (stopping waits for the agent: off the loop)
+        await asyncio.get_running_loop().run_in_executor(None, stop_owned, a.name)
 
 
 async def _guard(coro: Any, what: str) -> None:

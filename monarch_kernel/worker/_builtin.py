@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from monarch_kernel import _native, _origin
 from monarch_kernel._wire import BUILTIN
 from monarch_kernel.actor import Actor, endpoint, endpoints_of
-from monarch_kernel.mesh._serial import loads
+from monarch_kernel.mesh import loads
 from monarch_kernel.worker import _debug, _output
 from monarch_kernel.worker._lanes import thread_stacks
 

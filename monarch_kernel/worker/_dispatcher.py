@@ -3,7 +3,7 @@
 Threads:
 - the *routing thread* waits on the server's loop lane (LANE_LOOP, INBOX-1): spawns,
   stops, cancels, async actors' calls, calls to the built-in actor (``_builtin``)
-  and port messages (``KIND_PORT``: ``mesh._port.deliver``). It owns the table of
+  and port messages (``KIND_PORT``: ``mesh.deliver_port_message``). It owns the table of
   actors;
 - each sync actor has a *thread of its own*, waiting on a lane of its own where the
   native server puts that actor's calls (INBOX-3); it runs the constructor and the
@@ -51,10 +51,7 @@ from typing import TYPE_CHECKING, Any
 from monarch_kernel import _native
 from monarch_kernel._wire import BUILTIN
 from monarch_kernel.actor import Context, Instance, is_async_actor
-from monarch_kernel.mesh import _port
-from monarch_kernel.mesh._role import install_actors
-from monarch_kernel.mesh._serial import loads
-from monarch_kernel.mesh._shape import Point
+from monarch_kernel.mesh import Point, deliver_port_message, install_actors, loads
 from monarch_kernel.worker import (
     _actor_failure,
     _actor_table,
@@ -146,7 +143,7 @@ class Dispatcher:
         if kind == _CALL and actor == BUILTIN:
             serve_builtin(self, item)
         elif kind == _PORT:
-            refused = _port.deliver(item, self.token)
+            refused = deliver_port_message(item, self.token)
             if refused is None:
                 self._reply(token, None, "port message")
             else:

@@ -24,7 +24,7 @@ import threading
 from typing import Any
 
 from monarch_kernel._wire import DISPLAY_MARK
-from monarch_kernel.mesh._role import here
+from monarch_kernel.mesh import here
 
 #: Bundles larger than this (bytes of JSON) travel through the transfer engine.
 INLINE_MAX = 64 * 1024

@@ -11,7 +11,7 @@ import traceback
 from typing import TYPE_CHECKING, Any
 
 from monarch_kernel import _native
-from monarch_kernel.mesh._serial import dumps, dumps_exception
+from monarch_kernel.mesh import dumps, dumps_exception
 from monarch_kernel.worker import _debug
 
 if TYPE_CHECKING:

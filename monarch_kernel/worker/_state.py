@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from monarch_kernel import _native
     from monarch_kernel.actor import Actor, Context
-    from monarch_kernel.mesh._shape import Point
+    from monarch_kernel.mesh import Point
     from monarch_kernel.worker._lanes import LaneThread
 
 

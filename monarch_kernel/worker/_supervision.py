@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from monarch_kernel._wire import ACTOR_FAILURE_MARK
 from monarch_kernel.actor import _current
-from monarch_kernel.mesh import _control
-from monarch_kernel.mesh._control import MeshFailure
+from monarch_kernel.mesh import MeshFailure, escalates
 
 if TYPE_CHECKING:
     from monarch_kernel.worker._state import DispatcherLike
@@ -39,7 +38,7 @@ def actor_failed(d: DispatcherLike, actor: str, message: str) -> None:
             return
         except Exception as e:  # its owner is gone: the controller hears of it instead
             print(f"monarch: the owner of actor {actor!r} did not get its failure: {e}", file=sys.stderr)
-    if _control.escalates():
+    if escalates():
         report_failure(actor, message)
     else:
         print(f"monarch: {message}", file=sys.stderr, flush=True)

@@ -15,9 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from monarch_kernel import _native, _origin
 from monarch_kernel.actor import _current
-from monarch_kernel.mesh import _control
-from monarch_kernel.mesh._buffers import wait_read
-from monarch_kernel.mesh._serial import loads
+from monarch_kernel.mesh import loads, stop_owned, wait_read
 from monarch_kernel.worker import _display
 from monarch_kernel.worker._actor_failure import fails_actor
 from monarch_kernel.worker._actor_table import message_context
@@ -69,7 +67,7 @@ def cleanup_sync(
     assert runner is not None
     if hook is not None:
         runner.submit(lambda: _guarded(hook, f"{a.name}.__cleanup__"))
-    runner.submit(lambda: _control.stop_owned(a.name))  # OWN-1
+    runner.submit(lambda: stop_owned(a.name))  # OWN-1
     if then is not None:
         runner.submit(then)
     runner.submit(lambda: close_runner(d, runner))

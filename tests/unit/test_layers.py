@@ -116,10 +116,51 @@ KERNEL_MAY_IMPORT = {
     "monarch_kernel.job",
     "monarch_kernel.controller",
     "monarch_kernel.errors",
+    "monarch_kernel._lazy",
     "monarch_kernel._native",
     "monarch_kernel._origin",
     "monarch_kernel._wire",
 }
+
+
+def _package(module: str) -> str:
+    """The package of the layers' map a module belongs to: ``monarch_kernel.X`` for
+    the modules of a subpackage ``X``, ``monarch_kernel`` for the top-level modules."""
+    if module == "monarch_kernel.actor":
+        # The mesh layer's public module for actors (Monarch's ``monarch.actor``): of
+        # the mesh package, whose ``_actor_mesh`` it is imported by.
+        return "monarch_kernel.mesh"
+    parts = module.split(".")
+    if len(parts) > 2 or MODULES[module].name == "__init__.py":
+        return ".".join(parts[:2])
+    return "monarch_kernel"
+
+
+def _lazy_targets(module: str) -> set[str]:
+    """The modules a package's ``_LAZY`` table (PEP 562) names: imports made on first use."""
+    tree = ast.parse(MODULES[module].read_text())
+    out: set[str] = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "_LAZY" and n.value is not None:
+            out.update(str(v).partition(":")[0] for v in ast.literal_eval(n.value).values())
+    return out
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_a_module_uses_another_package_only_through_its_facade(module):
+    """A package's ``_x`` modules are its own: every other module, of any layer, uses
+    what the package's ``__init__`` exports (eagerly or on first use)."""
+    mine = _package(module)
+    past = sorted(
+        t
+        for t in _imports(module, runtime_only=False) | _lazy_targets(module)
+        if t in MODULES
+        and _package(t) != mine
+        and _package(t) != "monarch_kernel"
+        and t.rsplit(".", 1)[-1].startswith("_")
+        and not t.endswith(".__main__")
+    )
+    assert not past, f"{module} reaches into other packages' modules, past their facades: {past}"
 
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith("monarch_kernel.kernel")))

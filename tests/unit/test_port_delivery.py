@@ -31,7 +31,7 @@ def test_a_port_opened_here_receives_what_is_sent_on_it_in_order():
 
 def test_a_ranked_receiver_gets_the_rank_a_port_carries():
     port, receiver = Channel.open_ranked()
-    addr, token = _port._local_address()
+    addr, token = _port.local_address()
     _port.Port(addr, token, port._id, rank=3).send("x")
     assert receiver.recv().get(timeout=TIMEOUT) == (3, "x")
 
@@ -49,7 +49,7 @@ def test_an_exception_sent_on_a_port_is_raised_where_the_receiver_waits():
 
 def test_a_message_for_a_port_never_opened_here_is_refused_and_said(capfd):
     Channel.open()  # (this process's server, started on first use)
-    addr, token = _port._local_address()
+    addr, token = _port.local_address()
     _port.Port(addr, token, 987_654_321).send(1)
     seen = _stderr_until(capfd, "was refused")
     assert "a message on port 987654321 was refused: port 987654321 is closed" in seen
@@ -57,7 +57,7 @@ def test_a_message_for_a_port_never_opened_here_is_refused_and_said(capfd):
 
 def test_a_once_port_refuses_a_second_message_here_too(capfd):
     port, receiver = Channel.open(once=True)
-    addr, token = _port._local_address()
+    addr, token = _port.local_address()
     port.send(1)
     assert receiver.recv().get(timeout=TIMEOUT) == 1
     _port.Port(addr, token, port._id).send(2)  # another sender of the same port
