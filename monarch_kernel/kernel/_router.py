@@ -21,7 +21,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from monarch_kernel.controller import DisplayMessage, LineKind, Prompt
+from monarch_kernel.controller import DisplayMessage, LineKind, MeshSession, Prompt
 
 # Cells of this kernel, remembered: output of another origin is not ours (ROUTE-4).
 _MAX_PARENTS = 1000
@@ -131,7 +131,7 @@ class Router:
 
     # -- watch threads -----------------------------------------------------------------
 
-    def on_line(self, session: Any, line: Any) -> None:
+    def on_line(self, session: MeshSession, line: Any) -> None:
         """A line of a worker's output, of any kind but an actor's failure (the
         session's own), as the agent classified it (``control.LineKind``)."""
         mesh, origin, kind = session.name, line.origin, line.kind
@@ -139,8 +139,8 @@ class Router:
             prompt = Prompt.of(line)
             if prompt.question is not None:  # input(): its own question instead of pdb's
                 with self._lock:
-                    self._questions[(mesh, line.rank)] = prompt.question
-            self.prompts.put((session, line.rank, origin))
+                    self._questions[(mesh, prompt.rank)] = prompt.question
+            self.prompts.put((session, prompt.rank, prompt.origin))
             return
         if kind == LineKind.END_MARK:
             with self._lock:
