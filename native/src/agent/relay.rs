@@ -85,8 +85,7 @@ impl relay_server::Relay for Relay {
         let (tx, rx) = mpsc::unbounded_channel::<Reply>();
         let (agent, in_flight) = (self.agent.clone(), self.in_flight.clone());
         let callers = self.callers.clone();
-        let Some((stream, knew)) = callers.attach(caller, seq, tx.clone())
-        else {
+        let Some((stream, knew)) = callers.attach(caller, seq, tx.clone()) else {
             return Err(resume::superseded());
         };
         let rt = tokio::runtime::Handle::current();
@@ -98,9 +97,7 @@ impl relay_server::Relay for Relay {
                 tx: &tx,
             };
             while let Some(Ok(batch)) = calls.next().await {
-                if batch.resync {
-                    callers.resync(caller, stream, &batch.waiting);
-                }
+                callers.resync(caller, stream, &batch);
                 for call in batch.calls {
                     deliver(&rt, &agent, &in_flight, call, &to);
                 }

@@ -18,7 +18,7 @@
 //! its connection broke runs once: every copy gets that one run's reply
 //! ([`Requests`]; the last [`REQUESTS_KEPT`] ids are remembered).
 
-use crate::proto::v1::{Received, Reply, ReplyKind};
+use crate::proto::v1::{Calls, Received, Reply, ReplyKind};
 use crate::sync::lock;
 use bytes::Bytes;
 use std::collections::hash_map::Entry as MapEntry;
@@ -200,9 +200,16 @@ impl Callers {
     /// waits for (`waiting`): every other one is forgotten (its reply was received,
     /// though the message saying so was lost with the old stream; or the caller gave
     /// up on it). A reply still to come for a forgotten call is sent, not kept. The
-    /// list of a stale stream (`stream` not the newest) is out of date: ignored.
-    pub fn resync(&self, caller: u64, stream: u64, waiting: &[u64]) {
-        let keep: std::collections::HashSet<u64> = waiting.iter().copied().collect();
+    /// list of a stale stream (`stream` not the newest) is out of date: ignored. A call
+    /// sent again in the same message is kept whatever the list says (a client that
+    /// made its list late, after the call's reply came, must not have it run twice).
+    pub fn resync(&self, caller: u64, stream: u64, batch: &Calls) {
+        if !batch.resync {
+            return;
+        }
+        let resent = batch.calls.iter().filter(|c| c.resent).map(|c| c.call_id);
+        let keep: std::collections::HashSet<u64> =
+            batch.waiting.iter().copied().chain(resent).collect();
         let mut t = lock(&self.map);
         if let Some(c) = t.callers.get_mut(&caller) {
             if c.newest == stream {
@@ -370,7 +377,9 @@ pub async fn reply_of(mut rx: watch::Receiver<Option<Reply>>) -> Option<Reply> {
 /// The answer to a stream opened after a newer one of its caller ([`Callers::attach`]):
 /// the caller gave it up already; nothing of it is taken.
 pub fn superseded() -> tonic::Status {
-    tonic::Status::aborted("a newer stream of this caller is open: this one is not taken (RESUME-1)")
+    tonic::Status::aborted(
+        "a newer stream of this caller is open: this one is not taken (RESUME-1)",
+    )
 }
 
 /// The answer to a resent call the server does not know (RESUME-2).
@@ -498,10 +507,40 @@ mod tests {
         // The message saying 1 and 2 were received was lost with the stream.
         let (tx2, _rx2) = mpsc::unbounded_channel();
         let (s2, _) = c.attach(7, None, tx2).unwrap();
-        c.resync(7, s1, &[]); // (an older stream's list is out of date: ignored)
+        c.resync(7, s1, &resync_of(&[])); // (an older stream's list is out of date: ignored)
         assert_eq!(c.remembered(), 3);
-        c.resync(7, s2, &[3]);
+        c.resync(7, s2, &resync_of(&[3]));
         assert_eq!(c.remembered(), 1);
+    }
+
+    fn resync_of(waiting: &[u64]) -> Calls {
+        Calls {
+            resync: true,
+            waiting: waiting.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_call_sent_again_with_a_resync_that_omits_it_stays_known() {
+        // The client listed what it waits for after the call's reply came on the new
+        // stream, and sent the call again in the same message: it must not run again.
+        let c = Callers::default();
+        let (tx0, _rx0) = mpsc::unbounded_channel();
+        let (s0, _) = c.attach(7, Some(0), tx0).unwrap();
+        assert_eq!(c.admit(7, s0, 5, &[None], false), Admit::Run);
+        let (tx1, mut rx1) = mpsc::unbounded_channel();
+        let (s1, _) = c.attach(7, Some(1), tx1).unwrap();
+        c.reply(7, reply(5, None)); // answered on the new stream at once
+        assert_eq!(rx1.try_recv().unwrap().call_id, 5);
+        let mut batch = resync_of(&[]);
+        batch.calls.push(crate::proto::v1::Call {
+            call_id: 5,
+            resent: true,
+            ..Default::default()
+        });
+        c.resync(7, s1, &batch);
+        assert_eq!(c.admit(7, s1, 5, &[None], true), Admit::Known);
     }
 
     #[test]

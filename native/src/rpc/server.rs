@@ -146,8 +146,7 @@ impl Worker for Service {
         let (tx, rx) = mpsc::unbounded_channel();
         let inbox = self.inbox.clone();
         let token = self.token.clone();
-        let Some((stream, knew)) = inbox.callers.attach(caller, seq, tx.clone())
-        else {
+        let Some((stream, knew)) = inbox.callers.attach(caller, seq, tx.clone()) else {
             return Err(resume::superseded());
         };
         tokio::spawn(async move {
@@ -159,9 +158,7 @@ impl Worker for Service {
                     },
                     _ = inbox.stopped() => break,
                 };
-                if batch.resync {
-                    inbox.callers.resync(caller, stream, &batch.waiting);
-                }
+                inbox.callers.resync(caller, stream, &batch);
                 for c in batch.calls {
                     inbox.received.fetch_add(1, Ordering::Relaxed);
                     if let Err(m) = inbox.admit(c.epoch) {

@@ -113,18 +113,18 @@ impl Link {
         st.answered_now = false;
         let (gtx, grx) = mpsc::unbounded_channel::<Call>();
         let p = self.pending.clone();
-        // A resumed stream's first message says what the caller still waits for.
-        let mut resync = resuming;
+        // A resumed stream's first message says what the caller still waits for: every
+        // call it sends again, listed when they are taken to be sent (below), not when
+        // the message is made. A reply that comes in between (the server, woken, may
+        // answer a call on this stream at once) must not take its call off the list:
+        // the server would forget the call, then run the copy sent again (RESUME-1).
+        let waiting: Arc<Mutex<Option<Vec<u64>>>> = Arc::default();
+        let first_waiting = waiting.clone();
         let out = Batched::new(grx, move |calls| {
-            let mut p = lock(&p);
-            let waiting = if std::mem::take(&mut resync) {
-                Some(p.calls.keys().chain(p.fanned.keys()).copied().collect())
-            } else {
-                None
-            };
+            let waiting = lock(&first_waiting).take();
             Calls {
                 calls,
-                received: std::mem::take(&mut p.received),
+                received: std::mem::take(&mut lock(&p).received),
                 resync: waiting.is_some(),
                 waiting: waiting.unwrap_or_default(),
             }
@@ -202,7 +202,10 @@ impl Link {
             }
             let not_yet: HashSet<u64> = queued.iter().map(|c| c.call_id).collect();
             st.resent.clear();
-            for m in lock(&self.pending).to_resend() {
+            let resend = lock(&self.pending).to_resend();
+            // (before anything goes to `gtx`: the first message carries the list)
+            *lock(&waiting) = Some(resend.iter().map(|m| m.call_id).collect());
+            for m in resend {
                 if !not_yet.contains(&m.call_id) {
                     st.resent.insert(m.call_id);
                     let _ = gtx.send(m);
