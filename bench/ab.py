@@ -51,6 +51,11 @@ def scratch_python(commit: str) -> Path:
         src.mkdir(parents=True)
         archive = subprocess.run(["git", "archive", sha], cwd=ROOT, check=True, capture_output=True).stdout
         _run(["tar", "-x", "-C", str(src)], input=archive)
+        # git archive dates each file at its commit: older than the build scripts that
+        # another commit's build ran in the shared target dir, so cargo would take that
+        # build's generated code (the protos) as up to date. Dated now, they are built.
+        for f in src.rglob("*"):
+            os.utime(f)
     wheels = home / "wheels"
     shutil.rmtree(wheels, ignore_errors=True)
     env = {**os.environ, "CARGO_TARGET_DIR": str(ROOT / "target" / "ab")}
