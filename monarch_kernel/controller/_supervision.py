@@ -195,15 +195,21 @@ class Supervisor:
         """SUPERVISE-1: worker ``w`` (the agent's WorkerInfo) exited."""
         s = self.s
         info = worker_dict(w)
-        try:
-            info["log_tail"] = list(s.client.logs(rank=info["rank"], tail=tail_lines(info)))
-        except MonarchKernelError:
-            info["log_tail"] = []
         rank = info["rank"]
-        try:  # (all ranks may be going at once: the agent knows which have)
-            gone = {w.rank for w in s.client.list_workers_raw() if has_exited(w)}
-        except MonarchKernelError:
-            gone = set(s.state.dead)
+        if s.closed or s.stopping:
+            # A stop's own exits: recorded, with nothing asked of the agents (each exit
+            # asked every host, so a stop of N procs on H hosts made N x H requests, some
+            # of them while the interpreter was ending).
+            info["log_tail"], gone = [], set(range(s.nprocs))
+        else:
+            try:
+                info["log_tail"] = list(s.client.logs(rank=rank, tail=tail_lines(info)))
+            except MonarchKernelError:
+                info["log_tail"] = []
+            try:  # (all ranks may be going at once: the agent knows which have)
+                gone = {w.rank for w in s.client.list_workers_raw() if has_exited(w)}
+            except MonarchKernelError:
+                gone = set(s.state.dead)
         others = any(r != rank and r not in gone and r not in s.state.dead for r in range(s.nprocs))
         err = death_error(s.name, rank, info, None, others_alive=others)
         with self._dead_lock:  # the watch and the heartbeat may both see it

@@ -4,6 +4,7 @@ host, and an ssh_config with an entry per host, for clients in the login host.""
 from __future__ import annotations
 
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,11 +46,21 @@ def _ssh_entry(d: Path, host: Host) -> str:
     )
 
 
+#: How many hosts are tried at once: one ``ssh HOST true`` takes about 0.3 s here, so
+#: 64 hosts one by one took 20 s.
+WAIT_AT_ONCE = 16
+
+
 def wait_ssh(c: Cluster) -> None:
-    """Until ``ssh HOST true`` from the login host works for every host."""
-    for h in c.hosts:
+    """Until ``ssh HOST true`` from the login host works for every host (several at once)."""
+
+    def one(h: Host) -> None:
         ssh = c.login_cmd([tool("ssh"), "-F", str(c.ssh_config), h.name, "true"])
         c.daemons.wait(f"sshd of {h.name}", partial(succeeds, ssh), c.dir / "ssh" / f"{h.name}.log")
+
+    with ThreadPoolExecutor(max_workers=min(WAIT_AT_ONCE, len(c.hosts) or 1)) as pool:
+        for done in [pool.submit(one, h) for h in c.hosts]:
+            done.result()  # (the first host that did not come up raises)
 
 
 __all__ = ["start_ssh", "wait_ssh"]
