@@ -123,14 +123,14 @@ class TensorEngine(Actor):
 
     @endpoint
     def run(self, batch: list[tuple[Any, ...]]) -> None:
-        # Spares kept before this batch: used by it, or freed after it. ``held`` keeps
-        # them alive through the batch, so no tensor made by it can take one's id.
-        held = [t for kept in self.spare.values() for t in kept]
+        # Spares kept before this batch: used by it, or freed after it. (By id: a spare
+        # the batch drops can lend its id to one it keeps, which is then freed early;
+        # that costs a reuse, never a wrong value.)
+        stale = {id(t) for kept in self.spare.values() for t in kept} if self.spare else None
         for cmd in batch:
             self._one(cmd)
-        if held:
-            self._free_spares({id(t) for t in held})
-        del held
+        if stale:
+            self._free_spares(stale)
 
     def _one(self, cmd: tuple[Any, ...]) -> None:
         kind = cmd[0]
