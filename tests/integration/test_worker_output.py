@@ -63,7 +63,7 @@ def test_logs_of_every_rank_come_in_the_order_they_were_printed_labelled(fresh_p
     assert lines == said  # not rank by rank
 
 
-def test_stream_logs_gives_new_lines_of_one_rank_as_they_come(fresh_procs2):
+def test_stream_logs_gives_new_lines_of_one_rank_as_they_come(fresh_procs2, capfd):
     mesh = fresh_procs2.spawn("speaker", Speaker)
     stream = fresh_procs2.stream_logs(rank=0)
     lines: list[str] = []
@@ -96,6 +96,14 @@ def test_stream_logs_gives_new_lines_of_one_rank_as_they_come(fresh_procs2):
     assert ours[0].startswith(f"[{fresh_procs2.name} 0] ping ")
     assert ours[0].endswith(" from rank 0")
     assert not any("from rank 1" in ln for ln in lines)
+    # This script's session prints every rank's lines as they come: wait for rank 1's
+    # last one here, not after the test, outside its captured output.
+    last, printed = f"ping {i - 1} from rank 1", ""
+    deadline = time.monotonic() + WITHIN
+    while last not in printed and time.monotonic() < deadline:
+        printed += capfd.readouterr().out
+        time.sleep(0.05)
+    assert last in printed, printed
 
 
 def test_a_controller_that_falls_behind_is_told_how_many_lines_it_missed(fresh_procs2, request):
