@@ -8,13 +8,13 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from monarch_kernel.actor import _ROOT, CREATOR_ENV, Actor, _current, endpoint
+from monarch_kernel.actor import CREATOR_ENV, Actor, endpoint
 from monarch_kernel.controller._lifecycle import attach_session, get_or_create
 from monarch_kernel.controller._this_proc import this_proc
 from monarch_kernel.errors import MeshSpecError
 from monarch_kernel.hosts import HOSTS_DIM, Allocator, LocalHost, MeshInfo
 from monarch_kernel.hosts import list_meshes as _mesh_infos
-from monarch_kernel.mesh import Extent, MeshTrait, ProcMesh, Shape, adopt
+from monarch_kernel.mesh import Extent, MeshTrait, ProcMesh, Shape, actor_context, adopt, root_context
 
 
 def _check_per_host(per_host: Mapping[str, int] | None) -> dict[str, int]:
@@ -85,7 +85,7 @@ class HostMesh(MeshTrait):
                 f"bootstrap must be a function (sync or async) to run on each proc, not {bootstrap!r}"
             )
         sizes = _check_per_host(per_host)
-        owner = _current.get().actor_instance
+        owner = actor_context.get().actor_instance
         if owner.name != "root" and (name is None or ephemeral):  # OWN-1: the mesh of an actor
             env = {CREATOR_ENV: str(owner), **(env or {})}
         if self._allocator.nhosts is not None and HOSTS_DIM in sizes:
@@ -116,13 +116,13 @@ class _Bootstrap(Actor):
     code (what it spawns belongs to no actor), then is stopped."""
 
     def __init__(self, fn: Callable[[], Any]) -> None:
-        reset = _current.set(_ROOT)
+        reset = actor_context.set(root_context)
         try:
             result = fn()
             if inspect.iscoroutine(result):
                 asyncio.run(result)
         finally:
-            _current.reset(reset)
+            actor_context.reset(reset)
 
     @endpoint
     def done(self) -> None:

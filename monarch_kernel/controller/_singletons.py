@@ -14,10 +14,10 @@ import os
 import threading
 from typing import Any
 
-from monarch_kernel.actor import _ROOT, Actor, _current, endpoint
+from monarch_kernel.actor import Actor, endpoint
 from monarch_kernel.controller._this_proc import this_proc
 from monarch_kernel.errors import MeshStoppedError, SupervisionError
-from monarch_kernel.mesh import ActorMesh, Extent, ProcRef, Shape, local_address
+from monarch_kernel.mesh import ActorMesh, Extent, ProcRef, Shape, actor_context, local_address, root_context
 
 #: The environment variable that tells a worker where the root controller is.
 ROOT_ENV = "MONARCH_ROOT"
@@ -43,11 +43,11 @@ def _here(name: str, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     with _lock:
         mesh = _singletons.get(name)
         if mesh is None:
-            reset = _current.set(_ROOT)  # a singleton belongs to no actor (OWN-1)
+            reset = actor_context.set(root_context)  # a singleton belongs to no actor (OWN-1)
             try:
                 mesh = _singletons[name] = this_proc().spawn(name, cls, *args, **kwargs)
             finally:
-                _current.reset(reset)
+                actor_context.reset(reset)
         return mesh
 
 

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 from monarch_kernel._lazy import lazy_getattr
 
 if TYPE_CHECKING:
+    from monarch_kernel.actor import _ROOT as root_context
+    from monarch_kernel.actor import _current as actor_context
     from monarch_kernel.mesh._actor_mesh import ActorMesh, Endpoint, NotAnEndpoint, decode_reply
     from monarch_kernel.mesh._buffers import know_token, prefer_huge_pages, wait_read
     from monarch_kernel.mesh._builtin import call_builtin
@@ -46,6 +48,10 @@ if TYPE_CHECKING:
     from monarch_kernel.mesh._value_mesh import ValueMesh
 
 _LAZY: dict[str, str] = {
+    # What runs actors sets the context their code sees (``context()``): the worker's
+    # dispatcher, and the controller's spawns that belong to no actor.
+    "actor_context": "monarch_kernel.actor:_current",
+    "root_context": "monarch_kernel.actor:_ROOT",
     "ActorMesh": "monarch_kernel.mesh._actor_mesh",
     "adopt": "monarch_kernel.mesh._control",
     "call_builtin": "monarch_kernel.mesh._builtin",
@@ -102,6 +108,8 @@ _LAZY: dict[str, str] = {
 }
 
 __all__ = [
+    "actor_context",
+    "root_context",
     "ActorMesh",
     "adopt",
     "call_builtin",

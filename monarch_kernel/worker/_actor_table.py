@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from monarch_kernel import _native, _origin
 from monarch_kernel._wire import ACTOR_FAILED
-from monarch_kernel.actor import Context, Instance, _current, endpoints_of
-from monarch_kernel.mesh import Extent, Point
+from monarch_kernel.actor import Context, Instance, endpoints_of
+from monarch_kernel.mesh import Extent, Point, actor_context
 from monarch_kernel.worker import _output
 from monarch_kernel.worker._lanes import LaneThread, lane_threads
 from monarch_kernel.worker._state import ActorEntry
@@ -75,7 +75,7 @@ def construct(
         Instance(d.point, name=name, class_name=f"{cls.__module__}.{cls.__qualname__}"),
         message_rank=d.point,
     )
-    reset = _current.set(ctx)
+    reset = actor_context.set(ctx)
     reset_origin = _origin.set_context(origin)
     try:
         instance = cls(*args, **kwargs)
@@ -86,7 +86,7 @@ def construct(
         return
     finally:
         _origin.reset(reset_origin)
-        _current.reset(reset)
+        actor_context.reset(reset)
     eps = endpoints_of(cls)
     a = ActorEntry(
         name,

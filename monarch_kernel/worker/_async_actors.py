@@ -21,8 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from monarch_kernel import _native, _origin
 from monarch_kernel._wire import ACTOR_FAILED
-from monarch_kernel.actor import _current
-from monarch_kernel.mesh import loads, owns, stop_owned, wait_read
+from monarch_kernel.mesh import actor_context, loads, owns, stop_owned, wait_read
 from monarch_kernel.worker import _display
 from monarch_kernel.worker._actor_failure import fails_actor
 from monarch_kernel.worker._actor_table import message_context
@@ -102,7 +101,7 @@ async def _run_call(d: DispatcherLike, a: ActorEntry, item: _native.Incoming) ->
     if failed is not None and d.actors.get(a.name) in (a, None):  # DISPATCH-4
         d._reject(token, ACTOR_FAILED + failed)
         return
-    _current.set(message_context(a, item))
+    actor_context.set(message_context(a, item))
     _origin.set_context(item.origin)  # this task's own context
     try:
         args, kwargs = loads(item.payload, item.buffers, d.token)

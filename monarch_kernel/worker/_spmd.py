@@ -22,7 +22,8 @@ import os
 import tokenize
 from typing import Any
 
-from monarch_kernel.actor import Actor, _current, endpoint, process_context
+from monarch_kernel.actor import Actor, endpoint, process_context
+from monarch_kernel.mesh import actor_context
 from monarch_kernel.worker import _display, _main_thread, _output
 
 #: The persistent namespace of ``%%mesh`` cells in this worker.
@@ -138,11 +139,11 @@ class MeshCells(Actor):
     def run(self, source: str, filename: str) -> dict[str, Any] | None:
         # SPMD code asks where it runs: current_rank() is this proc's rank in the
         # whole mesh, as outside any actor (the message itself went to one proc).
-        reset = _current.set(process_context())
+        reset = actor_context.set(process_context())
         try:
             return run_cell(source, filename)
         finally:
-            _current.reset(reset)
+            actor_context.reset(reset)
             # CELL-1: what the cell printed is on its way before its value is.
             _output.mark_end()
 

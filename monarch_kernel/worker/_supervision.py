@@ -15,8 +15,7 @@ import traceback
 from typing import TYPE_CHECKING, Any
 
 from monarch_kernel._wire import ACTOR_FAILURE_MARK
-from monarch_kernel.actor import _current
-from monarch_kernel.mesh import MeshFailure, escalates
+from monarch_kernel.mesh import MeshFailure, actor_context, escalates
 
 if TYPE_CHECKING:
     from monarch_kernel.worker._state import DispatcherLike
@@ -59,13 +58,13 @@ def supervise_owner(d: DispatcherLike, actor: str, failure: Any, limit: float = 
         print(f"monarch: {actor}.__supervise__ raised (above): the failure is unhandled", file=sys.stderr)
 
     def run() -> None:
-        reset = _current.set(a.context)
+        reset = actor_context.set(a.context)
         try:
             out[0] = hook(failure)
         except BaseException:
             raised()
         finally:
-            _current.reset(reset)
+            actor_context.reset(reset)
             done.set()
 
     async def run_async() -> None:

@@ -14,8 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from monarch_kernel import _native, _origin
-from monarch_kernel.actor import _current
-from monarch_kernel.mesh import loads, stop_owned, wait_read
+from monarch_kernel.mesh import actor_context, loads, stop_owned, wait_read
 from monarch_kernel.worker import _display
 from monarch_kernel.worker._actor_failure import fails_actor
 from monarch_kernel.worker._actor_table import message_context
@@ -32,7 +31,7 @@ def run_sync_item(d: DispatcherLike, runner: LaneThread, item: _native.Incoming)
     a = d._callee(token, item.actor, method, runner)
     if a is None:
         return
-    reset = _current.set(message_context(a, item))
+    reset = actor_context.set(message_context(a, item))
     reset_origin = _origin.set_context(item.origin)
     try:
         runner.running_what = f"{a.name}.{method}"
@@ -52,7 +51,7 @@ def run_sync_item(d: DispatcherLike, runner: LaneThread, item: _native.Incoming)
     finally:
         runner.running_call = None
         _origin.reset(reset_origin)
-        _current.reset(reset)
+        actor_context.reset(reset)
     # XFER-2: the actor's next message may change what it returned; the caller
     # pulls it as the reply arrives, and this waits for that.
     wait_read(d._reply(token, result, f"{a.name}.{method}"), limit=REPLY_WAIT_S)
