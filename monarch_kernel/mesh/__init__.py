@@ -48,10 +48,10 @@ if TYPE_CHECKING:
     from monarch_kernel.mesh._value_mesh import ValueMesh
 
 _LAZY: dict[str, str] = {
-    # What runs actors sets the context their code sees (``context()``): the worker's
-    # dispatcher, and the controller's spawns that belong to no actor.
+    # (``actor_context``, ``root_context``: what runs actors sets the context their code
+    # sees, ``context()``: the worker's dispatcher, and the controller's spawns that
+    # belong to no actor.)
     "actor_context": "monarch_kernel.actor:_current",
-    "root_context": "monarch_kernel.actor:_ROOT",
     "ActorMesh": "monarch_kernel.mesh._actor_mesh",
     "adopt": "monarch_kernel.mesh._control",
     "call_builtin": "monarch_kernel.mesh._builtin",
@@ -92,6 +92,7 @@ _LAZY: dict[str, str] = {
     "ProcMesh": "monarch_kernel.mesh._proc_mesh",
     "ProcRef": "monarch_kernel.mesh._proc_ref",
     "RankedPortReceiver": "monarch_kernel.mesh._port",
+    "root_context": "monarch_kernel.actor:_ROOT",
     "scatter": "monarch_kernel.mesh._transfer_buffer",
     "set_slow_wait": "monarch_kernel.mesh._future",
     "set_this_proc": "monarch_kernel.mesh._role",
@@ -109,7 +110,6 @@ _LAZY: dict[str, str] = {
 
 __all__ = [
     "actor_context",
-    "root_context",
     "ActorMesh",
     "adopt",
     "call_builtin",
@@ -150,6 +150,7 @@ __all__ = [
     "ProcMesh",
     "ProcRef",
     "RankedPortReceiver",
+    "root_context",
     "scatter",
     "set_slow_wait",
     "set_this_proc",
