@@ -222,7 +222,9 @@ class Supervisor:
         # Its calls fail now, not when its address refuses: a child it forked may still
         # hold its listening socket, and a broken connection is otherwise resumed (RESUME-1).
         if info.get("addr"):
-            _native.abandon_calls(info["addr"], s.state.ref.token, err.args[0] if err.args else str(err))
+            why = err.args[0] if err.args else str(err)
+            _native.abandon_calls(info["addr"], s.state.ref.token, why)
+            _native.abandon_relayed_calls(s.state.ref.token, [rank], why)
         if notify and not (s.closed or s.stopping):
             self.notify(MeshFailure.of(err, "dead"))
 

@@ -88,11 +88,15 @@ class ProcRef:
         cannot reach them would otherwise wait for them (RESUME-1)."""
         if host is None:
             addrs = [*self.addrs, *(agent for agent, _first, _n in self.hosts)]
+            procs = range(len(self.addrs))
         else:
             agent, first, n = self.hosts[host]
             addrs = [agent, *self.addrs[first : first + n]]
+            procs = range(first, first + n)
         for addr in addrs:
             _native.abandon_calls(addr, self.token, why)
+        # TREE-1: calls to them may wait on another host's agent, which forwards them.
+        _native.abandon_relayed_calls(self.token, list(procs), why)
 
     def agent_of(self, rank: int) -> str | None:
         """The address of the agent that owns proc ``rank``."""

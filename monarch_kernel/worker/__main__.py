@@ -6,6 +6,11 @@ identity as the second (JSON: ``{"ca", "cert", "key"}``; ``{}`` without TLS; TLS
 (``MONARCH_LISTEN_FD``), its rank (``MONARCH_RANK``), the mesh's shape
 (``MONARCH_SHAPE``), the controller's import path (``MONARCH_SYS_PATH``) and, for
 ``gpus`` meshes, the host's GPUs (``MONARCH_GPUS``, see ``hosts._placement``).
+
+With ``MONARCH_TEMPLATE_FD`` set it is instead the agent's template process (FORK-1,
+``native/src/agent/template.rs``): it imports what a worker imports, then forks
+each worker the agent asks for; the child goes on as ``main()`` would after an
+``exec``.
 """
 
 from __future__ import annotations
@@ -87,5 +92,100 @@ def main() -> None:
     _main_thread.serve_forever()
 
 
+def template() -> None:
+    """FORK-1: serve the agent's requests to fork a worker, on the socket it passed
+    (``MONARCH_TEMPLATE_FD``), until it closes; report each child's exit there."""
+    import gc
+    import selectors
+    import signal
+    import socket
+
+    from monarch_kernel import _native, hosts, mesh, worker  # noqa: F401 (each child's imports)
+    from monarch_kernel.worker import _debug, _main_thread, _output  # noqa: F401
+
+    sock = socket.socket(fileno=int(os.environ.pop("MONARCH_TEMPLATE_FD")))
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    sel = selectors.DefaultSelector()
+    sel.register(sock, selectors.EVENT_READ)
+    sel.register(wake_r, selectors.EVENT_READ)
+    gc.freeze()  # the children share these pages: the collector must not write them
+    me = os.getpid()
+
+    def reap() -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            signum = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
+            code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
+            sock.send(json.dumps({"exit": pid, "code": code, "signal": signum}).encode())
+
+    while True:
+        for key, _ in sel.select():
+            if key.fileobj is not sock:
+                while os.read(wake_r, 512) == 512:
+                    pass
+                continue
+            msg, fds, _, _ = socket.recv_fds(sock, 4096, 4)
+            if not msg:  # the agent is gone (its children die with this process)
+                os._exit(0)
+            pid = os.fork()
+            if pid == 0:
+                sel.close()
+                for fd in (sock.detach(), wake_r, wake_w):
+                    os.close(fd)
+                _become_worker(json.loads(msg)["rank"], fds, me)
+            for fd in fds:
+                os.close(fd)
+            sock.send(json.dumps({"pid": pid}).encode())
+        reap()
+
+
+def _become_worker(rank: int, fds: list[int], template_pid: int) -> None:
+    """In a child of the template: take the worker's pipes and socket, then run as
+    ``main()``; never returns."""
+    import signal
+    import traceback
+
+    from monarch_kernel import _native
+
+    code = 1
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.setsid()
+        if not _native.die_with_parent(template_pid):
+            os._exit(70)  # AGENT-1: the template (and so the agent) is gone already
+        listen, stdin, stdout, stderr = fds
+        for fd, to in ((stdin, 0), (stdout, 1), (stderr, 2)):
+            os.dup2(fd, to)
+            os.close(fd)
+        os.environ["MONARCH_RANK"] = str(rank)
+        os.environ["MONARCH_LISTEN_FD"] = str(listen)
+        main()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except Exception:
+                pass
+        os._exit(code)
+
+
 if __name__ == "__main__":
-    main()
+    if "MONARCH_TEMPLATE_FD" in os.environ:
+        template()
+    else:
+        main()

@@ -7,7 +7,7 @@
 use bytes::Bytes;
 use monarch_kernel_native::agent::{self, AgentConfig, AgentHandle};
 use monarch_kernel_native::proto::v1::host_agent_client::HostAgentClient;
-use monarch_kernel_native::proto::v1::{ReplyKind, SpawnWorkersRequest, WorkerInfo};
+use monarch_kernel_native::proto::v1::{Delivery, ReplyKind, SpawnWorkersRequest, WorkerInfo};
 use monarch_kernel_native::rpc::client::{reply_kind, Fanout, Target, WorkerConn};
 use monarch_kernel_native::rpc::inbox::{Kind, LANE_LOOP};
 use monarch_kernel_native::rpc::server::WorkerHost;
@@ -80,8 +80,30 @@ struct Host {
     _logs: tempfile::TempDir,
 }
 
+/// Deliveries to workers of the relay's own host: (proc, rank).
+fn here(procs: &[(u32, u32)]) -> Vec<Delivery> {
+    via("", procs)
+}
+
+/// Deliveries to workers of the host whose relay is `relay` (TREE-1): (proc, rank).
+fn via(relay: &str, procs: &[(u32, u32)]) -> Vec<Delivery> {
+    procs
+        .iter()
+        .map(|&(proc, rank)| Delivery {
+            proc,
+            rank,
+            relay: relay.to_string(),
+        })
+        .collect()
+}
+
 impl Host {
     fn start(rt: &tokio::runtime::Runtime, token: &'static str, workers: u32) -> Host {
+        Self::start_at(rt, token, workers, 0)
+    }
+
+    /// An agent whose workers' proc ranks start at `first`.
+    fn start_at(rt: &tokio::runtime::Runtime, token: &'static str, workers: u32, first: u32) -> Host {
         let logs = tempfile::tempdir().unwrap();
         let cfg = AgentConfig {
             name: "relay-test".into(),
@@ -99,6 +121,7 @@ impl Host {
         let exe = std::env::current_exe().unwrap();
         let req = SpawnWorkersRequest {
             count: workers,
+            first_rank: first,
             executable: exe.to_string_lossy().into_owned(),
             args: ["relay_test_worker", "--exact", "--ignored", "--nocapture"]
                 .map(String::from)
@@ -145,7 +168,7 @@ fn a_call_through_the_relay_reaches_each_worker_and_each_reply_comes_back_as_its
     assert_eq!(procs, [0, 1]);
     let relay = WorkerConn::relay(rt.handle(), &host.handle.addr, host.token).unwrap();
     let x = Bytes::from_static(b"x");
-    let (_, slots) = relay.call_fanned(&target(&x), &[(0, 5), (1, 6)]);
+    let (_, slots) = relay.call_fanned(&target(&x), here(&[(0, 5), (1, 6)]));
     let got: Vec<String> = slots.iter().map(text).collect();
     assert_eq!(got, ["0:5:1:x", "1:6:1:x"]);
     // A call that names no worker is refused, and the connection goes on.
@@ -153,7 +176,7 @@ fn a_call_through_the_relay_reaches_each_worker_and_each_reply_comes_back_as_its
     let r = slot.unwrap().wait(WAIT).unwrap().unwrap();
     assert_eq!(reply_kind(&r), ReplyKind::Rejected);
     // A worker the host does not have is lost, as a direct call to it would be.
-    let (_, slots) = relay.call_fanned(&target(&x), &[(1, 0), (9, 1)]);
+    let (_, slots) = relay.call_fanned(&target(&x), here(&[(1, 0), (9, 1)]));
     assert_eq!(text(&slots[0]), "1:0:2:x");
     match slots[1].wait(WAIT).unwrap() {
         Err(RpcError::ConnectionLost { addr, reason }) => {
@@ -164,6 +187,37 @@ fn a_call_through_the_relay_reaches_each_worker_and_each_reply_comes_back_as_its
     }
     assert!(relay.lost().is_none());
     host.stop(&rt);
+}
+
+#[test]
+fn a_relay_forwards_the_deliveries_of_another_host_to_its_relay_and_returns_their_replies() {
+    // TREE-1: one message to host A's relay reaches A's workers and B's, and each
+    // reply comes back under the caller's call id, marked with its proc.
+    let rt = runtime();
+    let token = "relay-test-token-tree";
+    let a = Host::start_at(&rt, token, 2, 0);
+    let b = Host::start_at(&rt, token, 2, 2);
+    let relay = WorkerConn::relay(rt.handle(), &a.handle.addr, token).unwrap();
+    let x = Bytes::from_static(b"x");
+    let mut ds = here(&[(0, 0), (1, 1)]);
+    ds.extend(via(&b.handle.addr, &[(2, 2), (3, 3)]));
+    let (_, slots) = relay.call_fanned(&target(&x), ds.clone());
+    let got: Vec<String> = slots.iter().map(text).collect();
+    assert_eq!(got, ["0:0:1:x", "1:1:1:x", "2:2:1:x", "3:3:1:x"]);
+    // A proc B does not have is lost; the others answer.
+    let (_, slots) = relay.call_fanned(&target(&x), via(&b.handle.addr, &[(3, 0), (7, 1)]));
+    assert_eq!(text(&slots[0]), "3:0:2:x");
+    assert!(matches!(slots[1].wait(WAIT).unwrap(), Err(RpcError::ConnectionLost { .. })));
+    // B's agent gone: its procs' deliveries fail as lost, fast; A's still answer.
+    b.stop(&rt);
+    let (_, slots) = relay.call_fanned(&target(&x), ds);
+    assert_eq!(text(&slots[0]), "0:0:2:x");
+    assert_eq!(text(&slots[1]), "1:1:2:x");
+    for s in &slots[2..] {
+        assert!(matches!(s.wait(WAIT).unwrap(), Err(RpcError::ConnectionLost { .. })));
+    }
+    assert!(relay.lost().is_none());
+    a.stop(&rt);
 }
 
 #[test]
@@ -193,7 +247,7 @@ fn calls_through_a_partitioned_relay_wait_then_complete_once_each() {
     let relay = WorkerConn::relay(rt.handle(), &proxy.addr, host.token).unwrap();
     let call = |p: &'static [u8]| {
         relay
-            .call_fanned(&target(&Bytes::from_static(p)), &[(0, 0), (1, 1)])
+            .call_fanned(&target(&Bytes::from_static(p)), here(&[(0, 0), (1, 1)]))
             .1
     };
     let a = call(b"a");

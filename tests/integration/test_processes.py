@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 from proc_helpers import alive, parent, still_alive
@@ -27,16 +28,50 @@ def own_procs2(state_home):
     procs.stop()
 
 
-def test_workers_run_in_their_own_session_as_children_of_the_agent(procs2):
+def test_workers_run_in_their_own_session_forked_by_the_agents_template(procs2):
+    """FORK-1: the agent's template process forks the workers; each leads a session
+    of its own, apart from the template's and the controller's."""
     agent_pid = procs2._session("test").agent.popen.pid
     workers = _worker_pids(procs2)
     assert len(workers) == 2
     assert os.getsid(agent_pid) != os.getsid(0)
+    template = parent(workers[0])
+    assert parent(template) == agent_pid
+    assert b"MONARCH_TEMPLATE_FD=" in open(f"/proc/{template}/environ", "rb").read()
+    # A forked worker's command line is the one an exec'd worker has.
+    assert open(f"/proc/{workers[0]}/cmdline", "rb").read().split(b"\0")[1:3] == [b"-m", b"monarch_kernel.worker"]
     for pid in workers:
         assert alive(pid)
-        assert os.getsid(pid) != os.getsid(0)
-        assert parent(pid) == agent_pid
-        assert parent(pid) != os.getpid()
+        assert os.getsid(pid) == pid
+        assert os.getsid(pid) not in (os.getsid(0), os.getsid(template))
+        assert parent(pid) == template
+
+
+def test_workers_asked_to_start_by_exec_are_children_of_the_agent(state_home):
+    procs = this_host().spawn_procs(per_host={"procs": 2}, env={"MONARCH_WORKER_FORK": "0"})
+    try:
+        agent_pid = procs._session("test").agent.popen.pid
+        for pid in _worker_pids(procs):
+            assert parent(pid) == agent_pid
+            assert os.getsid(pid) == pid
+    finally:
+        procs.stop()
+
+
+def test_a_killed_template_takes_its_workers_and_each_is_reported(own_procs2):
+    """AGENT-1 through FORK-1: the workers die with their template, the agent lists
+    each as exited (killed), and the next spawn forks from a new template."""
+    session = own_procs2._session("test")
+    workers = _worker_pids(own_procs2)
+    os.kill(parent(workers[0]), signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        listed = session.client.list_workers()
+        if all(w["state"] == "exited" for w in listed):
+            break
+        time.sleep(0.05)
+    assert [(w["state"], w["signal"]) for w in listed] == [("exited", signal.SIGKILL)] * 2
+    assert still_alive(workers) == []
 
 
 def test_the_agent_lists_every_worker_as_running(procs2):

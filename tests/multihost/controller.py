@@ -45,8 +45,14 @@ class ControllerError(Exception):
 class Controller:
     """A Python process on the login host (see the module docstring)."""
 
-    def __init__(self, cluster: Cluster, state_home: str) -> None:
-        env = {**os.environ, **cluster.env(), "XDG_STATE_HOME": state_home, "MONARCH_FORWARD_OUTPUT": "0"}
+    def __init__(self, cluster: Cluster, state_home: str, env: dict[str, str] | None = None) -> None:
+        env = {
+            **os.environ,
+            **cluster.env(),
+            "XDG_STATE_HOME": state_home,
+            "MONARCH_FORWARD_OUTPUT": "0",
+            **(env or {}),
+        }
         env.pop("MONARCH_TRANSFER_HOST", None)
         self.proc = subprocess.Popen(
             cluster.login_cmd([sys.executable, "-u", "-c", REPL]),

@@ -16,6 +16,7 @@ pub mod marks;
 pub mod oom;
 pub mod process;
 pub mod relay;
+pub mod template;
 
 use crate::proto::v1::agent_event;
 use crate::proto::v1::host_agent_server::{HostAgent, HostAgentServer};

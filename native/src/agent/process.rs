@@ -22,7 +22,8 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
+use super::template::{self, Exit, Template};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::broadcast;
 
 /// Lines of output kept in memory per rank.
@@ -32,7 +33,7 @@ struct Record {
     info: WorkerInfo,
     /// AGENT-1: the write end of the worker's stdin; dropping it (or the agent dying)
     /// tells the worker to exit.
-    stdin: Option<tokio::process::ChildStdin>,
+    stdin: Option<Box<dyn AsyncWrite + Send + Unpin>>,
     /// The last [`RING_LINES`] lines of output.
     ring: VecDeque<LogLine>,
 }
@@ -53,7 +54,43 @@ pub struct Workers {
     records: Arc<Mutex<Vec<Record>>>,
     /// The command the workers were started with (for respawn).
     spec: Mutex<Option<SpawnWorkersRequest>>,
+    /// FORK-1: the templates started, one per command. Each lives as long as the
+    /// workers it forked (they die with it) or until `stop_all`.
+    templates: Mutex<Vec<Arc<Template>>>,
+    /// FORK-1: a template failed here, so workers start by `exec` from now on.
+    no_template: std::sync::atomic::AtomicBool,
 }
+
+/// A started worker, until it exits: a child of the agent (`exec`) or of its
+/// template (FORK-1).
+enum Running {
+    Exec(tokio::process::Child),
+    Forked(tokio::sync::oneshot::Receiver<Exit>),
+}
+
+impl Running {
+    async fn wait(self) -> Exit {
+        match self {
+            Running::Exec(mut child) => match child.wait().await {
+                Ok(st) => Exit {
+                    code: st.code().unwrap_or(-1),
+                    signal: st.signal().unwrap_or(0),
+                },
+                Err(_) => Exit { code: -1, signal: 0 },
+            },
+            Running::Forked(rx) => rx.await.unwrap_or(Exit {
+                code: -1,
+                signal: libc::SIGKILL,
+            }),
+        }
+    }
+}
+
+type Pipes = (
+    Option<Box<dyn AsyncWrite + Send + Unpin>>,
+    Option<Box<dyn AsyncRead + Send + Unpin>>,
+    Option<Box<dyn AsyncRead + Send + Unpin>>,
+);
 
 fn hostname() -> String {
     let mut buf = [0u8; 256];
@@ -182,6 +219,8 @@ impl Workers {
             bind_host,
             records: Arc::new(Mutex::new(Vec::new())),
             spec: Mutex::new(None),
+            templates: Mutex::new(Vec::new()),
+            no_template: Default::default(),
         }
     }
 
@@ -235,28 +274,80 @@ impl Workers {
         Ok(out)
     }
 
-    async fn spawn_one(
-        &self,
-        rank: u32,
-        req: &SpawnWorkersRequest,
-        events: broadcast::Sender<AgentEvent>,
-    ) -> std::io::Result<WorkerInfo> {
-        let listener = std::net::TcpListener::bind((self.bind_host.as_str(), 0))?;
-        let addr = listener.local_addr()?.to_string();
-        let fd = listener.as_raw_fd();
-        let mut cmd = tokio::process::Command::new(&req.executable);
-        cmd.args(&req.args)
-            .envs(&req.env)
-            .env("MONARCH_LISTEN_FD", fd.to_string())
-            .env("MONARCH_RANK", rank.to_string())
-            .env("MONARCH_MESH", &self.mesh)
+    /// The environment every worker of this agent gets besides the command's own.
+    fn common_env(&self, req: &SpawnWorkersRequest) -> [(&'static str, String); 2] {
+        [
+            ("MONARCH_MESH", self.mesh.clone()),
             // The transfer engine listens where the worker does (unless set).
-            .env(
+            (
                 "MONARCH_TRANSFER_HOST",
                 req.env
                     .get("MONARCH_TRANSFER_HOST")
-                    .unwrap_or(&self.bind_host),
-            )
+                    .unwrap_or(&self.bind_host)
+                    .clone(),
+            ),
+        ]
+    }
+
+    /// FORK-1: the template that forks the workers of `req`, started if need be; none
+    /// if they cannot be forked or a template failed here before.
+    fn template_for(&self, req: &SpawnWorkersRequest) -> Option<Arc<Template>> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if !template::forkable(req) || self.no_template.load(Relaxed) {
+            return None;
+        }
+        let mut all = lock(&self.templates);
+        if let Some(t) = all.iter().find(|t| t.serves(req)) {
+            return Some(t.clone());
+        }
+        match Template::start(req, &self.common_env(req)) {
+            Ok(t) => {
+                let t = Arc::new(t);
+                all.push(t.clone());
+                Some(t)
+            }
+            Err(e) => {
+                self.no_fork(&e);
+                None
+            }
+        }
+    }
+
+    fn no_fork(&self, why: &std::io::Error) {
+        eprintln!("monarch agent: workers start by exec from now on: the worker template failed ({why})");
+        // The templates stay: the workers they forked live while they do.
+        self.no_template
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Starts the worker of `rank` on `listener`: forked from the template (FORK-1),
+    /// or by `exec`.
+    async fn start(
+        &self,
+        rank: u32,
+        req: &SpawnWorkersRequest,
+        listener: &std::net::TcpListener,
+    ) -> std::io::Result<(u32, Pipes, Running)> {
+        let fd = listener.as_raw_fd();
+        if let Some(t) = self.template_for(req) {
+            match t.fork(rank, fd).await {
+                Ok(f) => {
+                    let pipes: Pipes = (
+                        Some(Box::new(f.stdin)),
+                        Some(Box::new(f.stdout)),
+                        Some(Box::new(f.stderr)),
+                    );
+                    return Ok((f.pid, pipes, Running::Forked(f.exit)));
+                }
+                Err(e) => self.no_fork(&e),
+            }
+        }
+        let mut cmd = tokio::process::Command::new(&req.executable);
+        cmd.args(&req.args)
+            .envs(&req.env)
+            .envs(self.common_env(req))
+            .env("MONARCH_LISTEN_FD", fd.to_string())
+            .env("MONARCH_RANK", rank.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -277,9 +368,35 @@ impl Workers {
             });
         }
         let mut child = cmd.spawn()?;
+        let pipes: Pipes = (
+            child
+                .stdin
+                .take()
+                .map(|s| Box::new(s) as Box<dyn AsyncWrite + Send + Unpin>),
+            child
+                .stdout
+                .take()
+                .map(|s| Box::new(s) as Box<dyn AsyncRead + Send + Unpin>),
+            child
+                .stderr
+                .take()
+                .map(|s| Box::new(s) as Box<dyn AsyncRead + Send + Unpin>),
+        );
+        Ok((child.id().unwrap_or(0), pipes, Running::Exec(child)))
+    }
+
+    async fn spawn_one(
+        &self,
+        rank: u32,
+        req: &SpawnWorkersRequest,
+        events: broadcast::Sender<AgentEvent>,
+    ) -> std::io::Result<WorkerInfo> {
+        let listener = std::net::TcpListener::bind((self.bind_host.as_str(), 0))?;
+        let addr = listener.local_addr()?.to_string();
+        let (pid, (mut stdin, stdout, stderr), running) =
+            self.start(rank, req, &listener).await?;
         drop(listener);
-        let pid = child.id().unwrap_or(0);
-        let mut stdin = child.stdin.take();
+
         let mut info = WorkerInfo {
             rank,
             pid,
@@ -312,18 +429,18 @@ impl Workers {
             }
         }
         let log_path = self.log_dir.join(format!("rank-{rank}.log"));
-        if let Some(out) = child.stdout.take() {
+        if let Some(out) = stdout {
             self.capture(rank, pid, "stdout", out, log_path.clone(), events.clone());
         }
-        if let Some(err) = child.stderr.take() {
+        if let Some(err) = stderr {
             self.capture(rank, pid, "stderr", err, log_path, events.clone());
         }
         let records = self.records.clone();
         let oom = super::oom::OomWatch::start(pid);
         let token = self.token.clone();
         tokio::spawn(async move {
-            let status = child.wait().await;
-            let killed = status.as_ref().ok().and_then(|s| s.signal()) == Some(libc::SIGKILL);
+            let exit = running.wait().await;
+            let killed = exit.signal == libc::SIGKILL;
             let cause = if killed {
                 tokio::task::spawn_blocking(move || oom.cause(pid))
                     .await
@@ -340,10 +457,8 @@ impl Workers {
                     return;
                 };
                 rec.info.state = WorkerState::Exited as i32;
-                if let Ok(st) = status {
-                    rec.info.exit_code = st.code().unwrap_or(-1);
-                    rec.info.signal = st.signal().unwrap_or(0);
-                }
+                rec.info.exit_code = exit.code;
+                rec.info.signal = exit.signal;
                 rec.info.exit_cause = cause;
                 rec.stdin = None;
                 rec.info.clone()
@@ -484,6 +599,8 @@ impl Workers {
         while !self.running_pids().is_empty() && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        // FORK-1: their templates go with them (started again by the next spawn).
+        lock(&self.templates).clear();
     }
 }
 

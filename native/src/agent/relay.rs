@@ -11,6 +11,13 @@
 //! deliveries: the worker checks the caller's epoch and pulls the call's buffers
 //! itself. A caller whose connection to the relay broke resumes it (RESUME-1,
 //! `rpc/resume.rs`); the relay's own connections to its workers resume the same way.
+//!
+//! TREE-1: a delivery that names another relay (`Delivery.relay`, a host of this
+//! one's group) is forwarded to it, in one message per relay with the deliveries
+//! that name it, on this agent's connection to it (`WorkerConn::branch`, RESUME-1 as
+//! any other); its replies come back here as its workers' and go on to the caller
+//! under the caller's call id. A relay it cannot reach answers LOST for each of its
+//! procs, so a call never waits on a broken branch.
 
 use super::Agent;
 use crate::proto::v1::relay_server;
@@ -28,10 +35,13 @@ use tokio::sync::mpsc;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
-/// Calls in flight through the relay: for each call id, the workers (proc rank,
-/// connection) it went to and how many replies are still to come (so that a cancel
-/// reaches them).
-type InFlight = Arc<Mutex<HashMap<u64, (usize, Vec<(u32, Arc<WorkerConn>)>)>>>;
+/// Where one delivery of a relayed call went: its proc rank, the connection (to its
+/// worker, or to another relay: TREE-1) and the call's id on that connection.
+type Leg = (u32, Arc<WorkerConn>, u64);
+
+/// Calls in flight through the relay: for each call id, where its deliveries went and
+/// how many replies are still to come (so that a cancel reaches them).
+type InFlight = Arc<Mutex<HashMap<u64, (usize, Vec<Leg>)>>>;
 
 /// The relay service of one agent.
 pub struct Relay {
@@ -115,19 +125,22 @@ impl relay_server::Relay for Relay {
 
     async fn cancel(&self, req: Request<CancelRequest>) -> Result<Response<CancelReply>, Status> {
         let r = req.into_inner();
-        let conns: Vec<Arc<WorkerConn>> = lock(&self.in_flight)
+        let legs: Vec<Leg> = lock(&self.in_flight)
             .get(&r.call_id)
-            .map(|(_, c)| {
-                c.iter()
-                    .filter(|(p, _)| r.proc.is_none_or(|want| want == *p))
-                    .map(|(_, c)| c.clone())
+            .map(|(_, legs)| {
+                legs.iter()
+                    .filter(|(p, _, _)| r.proc.is_none_or(|want| want == *p))
+                    .cloned()
                     .collect()
             })
             .unwrap_or_default();
         let rt = tokio::runtime::Handle::current();
-        for c in &conns {
-            c.cancel_as(&rt, r.call_id, r.epoch, None);
+        for (proc, c, id) in &legs {
+            // A worker runs the call once; another relay (TREE-1) runs it for many.
+            let only = (*id != r.call_id).then_some(*proc);
+            c.cancel_as(&rt, *id, r.epoch, only);
         }
+        let conns = legs;
         Ok(Response::new(CancelReply {
             found: !conns.is_empty(),
         }))
@@ -182,7 +195,16 @@ fn deliver(
     call.resent = false;
     let (callers, caller) = (to.callers.clone(), to.caller);
     let mut targets = Vec::new();
-    for d in &deliveries {
+    let mut branches: Vec<(String, Vec<crate::proto::v1::Delivery>)> = Vec::new();
+    for mut d in deliveries {
+        if !d.relay.is_empty() {
+            let relay = std::mem::take(&mut d.relay);
+            match branches.iter_mut().find(|(r, _)| *r == relay) {
+                Some((_, ds)) => ds.push(d),
+                None => branches.push((relay, vec![d])),
+            }
+            continue;
+        }
         let conn = match agent.workers.addr_of(d.proc) {
             None => Err(format!(
                 "this host has no running worker of proc {}",
@@ -198,21 +220,53 @@ fn deliver(
             Err(_) => {}
         }
     }
-    if !oneway && !targets.is_empty() {
-        // Before any reply can come: each one counts down its call's entry.
-        let conns = targets.iter().map(|t| (t.0, t.2.clone())).collect();
-        lock(in_flight).insert(call_id, (targets.len(), conns));
+    // Each leg: (proc, connection, id there, the slot its reply completes).
+    let mut legs: Vec<(u32, Arc<WorkerConn>, u64, Option<Arc<crate::rpc::slot::Slot>>)> = Vec::new();
+    for (relay, ds) in branches {
+        let procs: Vec<u32> = ds.iter().map(|d| d.proc).collect();
+        let conn = match WorkerConn::branch(rt, &relay, agent.token()) {
+            Ok(c) => c,
+            Err(e) if !oneway => {
+                for p in procs {
+                    let why = format!("the relay of its host ({relay}) cannot be reached: {e}");
+                    callers.reply(caller, refusal(call_id, ReplyKind::Lost, Some(p), why));
+                }
+                continue;
+            }
+            Err(_) => continue,
+        };
+        let mut part = call.clone();
+        part.fan_out = ds;
+        let (id, slots) = conn.forward_fanned(part);
+        if oneway {
+            continue;
+        }
+        for (p, slot) in procs.into_iter().zip(slots) {
+            legs.push((p, conn.clone(), id, Some(slot)));
+        }
     }
     for (proc, rank, conn) in targets {
         let mut one = call.clone();
         one.rank = rank;
-        let Some(slot) = conn.forward(one) else {
-            continue; // oneway
-        };
+        let slot = conn.forward(one);
+        legs.push((proc, conn, call_id, slot));
+    }
+    if oneway || legs.is_empty() {
+        return;
+    }
+    {
+        // Before any reply can come back to the caller: each one counts down its
+        // call's entry.
+        let kept = legs.iter().map(|l| (l.0, l.1.clone(), l.2)).collect();
+        lock(in_flight).insert(call_id, (legs.len(), kept));
+    }
+    for (proc, _, _, slot) in legs {
+        let Some(slot) = slot else { continue };
         let (callers, slot2, in_flight) = (callers.clone(), slot.clone(), in_flight.clone());
         slot.on_done(Box::new(move || {
             let reply = match slot2.wait(Some(Duration::ZERO)) {
                 Some(Ok(mut r)) => {
+                    r.call_id = call_id;
                     r.proc = Some(proc);
                     r
                 }

@@ -101,6 +101,18 @@ fn exit_when_stdin_closes() {
         .ok();
 }
 
+/// FORK-1, in a worker the template forked: this process gets SIGKILL when its parent
+/// (the template) ends, as one the agent started gets when the agent does (AGENT-1).
+/// False if the parent is already gone (`parent` is not the parent any more).
+#[pyfunction]
+fn die_with_parent(parent: i32) -> bool {
+    // SAFETY: prctl and getppid have no memory-safety preconditions.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        libc::getppid() == parent
+    }
+}
+
 /// How the host agent reads a worker's output line: `(origin, text)` (for the test
 /// that Python's worker writes what the agent parses).
 #[pyfunction]
@@ -139,5 +151,6 @@ pub fn register_python_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ORIGIN_END", char::from(ORIGIN_END).to_string())?;
     m.add_function(wrap_pyfunction!(start_agent, m)?)?;
     m.add_function(wrap_pyfunction!(exit_when_stdin_closes, m)?)?;
+    m.add_function(wrap_pyfunction!(die_with_parent, m)?)?;
     Ok(())
 }

@@ -375,6 +375,18 @@ fn abandon_calls(addr: &str, token: &str, reason: &str) -> bool {
     crate::rpc::client::WorkerConn::abandon_at(addr, token, err)
 }
 
+/// Fails every call this process waits for from the procs `procs` (proc ranks) of the
+/// mesh with `token` through any relay (TREE-1: through another host's agent too),
+/// with `reason`. Whether any was waiting.
+#[pyfunction]
+fn abandon_relayed_calls(token: &str, procs: Vec<u32>, reason: &str) -> bool {
+    let err = crate::rpc::RpcError::ConnectionLost {
+        addr: "a relay".to_string(),
+        reason: reason.to_string(),
+    };
+    crate::rpc::client::WorkerConn::abandon_procs(token, &procs, err)
+}
+
 /// Sets how long this process's connections try to resume a broken stream before
 /// their calls fail as lost (RESUME-5); `None`: for as long as it takes (a controller,
 /// whose supervision abandons the calls of hosts it declares lost).
@@ -428,6 +440,7 @@ pub fn register_python_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ping_all, m)?)?;
     m.add_function(wrap_pyfunction!(set_epoch, m)?)?;
     m.add_function(wrap_pyfunction!(abandon_calls, m)?)?;
+    m.add_function(wrap_pyfunction!(abandon_relayed_calls, m)?)?;
     m.add_function(wrap_pyfunction!(set_resume_limit, m)?)?;
     m.add_class::<PyWorkerConn>()?;
     m.add_class::<PyEndpoint>()?;

@@ -39,28 +39,31 @@ impl WorkerConn {
     }
 
     /// Sends one endpoint call to a relay (a host agent) that delivers it to the
-    /// workers `deliveries` (proc rank, index within the called mesh) of its host.
-    /// Returns the call id and, unless `oneway`, one slot per delivery, in order.
-    pub fn call_fanned(
-        &self,
-        target: &Target<'_>,
-        deliveries: &[(u32, u32)],
-    ) -> (u64, Vec<Arc<Slot>>) {
-        let call_id = next_call_id();
-        let fan_out = deliveries
-            .iter()
-            .map(|&(proc, rank)| Delivery { proc, rank })
-            .collect();
-        let msg = self.message(target, call_id, 0, fan_out);
-        let oneway = msg.oneway;
+    /// workers `deliveries` names (proc rank, index within the called mesh, and the
+    /// relay of their host when it is another one: TREE-1). Returns the call id and,
+    /// unless `oneway`, one slot per delivery, in order.
+    pub fn call_fanned(&self, target: &Target<'_>, deliveries: Vec<Delivery>) -> (u64, Vec<Arc<Slot>>) {
+        let msg = self.message(target, next_call_id(), 0, deliveries);
+        self.send_fanned(msg)
+    }
+
+    /// TREE-1, in a relay: sends `msg` (another caller's call: its payload, epoch and
+    /// origin kept) to the relay at the other end for the deliveries it names, under
+    /// a call id of this connection. The id and the slots, as [`call_fanned`](Self::call_fanned).
+    pub fn forward_fanned(&self, mut msg: Call) -> (u64, Vec<Arc<Slot>>) {
+        msg.call_id = next_call_id();
+        msg.resent = false;
+        self.send_fanned(msg)
+    }
+
+    fn send_fanned(&self, msg: Call) -> (u64, Vec<Arc<Slot>>) {
+        let (call_id, oneway) = (msg.call_id, msg.oneway);
+        let n = msg.fan_out.len();
         let done = |err: RpcError| {
             let slots = if oneway {
                 Vec::new()
             } else {
-                deliveries
-                    .iter()
-                    .map(|_| Slot::done_with(Err(err.clone())))
-                    .collect()
+                (0..n).map(|_| Slot::done_with(Err(err.clone()))).collect()
             };
             (call_id, slots)
         };
@@ -70,7 +73,7 @@ impl WorkerConn {
         let slots: Vec<Arc<Slot>> = if oneway {
             Vec::new()
         } else {
-            deliveries.iter().map(|_| Slot::new()).collect()
+            (0..n).map(|_| Slot::new()).collect()
         };
         if !oneway {
             let mut p = lock(&self.pending);
@@ -78,9 +81,10 @@ impl WorkerConn {
                 drop(p);
                 return done(err);
             }
-            let by_proc = deliveries
+            let by_proc = msg
+                .fan_out
                 .iter()
-                .map(|d| d.0)
+                .map(|d| d.proc)
                 .zip(slots.iter().cloned())
                 .collect();
             p.fanned.insert(call_id, (by_proc, msg.clone()));

@@ -2,6 +2,15 @@
 //! ([`Order`], `order.rs`), the procs of a host that go through its relay as one
 //! message to it (RELAY-1), the others each on its own connection.
 //!
+//! TREE-1: beyond [`fanout_limit`] hosts, the hosts are cut into that many groups of
+//! neighbours, and a call's part for a host goes to its group's head (the group's
+//! first host whose relay is not known lost), which delivers its own host's part and
+//! forwards each other host's part to that host's relay (`Delivery.relay`,
+//! `agent/relay.rs`), so the messages this process sends per call grow with the
+//! number of groups, not of hosts. A host's part always takes the same route while
+//! its head lives, so each path keeps its order (ORDER-1); replies come back the way
+//! the call went, gathered in each relay's batches.
+//!
 //! A [`Fanout`] is made once per mesh (its hosts' relays, and which host runs each
 //! proc); the ORDER-1 state it consults is this process's one for the mesh's token,
 //! whichever `Fanout` sends.
@@ -9,10 +18,11 @@
 use super::calls::Target;
 use super::order::Order;
 use super::WorkerConn;
+use crate::proto::v1::Delivery;
 use crate::rpc::slot::Slot;
 use crate::rpc::RpcError;
 use crate::sync::lock;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
 use tokio::runtime::Handle;
 
@@ -25,6 +35,28 @@ fn order_of(token: &str) -> Arc<Mutex<Order>> {
     map.entry(token.to_string()).or_default().clone()
 }
 
+/// The most messages one call sends to relays (TREE-1): 16, or `MONARCH_TREE_LIMIT`.
+pub fn fanout_limit() -> usize {
+    static LIMIT: OnceLock<usize> = OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        std::env::var("MONARCH_TREE_LIMIT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&n: &usize| n >= 1)
+            .unwrap_or(16)
+    })
+}
+
+/// How many neighbouring hosts share a head when `hosts` hosts are called through at
+/// most `limit` relays (1: no tree).
+fn group_width(hosts: usize, limit: usize) -> usize {
+    if hosts <= limit {
+        1
+    } else {
+        hosts.div_ceil(limit)
+    }
+}
+
 /// How a mesh's procs lie on its hosts, to send its calls by the paths ORDER-1 allows.
 pub struct Fanout {
     token: String,
@@ -33,6 +65,8 @@ pub struct Fanout {
     /// The index of the host that runs each proc, by proc rank (a proc on no host:
     /// host 0).
     host_of: Vec<usize>,
+    /// TREE-1: how many neighbouring hosts share a head (1: each host is its own).
+    width: usize,
     /// The mesh's ORDER-1 state ([`order_of`]): held from choosing the paths of a
     /// call until it is sent, so that the order of sending is the order chosen in.
     order: Arc<Mutex<Order>>,
@@ -70,12 +104,26 @@ impl Fanout {
             token: token.to_string(),
             relays: hosts.iter().map(|h| h.0.clone()).collect(),
             host_of,
+            width: group_width(hosts.len(), fanout_limit()),
             order: order_of(token),
         }
     }
 
     fn host_of(&self, proc: u32) -> usize {
         self.host_of.get(proc as usize).copied().unwrap_or(0)
+    }
+
+    /// TREE-1: the host whose relay takes `host`'s part of a call: the first host of
+    /// its group whose relay is not known lost (`host` itself without a tree).
+    fn head_of(&self, host: usize) -> usize {
+        if self.width == 1 {
+            return host;
+        }
+        let start = host - host % self.width;
+        let end = (start + self.width).min(self.relays.len());
+        (start..end)
+            .find(|&h| !WorkerConn::relay_lost(&self.relays[h], &self.token))
+            .unwrap_or(start)
     }
 
     /// Sends one call of `target` to `procs`, each by its path: `conns[i]` is the
@@ -92,6 +140,8 @@ impl Fanout {
         let hosts: Vec<usize> = procs.iter().map(|&p| self.host_of(p)).collect();
         let mut out: Vec<Option<Sent>> = procs.iter().map(|_| None).collect();
         let mut order = lock(&self.order);
+        // The relayed parts, by the relay they go to (TREE-1: a group's head).
+        let mut by_head: BTreeMap<usize, Vec<(usize, Delivery)>> = BTreeMap::new();
         for part in order.plan(procs, &hosts, self.relays.len(), target.oneway) {
             // CLIENT-3: a lost connection is never used for a new call.
             let direct = part
@@ -114,24 +164,34 @@ impl Fanout {
             if part.relayed.is_empty() {
                 continue;
             }
-            let relay = match self.relays.get(part.host) {
-                Some(addr) => WorkerConn::relay(rt, addr, &self.token)?,
-                None => {
-                    return Err(RpcError::Address(format!(
-                        "no relay for host {}",
-                        part.host
-                    )))
-                }
+            if part.host >= self.relays.len() {
+                return Err(RpcError::Address(format!("no relay for host {}", part.host)));
+            }
+            let head = self.head_of(part.host);
+            let via = if head == part.host {
+                String::new()
+            } else {
+                self.relays[part.host].clone()
             };
-            let deliveries: Vec<(u32, u32)> =
-                part.relayed.iter().map(|&i| (procs[i], ranks[i])).collect();
-            let (call_id, slots) = relay.call_fanned(target, &deliveries);
+            by_head.entry(head).or_default().extend(part.relayed.iter().map(|&i| {
+                let d = Delivery {
+                    proc: procs[i],
+                    rank: ranks[i],
+                    relay: via.clone(),
+                };
+                (i, d)
+            }));
+        }
+        for (head, parts) in by_head {
+            let relay = WorkerConn::relay(rt, &self.relays[head], &self.token)?;
+            let (idx, deliveries): (Vec<usize>, Vec<Delivery>) = parts.into_iter().unzip();
+            let (call_id, slots) = relay.call_fanned(target, deliveries);
             if target.oneway {
-                for &i in &part.relayed {
+                for &i in &idx {
                     order.sent_relayed(procs[i], None);
                 }
             }
-            for (&i, slot) in part.relayed.iter().zip(slots) {
+            for (&i, slot) in idx.iter().zip(slots) {
                 order.sent_relayed(procs[i], Some(&slot));
                 out[i] = Some(Sent {
                     call_id,
@@ -165,5 +225,23 @@ mod tests {
         let c = Fanout::new("fanout-other-token", &[]);
         assert!(Arc::ptr_eq(&a.order, &b.order));
         assert!(!Arc::ptr_eq(&a.order, &c.order));
+    }
+
+    #[test]
+    fn hosts_beyond_the_limit_share_heads_so_a_call_sends_at_most_the_limit() {
+        assert_eq!(group_width(16, 16), 1);
+        assert_eq!(group_width(17, 16), 2);
+        assert_eq!(group_width(64, 16), 4);
+        assert_eq!(group_width(1024, 16), 64);
+        for hosts in 1..300 {
+            let w = group_width(hosts, 16);
+            assert!(hosts.div_ceil(w) <= 16, "{hosts} hosts in groups of {w}");
+        }
+        let hosts: Vec<(String, u32, u32)> =
+            (0..64).map(|i| (format!("10.0.0.{i}:1"), i * 16, 16)).collect();
+        let f = Fanout::new("fanout-tree-token", &hosts);
+        let heads: std::collections::BTreeSet<usize> = (0..64).map(|h| f.head_of(h)).collect();
+        assert_eq!(heads.len(), 16);
+        assert_eq!((f.head_of(0), f.head_of(3), f.head_of(4), f.head_of(63)), (0, 0, 4, 60));
     }
 }

@@ -70,6 +70,9 @@ enum Peer {
     /// A worker, for the relay of its host's agent (`Worker`): replies pass on
     /// untouched, their buffers are not pulled here.
     Relayed,
+    /// Another host agent's relay, for a relay that forwards a call to its subtree
+    /// (`Relay`, TREE-1): replies pass on untouched, as `Relayed`.
+    Branch,
 }
 
 /// A connection to one worker, or to one host agent's relay (its `Peer`).

@@ -70,3 +70,24 @@ pub(super) fn fail_all(pending: &Mutex<Pending>, err: RpcError) {
         slot.complete(Err(cause.clone()));
     }
 }
+
+/// Fails the fanned-out calls' slots of the workers `procs` with `err`, leaving the
+/// connection and its other calls as they are (TREE-1). Whether any was waiting.
+pub(super) fn fail_procs(pending: &Mutex<Pending>, procs: &[u32], err: &RpcError) -> bool {
+    let mut failed = Vec::new();
+    {
+        let mut p = lock(pending);
+        p.fanned.retain(|_, (slots, _)| {
+            for proc in procs {
+                if let Some(slot) = slots.remove(proc) {
+                    failed.push(slot);
+                }
+            }
+            !slots.is_empty()
+        });
+    }
+    for slot in &failed {
+        slot.complete(Err(err.clone()));
+    }
+    !failed.is_empty()
+}

@@ -28,10 +28,12 @@ fn table(peer: Peer) -> &'static ConnTable {
     static WORKERS: OnceLock<ConnTable> = OnceLock::new();
     static RELAYS: OnceLock<ConnTable> = OnceLock::new();
     static RELAYED: OnceLock<ConnTable> = OnceLock::new();
+    static BRANCHES: OnceLock<ConnTable> = OnceLock::new();
     match peer {
         Peer::Worker => &WORKERS,
         Peer::Relay => &RELAYS,
         Peer::Relayed => &RELAYED,
+        Peer::Branch => &BRANCHES,
     }
     .get_or_init(Default::default)
 }
@@ -54,6 +56,38 @@ impl WorkerConn {
     /// replies pass through untouched, their buffers are not pulled here.
     pub fn relayed(rt: &Handle, addr: &str, token: &str) -> Result<Arc<WorkerConn>, RpcError> {
         Self::shared(Peer::Relayed, rt, addr, token)
+    }
+
+    /// A relay's connection to another host agent's relay, to forward the part of a
+    /// call that goes to its subtree (TREE-1); shared like [`WorkerConn::get`].
+    pub fn branch(rt: &Handle, addr: &str, token: &str) -> Result<Arc<WorkerConn>, RpcError> {
+        Self::shared(Peer::Branch, rt, addr, token)
+    }
+
+    /// Whether this process's connection to the relay at `addr` is known lost (its
+    /// agent refused or closed it, or supervision declared its host gone): TREE-1
+    /// forwards through another agent of its group while it is.
+    pub fn relay_lost(addr: &str, token: &str) -> bool {
+        let key = (addr.to_string(), token.to_string());
+        let conn = lock(table(Peer::Relay)).get(&key).cloned();
+        conn.is_some_and(|c| c.lost().is_some())
+    }
+
+    /// Fails the calls this process waits for through any relay of the mesh with
+    /// `token` from the workers `procs` (proc ranks), with `err` (TREE-1: a call to a
+    /// host's workers may go through another host's agent, whose connection lives on
+    /// when that host is lost). Whether any call was waiting.
+    pub fn abandon_procs(token: &str, procs: &[u32], err: RpcError) -> bool {
+        let conns: Vec<Arc<WorkerConn>> = lock(table(Peer::Relay))
+            .iter()
+            .filter(|((_, t), _)| t == token)
+            .map(|(_, c)| c.clone())
+            .collect();
+        let mut any = false;
+        for c in conns {
+            any |= super::pending::fail_procs(&c.pending, procs, &err);
+        }
+        any
     }
 
     /// [`WorkerConn::abandon`]s this process's connection to the worker or the relay
@@ -129,7 +163,7 @@ impl WorkerConn {
             .keep_alive_while_idle(true);
         let _guard = rt.enter();
         let channel = endpoint.connect_lazy();
-        let client = Client::new(channel, attach, peer == Peer::Relay);
+        let client = Client::new(channel, attach, matches!(peer, Peer::Relay | Peer::Branch));
         let (tx, rx) = mpsc::unbounded_channel::<Call>();
         let pending = Arc::new(Mutex::new(Pending::default()));
         let answered = Arc::new(AtomicBool::new(false));
@@ -141,7 +175,7 @@ impl WorkerConn {
             answered: answered.clone(),
             plaintext: ca.is_none(),
             // XFER-2; a relay passes replies on untouched instead.
-            prefetch: peer != Peer::Relayed,
+            prefetch: matches!(peer, Peer::Worker | Peer::Relay),
             token: Arc::from(token),
             caller: resume::random_id(),
             abandoned: abandoned.clone(),

@@ -1,0 +1,219 @@
+"""The scale rows of `make bench`: 1,024 procs on 64 test hosts from one controller.
+
+A cluster of ``BENCH_SCALE_HOSTS`` hosts (64; tools/testcluster: network namespaces on
+this machine, each with its own sshd and slurmd) is made for these rows and removed
+after. The controller runs inside the login host (this module with ``--inside``) and
+measures, beside baselines taken in the same run:
+
+- bring-up of hosts x 16 procs with SlurmJob and with SSHJob, to the first reply of
+  every rank's actor (beside ``srun -N<hosts> true`` and one ``ssh true`` per host,
+  16 at a time, as SSHJob starts its agents);
+- ``call()`` to every rank and gather: the median, the call messages this controller
+  sends per call (TREE-1 bounds them by 16), and this process's CPU time per call,
+  beside the same on 16 hosts x 4 procs;
+- a worker killed among them: the time until the controller is told (``on_failure``);
+- ``stop()``.
+
+Every host shares this machine's CPUs (2 on the reference machine): 1,024 procs here
+are 1,024 processes on those CPUs, not a real 64-node cluster.
+
+    python -m bench.scale           # brings a cluster up, prints the rows, removes it
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from bench.run import Echo, timed
+from tools.testcluster import Cluster, ClusterError, unavailable
+
+ROOT = Path(__file__).resolve().parents[1]
+_SELF = [sys.executable, "-m", "bench.scale"]
+
+HOSTS = int(os.environ.get("BENCH_SCALE_HOSTS", "64"))
+PER_HOST = int(os.environ.get("BENCH_SCALE_PROCS", "16"))
+#: The baseline mesh of the CPU and latency rows (the multi-host rows' size).
+BASE_HOSTS, BASE_PROCS = 16, 4
+N_CALLS = 30
+INSIDE_TIMEOUT = 900
+Row = tuple[str, float, str, str, float, str]
+
+
+def _call_figures(procs: Any, name: str, n: int) -> dict[str, float]:
+    """Median seconds of call() to every proc of ``procs`` with gather, the call
+    messages sent per call and this process's CPU seconds per call."""
+    from monarch_kernel import _native
+
+    ping = procs.spawn(name, Echo).ping
+    ping.call(0).get(timeout=300)
+    for _ in range(3):
+        ping.call(1).get(timeout=60)
+    sent, cpu = _native.calls_sent(), time.process_time()
+    samples = []
+    for i in range(n):
+        t = time.perf_counter()
+        ping.call(i).get(timeout=60)
+        samples.append(time.perf_counter() - t)
+    return {
+        "median": statistics.median(samples),
+        "messages": (_native.calls_sent() - sent) / n,
+        "cpu": (time.process_time() - cpu) / n,
+    }
+
+
+def _bring_up(host_mesh: Any) -> tuple[Any, float]:
+    """A mesh of PER_HOST procs per host with an actor on every proc; seconds from
+    spawn_procs to the first reply of every rank."""
+    t = time.perf_counter()
+    procs = host_mesh.spawn_procs(per_host={"procs": PER_HOST})
+    n = len(procs.spawn("first", Echo).ping.call(0).get(timeout=600).values())
+    assert n == HOSTS * PER_HOST, n
+    return procs, time.perf_counter() - t
+
+
+def _death_seconds(procs: Any) -> float:
+    """Seconds from SIGKILL of one worker (the middle rank) to the controller's report."""
+    told = threading.Event()
+    rank = HOSTS * PER_HOST // 2
+
+    def seen(failure: Any) -> None:
+        if failure.kind == "dead" and failure.rank == rank:
+            told.set()
+
+    procs.on_failure(seen)
+    pid = next(w["pid"] for w in procs._session("bench").client.list_workers() if w["rank"] == rank)
+    t = time.perf_counter()
+    os.kill(pid, signal.SIGKILL)  # (the test hosts share this machine's pid namespace)
+    if not told.wait(60):
+        raise RuntimeError(f"the death of rank {rank} was not reported within 60 s")
+    return time.perf_counter() - t
+
+
+def inside(cfg: dict[str, Any]) -> dict[str, float]:
+    """Every measurement of the controller side (in the login host)."""
+    from monarch_kernel.job import SlurmJob, SSHJob
+
+    out: dict[str, float] = {}
+    hosts: list[str] = cfg["hosts"]
+    ssh_args = ["-F", cfg["ssh_config"]]
+
+    t = time.perf_counter()
+    subprocess.run(["srun", f"-N{HOSTS}", "true"], check=True, capture_output=True)
+    out["srun_true"] = time.perf_counter() - t
+    t = time.perf_counter()
+    with ThreadPoolExecutor(16) as pool:
+        for r in pool.map(lambda h: subprocess.run(["ssh", *ssh_args, h, "true"], capture_output=True), hosts):
+            r.check_returncode()
+    out["ssh_true"] = time.perf_counter() - t
+
+    # The baseline: call() to 16 hosts x 4 procs.
+    base = SlurmJob(meshes={"hosts": BASE_HOSTS}, partition=cfg["partition"])
+    procs = base.state(cached_path=None).hosts.spawn_procs(per_host={"procs": BASE_PROCS})
+    try:
+        for k, v in _call_figures(procs, "echo", N_CALLS).items():
+            out[f"base_{k}"] = v
+    finally:
+        procs.stop()
+        base.kill()
+
+    slurm = SlurmJob(meshes={"hosts": HOSTS}, partition=cfg["partition"])
+    procs, out["slurm_up"] = _bring_up(slurm.state(cached_path=None).hosts)
+    try:
+        for k, v in _call_figures(procs, "echo", N_CALLS).items():
+            out[f"call_{k}"] = v
+        out["death"] = _death_seconds(procs)
+    finally:
+        t = time.perf_counter()
+        procs.stop()
+        out["stop"] = time.perf_counter() - t
+        slurm.kill()
+
+    ssh = SSHJob(hosts=hosts, ssh_args=ssh_args)
+    procs, out["ssh_up"] = _bring_up(ssh.state(cached_path=None).hosts)
+    procs.stop()
+    ssh.kill()
+    return out
+
+
+def measure() -> dict[str, float]:
+    """Brings the cluster up, measures, removes it; the figures."""
+    cluster = Cluster.up(hosts=HOSTS)
+    state = tempfile.mkdtemp(prefix="bench-scale-")
+    try:
+        cfg = {
+            "hosts": [h.name for h in cluster.hosts],
+            "ssh_config": str(cluster.ssh_config),
+            "partition": cluster.partition,
+        }
+        env = {**os.environ, **cluster.env(), "XDG_STATE_HOME": state, "MONARCH_FORWARD_OUTPUT": "0"}
+        env.pop("MONARCH_TRANSFER_HOST", None)
+        done = subprocess.run(
+            cluster.login_cmd([*_SELF, "--inside", json.dumps(cfg)]),
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=INSIDE_TIMEOUT,
+        )
+        if done.returncode:
+            raise ClusterError(f"the measuring controller failed ({done.returncode}):\n{done.stderr[-3000:]}")
+        figures: dict[str, float] = json.loads(done.stdout.splitlines()[-1])
+        return figures
+    except subprocess.SubprocessError as e:
+        raise ClusterError(f"{e}\n{(getattr(e, 'stderr', None) or '')[-3000:]}") from e
+    finally:
+        cluster.down()
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def to_rows(f: dict[str, float]) -> list[Row]:
+    ms, nan = 1e3, float("nan")
+    n, base_n = HOSTS * PER_HOST, BASE_HOSTS * BASE_PROCS
+    size = f"{HOSTS} hosts x {PER_HOST} procs"
+    return [
+        (f"SlurmJob {size}: bring-up to every rank's reply", f["slurm_up"], "s", f"srun -N{HOSTS} true",
+         f["srun_true"], "<= 30 s"),
+        (f"SSHJob {size}: bring-up to every rank's reply", f["ssh_up"], "s", f"ssh true x {HOSTS}, 16 at once",
+         f["ssh_true"], "<= 45 s"),
+        (f"call() to {n} procs and gather", f["call_median"] * ms, "ms", f"call() to {base_n} procs",
+         f["base_median"] * ms, "<= 50 ms"),
+        (f"messages per call() to {n} procs on {HOSTS} hosts", f["call_messages"], "msgs", "hosts",
+         HOSTS, "<= 16"),
+        (f"controller CPU per call() to {n} procs", f["call_cpu"] * ms, "ms",
+         f"per call() to {base_n} on {BASE_HOSTS} hosts", f["base_cpu"] * ms, "<= 4 x baseline"),
+        (f"death of 1 worker among {n} reported", f["death"] * ms, "ms", "", nan, "<= 1000 ms"),
+        (f"stop() of {n} procs", f["stop"], "s", "", nan, "seconds"),
+    ]
+
+
+def rows() -> list[Row]:
+    return to_rows(measure())
+
+
+def main(argv: list[str]) -> None:
+    if argv and argv[0] == "--inside":
+        print(json.dumps(inside(json.loads(argv[1]))), flush=True)
+    elif reason := unavailable():
+        print(f"scale rows skipped: no test cluster ({reason})")
+    else:
+        from bench.run import print_table
+
+        t = time.monotonic()
+        print_table(rows())
+        print(f"({HOSTS} test hosts; {time.monotonic() - t:.0f} s in all)")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
