@@ -21,12 +21,39 @@ pub const STREAM_WINDOW: u32 = 16 * 1024 * 1024;
 /// See [`STREAM_WINDOW`]; the connection's window spans all its streams.
 pub const CONNECTION_WINDOW: u32 = 64 * 1024 * 1024;
 
-/// The settings every gRPC server of the node runtime shares: keepalive that notices a
-/// silent peer within seconds (docs/architecture.md, "Supervision") and wide flow-control windows.
-pub fn server_builder() -> tonic::transport::Server {
+/// How often a server or client pings a quiet connection, and how long it waits for
+/// the answer before it drops it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Keepalive {
+    /// 1 s and 3 s: a silent peer is noticed within seconds (docs/architecture.md,
+    /// "Supervision"): the agents' servers (a controller's lease, AGENT-2) and the
+    /// connections of a process that must see a partition.
+    Watchful,
+    /// 15 s and 20 s: a worker's server, and an agent's connections to its own
+    /// workers. Their callers watch the connection themselves (the controller pings
+    /// its side every second; an agent sees its workers exit), and 1,024 workers each
+    /// pinging every caller every second cost a core of this machine (TREE-1's scale).
+    Relaxed,
+}
+
+impl Keepalive {
+    /// (interval, timeout).
+    pub fn times(self) -> (std::time::Duration, std::time::Duration) {
+        use std::time::Duration;
+        match self {
+            Keepalive::Watchful => (Duration::from_secs(1), Duration::from_secs(3)),
+            Keepalive::Relaxed => (Duration::from_secs(15), Duration::from_secs(20)),
+        }
+    }
+}
+
+/// The settings every gRPC server of the node runtime shares: keepalive (`keepalive`)
+/// and wide flow-control windows.
+pub fn server_builder(keepalive: Keepalive) -> tonic::transport::Server {
+    let (every, within) = keepalive.times();
     tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(std::time::Duration::from_secs(1)))
-        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(3)))
+        .http2_keepalive_interval(Some(every))
+        .http2_keepalive_timeout(Some(within))
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
 }
@@ -34,8 +61,9 @@ pub fn server_builder() -> tonic::transport::Server {
 /// [`server_builder`], serving TLS with `tls` when given (TLS-1), plaintext otherwise.
 pub fn server_builder_with(
     tls: Option<&tls::ServerIdentity>,
+    keepalive: Keepalive,
 ) -> Result<tonic::transport::Server, RpcError> {
-    let builder = server_builder();
+    let builder = server_builder(keepalive);
     let Some(id) = tls else { return Ok(builder) };
     tls::install_provider();
     builder.tls_config(id.server_config()).map_err(|e| {

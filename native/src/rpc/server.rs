@@ -274,7 +274,7 @@ impl WorkerHost {
         token: &str,
         tls: Option<&ServerIdentity>,
     ) -> Result<Self, RpcError> {
-        let mut builder = super::server_builder_with(tls)?;
+        let mut builder = super::server_builder_with(tls, super::Keepalive::Relaxed)?;
         let auth = TokenCheck::new(token).map_err(|e| RpcError::Auth(e.to_string()))?;
         let addr = listener
             .local_addr()

@@ -152,14 +152,22 @@ impl WorkerConn {
                 .tls_config(crate::rpc::tls::client_config(ca))
                 .map_err(|e| RpcError::TlsConfig(format!("the mesh's CA cannot be used: {e}")))?;
         }
+        // The gRPC default never notices a silent peer (docs/architecture.md,
+        // "Supervision"); an agent's connection to a worker of its own host needs no
+        // more than its exit, which the agent sees.
+        let keepalive = if peer == Peer::Relayed {
+            crate::rpc::Keepalive::Relaxed
+        } else {
+            crate::rpc::Keepalive::Watchful
+        };
+        let (every, within) = keepalive.times();
         let endpoint = endpoint
             .tcp_nodelay(true)
             .initial_stream_window_size(crate::rpc::STREAM_WINDOW)
             .initial_connection_window_size(crate::rpc::CONNECTION_WINDOW)
             .connect_timeout(Duration::from_secs(3))
-            // The gRPC default never notices a silent peer (docs/architecture.md, "Supervision").
-            .http2_keep_alive_interval(Duration::from_secs(1))
-            .keep_alive_timeout(Duration::from_secs(3))
+            .http2_keep_alive_interval(every)
+            .keep_alive_timeout(within)
             .keep_alive_while_idle(true);
         let _guard = rt.enter();
         let channel = endpoint.connect_lazy();
