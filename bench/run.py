@@ -500,9 +500,11 @@ def main() -> None:
     from bench import tensors  # (imports torch: after the rows above, whose procs never need it)
 
     more, skipped = multihost_rows()
-    print_table(rows + tensors.rows() + more)
-    if skipped:
-        print(skipped)
+    wide, wide_skipped = scale_rows()
+    print_table(rows + tensors.rows() + more + wide)
+    for why in (skipped, wide_skipped):
+        if why:
+            print(why)
     sys.stdout.flush()
 
 
@@ -518,6 +520,20 @@ def multihost_rows() -> tuple[list[tuple[str, float, str, str, float, str]], str
     except multihost.ClusterError as e:
         print(e, file=sys.stderr)
         return [], f"multi-host rows skipped: {str(e).splitlines()[0]}"
+
+
+def scale_rows() -> tuple[list[tuple[str, float, str, str, float, str]], str | None]:
+    """The scale rows (bench/scale.py: 1,024 procs on 64 test hosts made meanwhile);
+    where there are none, the line that says why."""
+    from bench import scale
+
+    if reason := scale.unavailable():
+        return [], f"scale rows skipped: no test cluster ({reason})"
+    try:
+        return scale.rows(), None
+    except scale.ClusterError as e:
+        print(e, file=sys.stderr)
+        return [], f"scale rows skipped: {str(e).splitlines()[0]}"
 
 
 def print_table(rows: list[tuple[str, float, str, str, float, str]]) -> None:

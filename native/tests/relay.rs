@@ -103,7 +103,12 @@ impl Host {
     }
 
     /// An agent whose workers' proc ranks start at `first`.
-    fn start_at(rt: &tokio::runtime::Runtime, token: &'static str, workers: u32, first: u32) -> Host {
+    fn start_at(
+        rt: &tokio::runtime::Runtime,
+        token: &'static str,
+        workers: u32,
+        first: u32,
+    ) -> Host {
         let logs = tempfile::tempdir().unwrap();
         let cfg = AgentConfig {
             name: "relay-test".into(),
@@ -207,14 +212,20 @@ fn a_relay_forwards_the_deliveries_of_another_host_to_its_relay_and_returns_thei
     // A proc B does not have is lost; the others answer.
     let (_, slots) = relay.call_fanned(&target(&x), via(&b.handle.addr, &[(3, 0), (7, 1)]));
     assert_eq!(text(&slots[0]), "3:0:2:x");
-    assert!(matches!(slots[1].wait(WAIT).unwrap(), Err(RpcError::ConnectionLost { .. })));
+    assert!(matches!(
+        slots[1].wait(WAIT).unwrap(),
+        Err(RpcError::ConnectionLost { .. })
+    ));
     // B's agent gone: its procs' deliveries fail as lost, fast; A's still answer.
     b.stop(&rt);
     let (_, slots) = relay.call_fanned(&target(&x), ds);
     assert_eq!(text(&slots[0]), "0:0:2:x");
     assert_eq!(text(&slots[1]), "1:1:2:x");
     for s in &slots[2..] {
-        assert!(matches!(s.wait(WAIT).unwrap(), Err(RpcError::ConnectionLost { .. })));
+        assert!(matches!(
+            s.wait(WAIT).unwrap(),
+            Err(RpcError::ConnectionLost { .. })
+        ));
     }
     assert!(relay.lost().is_none());
     a.stop(&rt);

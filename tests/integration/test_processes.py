@@ -39,7 +39,10 @@ def test_workers_run_in_their_own_session_forked_by_the_agents_template(procs2):
     assert parent(template) == agent_pid
     assert b"MONARCH_TEMPLATE_FD=" in open(f"/proc/{template}/environ", "rb").read()
     # A forked worker's command line is the one an exec'd worker has.
-    assert open(f"/proc/{workers[0]}/cmdline", "rb").read().split(b"\0")[1:3] == [b"-m", b"monarch_kernel.worker"]
+    assert open(f"/proc/{workers[0]}/cmdline", "rb").read().split(b"\0")[1:3] == [
+        b"-m",
+        b"monarch_kernel.worker",
+    ]
     for pid in workers:
         assert alive(pid)
         assert os.getsid(pid) == pid

@@ -373,8 +373,9 @@ pub fn start(
     listener: std::net::TcpListener,
 ) -> Result<AgentHandle, AgentError> {
     let auth = TokenCheck::new(&cfg.token)?;
-    let mut builder = crate::rpc::server_builder_with(cfg.tls.as_ref(), crate::rpc::Keepalive::Watchful)
-        .map_err(|e| AgentError::Tls(e.to_string()))?;
+    let mut builder =
+        crate::rpc::server_builder_with(cfg.tls.as_ref(), crate::rpc::Keepalive::Watchful)
+            .map_err(|e| AgentError::Tls(e.to_string()))?;
     // Any connection this process opens to the mesh's workers checks them too (TLS-2).
     crate::rpc::tls::set_mesh_ca(&cfg.token, cfg.tls_ca.as_deref())
         .map_err(|e| AgentError::Tls(e.to_string()))?;

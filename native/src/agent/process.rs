@@ -7,6 +7,7 @@
 //! token as the first line on stdin (never in argv or the environment); and, as the
 //! second, the mesh's TLS identity as JSON ([`tls_line`]; TLS-3).
 
+use super::template::{self, Exit, Template};
 use crate::agent::marks::classify;
 use crate::proto::v1::{
     agent_event, log_line::Kind, AgentEvent, LogLine, SpawnWorkersRequest, WorkerInfo, WorkerState,
@@ -22,7 +23,6 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use super::template::{self, Exit, Template};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::broadcast;
 
@@ -76,7 +76,10 @@ impl Running {
                     code: st.code().unwrap_or(-1),
                     signal: st.signal().unwrap_or(0),
                 },
-                Err(_) => Exit { code: -1, signal: 0 },
+                Err(_) => Exit {
+                    code: -1,
+                    signal: 0,
+                },
             },
             Running::Forked(rx) => rx.await.unwrap_or(Exit {
                 code: -1,
@@ -314,7 +317,9 @@ impl Workers {
     }
 
     fn no_fork(&self, why: &std::io::Error) {
-        eprintln!("monarch agent: workers start by exec from now on: the worker template failed ({why})");
+        eprintln!(
+            "monarch agent: workers start by exec from now on: the worker template failed ({why})"
+        );
         // The templates stay: the workers they forked live while they do.
         self.no_template
             .store(true, std::sync::atomic::Ordering::Relaxed);
@@ -393,8 +398,7 @@ impl Workers {
     ) -> std::io::Result<WorkerInfo> {
         let listener = std::net::TcpListener::bind((self.bind_host.as_str(), 0))?;
         let addr = listener.local_addr()?.to_string();
-        let (pid, (mut stdin, stdout, stderr), running) =
-            self.start(rank, req, &listener).await?;
+        let (pid, (mut stdin, stdout, stderr), running) = self.start(rank, req, &listener).await?;
         drop(listener);
 
         let mut info = WorkerInfo {

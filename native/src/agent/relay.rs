@@ -25,6 +25,7 @@ use crate::proto::v1::{Calls, CancelReply, CancelRequest, Replies, Reply, ReplyK
 use crate::rpc::batch::Batched;
 use crate::rpc::client::WorkerConn;
 use crate::rpc::resume::{self, Admit, Callers};
+use crate::rpc::slot::Slot;
 use crate::sync::lock;
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -220,8 +221,8 @@ fn deliver(
             Err(_) => {}
         }
     }
-    // Each leg: (proc, connection, id there, the slot its reply completes).
-    let mut legs: Vec<(u32, Arc<WorkerConn>, u64, Option<Arc<crate::rpc::slot::Slot>>)> = Vec::new();
+    // Each leg, and the slot its reply completes (none for a broadcast).
+    let mut legs: Vec<(Leg, Option<Arc<Slot>>)> = Vec::new();
     for (relay, ds) in branches {
         let procs: Vec<u32> = ds.iter().map(|d| d.proc).collect();
         let conn = match WorkerConn::branch(rt, &relay, agent.token()) {
@@ -242,14 +243,14 @@ fn deliver(
             continue;
         }
         for (p, slot) in procs.into_iter().zip(slots) {
-            legs.push((p, conn.clone(), id, Some(slot)));
+            legs.push(((p, conn.clone(), id), Some(slot)));
         }
     }
     for (proc, rank, conn) in targets {
         let mut one = call.clone();
         one.rank = rank;
         let slot = conn.forward(one);
-        legs.push((proc, conn, call_id, slot));
+        legs.push(((proc, conn, call_id), slot));
     }
     if oneway || legs.is_empty() {
         return;
@@ -257,10 +258,10 @@ fn deliver(
     {
         // Before any reply can come back to the caller: each one counts down its
         // call's entry.
-        let kept = legs.iter().map(|l| (l.0, l.1.clone(), l.2)).collect();
+        let kept = legs.iter().map(|(leg, _)| leg.clone()).collect();
         lock(in_flight).insert(call_id, (legs.len(), kept));
     }
-    for (proc, _, _, slot) in legs {
+    for ((proc, _, _), slot) in legs {
         let Some(slot) = slot else { continue };
         let (callers, slot2, in_flight) = (callers.clone(), slot.clone(), in_flight.clone());
         slot.on_done(Box::new(move || {

@@ -47,8 +47,7 @@ pub const WORKER_ARGS: [&str; 2] = ["-m", "monarch_kernel.worker"];
 
 /// Whether the workers of `req` may be forked from a template (FORK-1).
 pub fn forkable(req: &SpawnWorkersRequest) -> bool {
-    req.args == WORKER_ARGS
-        && req.env.get("MONARCH_WORKER_FORK").map(String::as_str) != Some("0")
+    req.args == WORKER_ARGS && req.env.get("MONARCH_WORKER_FORK").map(String::as_str) != Some("0")
 }
 
 /// What identifies a command: workers of another command need another template.
@@ -209,7 +208,8 @@ impl Template {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: both are fresh descriptors owned by nothing else.
-        let (ours, theirs) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let (ours, theirs) =
+            unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
         let fd = theirs.as_raw_fd();
         let mut cmd = tokio::process::Command::new(&req.executable);
         cmd.args(&req.args)

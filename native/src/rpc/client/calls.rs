@@ -42,7 +42,11 @@ impl WorkerConn {
     /// workers `deliveries` names (proc rank, index within the called mesh, and the
     /// relay of their host when it is another one: TREE-1). Returns the call id and,
     /// unless `oneway`, one slot per delivery, in order.
-    pub fn call_fanned(&self, target: &Target<'_>, deliveries: Vec<Delivery>) -> (u64, Vec<Arc<Slot>>) {
+    pub fn call_fanned(
+        &self,
+        target: &Target<'_>,
+        deliveries: Vec<Delivery>,
+    ) -> (u64, Vec<Arc<Slot>>) {
         let msg = self.message(target, next_call_id(), 0, deliveries);
         self.send_fanned(msg)
     }

@@ -165,7 +165,10 @@ impl Fanout {
                 continue;
             }
             if part.host >= self.relays.len() {
-                return Err(RpcError::Address(format!("no relay for host {}", part.host)));
+                return Err(RpcError::Address(format!(
+                    "no relay for host {}",
+                    part.host
+                )));
             }
             let head = self.head_of(part.host);
             let via = if head == part.host {
@@ -173,14 +176,17 @@ impl Fanout {
             } else {
                 self.relays[part.host].clone()
             };
-            by_head.entry(head).or_default().extend(part.relayed.iter().map(|&i| {
-                let d = Delivery {
-                    proc: procs[i],
-                    rank: ranks[i],
-                    relay: via.clone(),
-                };
-                (i, d)
-            }));
+            by_head
+                .entry(head)
+                .or_default()
+                .extend(part.relayed.iter().map(|&i| {
+                    let d = Delivery {
+                        proc: procs[i],
+                        rank: ranks[i],
+                        relay: via.clone(),
+                    };
+                    (i, d)
+                }));
         }
         for (head, parts) in by_head {
             let relay = WorkerConn::relay(rt, &self.relays[head], &self.token)?;
@@ -237,11 +243,15 @@ mod tests {
             let w = group_width(hosts, 16);
             assert!(hosts.div_ceil(w) <= 16, "{hosts} hosts in groups of {w}");
         }
-        let hosts: Vec<(String, u32, u32)> =
-            (0..64).map(|i| (format!("10.0.0.{i}:1"), i * 16, 16)).collect();
+        let hosts: Vec<(String, u32, u32)> = (0..64)
+            .map(|i| (format!("10.0.0.{i}:1"), i * 16, 16))
+            .collect();
         let f = Fanout::new("fanout-tree-token", &hosts);
         let heads: std::collections::BTreeSet<usize> = (0..64).map(|h| f.head_of(h)).collect();
         assert_eq!(heads.len(), 16);
-        assert_eq!((f.head_of(0), f.head_of(3), f.head_of(4), f.head_of(63)), (0, 0, 4, 60));
+        assert_eq!(
+            (f.head_of(0), f.head_of(3), f.head_of(4), f.head_of(63)),
+            (0, 0, 4, 60)
+        );
     }
 }
