@@ -1,6 +1,7 @@
 """``%%mesh``: a cell run on ranks of a mesh (SPMD), its output shown live, one block
-per rank (``--group-outputs order``: one stream of lines prefixed with their rank),
-then each rank's value or the ranks' remote tracebacks."""
+per rank (``--group-outputs order``: one stream of lines prefixed with their rank;
+``merge``, the default beyond ``BLOCKS_UP_TO`` ranks: each line once, with the ranks
+that printed it), then each rank's value or the ranks' remote tracebacks."""
 
 from __future__ import annotations
 
@@ -26,6 +27,33 @@ SHOW_TRACEBACKS = 3
 MARKS_WAIT_S = 2.0
 #: Put on a cell's queue when one of its calls ends.
 _DONE = object()
+#: ``--group-outputs auto``: one block per rank up to this many ranks, merged beyond.
+BLOCKS_UP_TO = 8
+
+
+def output_mode(group: str, nranks: int) -> str:
+    """The output mode of a cell on ``nranks`` ranks asked for ``group``."""
+    if group != "auto":
+        return group
+    return "rank" if nranks <= BLOCKS_UP_TO else "merge"
+
+
+def ranks_span(ranks: Any) -> str:
+    """``rank 3``, or ``ranks 0-3, 8, 10-11``: ``ranks`` (any iterable of ints) as
+    runs, sorted."""
+    got = sorted(set(ranks))
+    if len(got) == 1:
+        return f"rank {got[0]}"
+    runs: list[str] = []
+    start = prev = got[0]
+    for r in [*got[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        runs.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return "ranks " + ", ".join(runs)
 
 
 class MeshCellError(MonarchKernelError):
@@ -110,7 +138,9 @@ class MeshCellRun:
         cell is quick; a second into the wait, the progress bar and the debugger
         prompts are looked at every ``Bar`` step."""
         run = self
-        blocks = _Blocks(run.ranks, group, self.session.token, self.mesh)
+        mode = output_mode(group, len(run.ranks))
+        kind = _Merged if mode == "merge" else _Blocks
+        blocks = kind(run.ranks, mode, self.session.token, self.mesh)
         wake: Any = q if q is not None else queue.SimpleQueue()
         for f in run.futures:
             for c in f._calls:
@@ -168,7 +198,7 @@ class MeshCellRun:
         if failures:
             raise MeshCellError(failures, len(run.ranks))
 
-    def _wait_output(self, q: Any, origin: str, router: Any, blocks: _Blocks) -> None:
+    def _wait_output(self, q: Any, origin: str, router: Any, blocks: Any) -> None:
         """CELL-1: each rank that ran the cell wrote its end marks before replying;
         once they are here, so is everything it printed before. A rank whose marks do
         not come (its worker died) is asked to flush, as output of other threads may
@@ -532,6 +562,148 @@ class _Blocks:
 
     def finish(self) -> None:
         pass
+
+
+class _Merged(_Blocks):
+    """``--group-outputs merge``: the cell's text output as one display, each line
+    once with the ranks that printed it (``[ranks 0-1023] loss 0.31``), ordered by
+    where it stands in its ranks' own output (then by arrival), so the merged lines
+    read as one rank's would; a line a rank prints again is another line (its k-th
+    copy is merged with the other ranks' k-th copies), and a line with ``\r`` replaces the
+    rank's last such line, as a terminal shows it. Values merge the same way. When
+    the cell ends, the display also holds each rank's own output, folded (HTML
+    ``<details>``; plain-text clients get the merged lines). Rich outputs are shown
+    as ``order`` shows them: the rank's label, then the output."""
+
+    #: The merged display is shown again at most this often while the cell runs.
+    MERGED_EVERY_S = 0.25
+
+    def __init__(self, ranks: list[int], group: str, token: str | None = None, mesh: str = "") -> None:
+        super().__init__(ranks, "order", token, mesh)  # (rich outputs: as ``order``)
+        self.ranks = ranks
+        #: Each distinct (text, copy) in the order it first came, with its ranks.
+        self.merged: dict[tuple[str, int], set[int]] = {}
+        #: Each merged line's earliest place in a rank's own output.
+        self.place: dict[tuple[str, int], int] = {}
+        self.copies: dict[tuple[int, str], int] = {}
+        self.own: dict[int, list[str]] = {r: [] for r in ranks}
+        self.last_cr: dict[int, tuple[str, int]] = {}
+        self.handle: Any = None
+        self.dirty = False
+        self.merged_at = 0.0
+
+    def add(self, item: Captured) -> None:
+        _mesh, rank, _stream, text = item
+        if isinstance(text, DisplayMessage):
+            if rank in self.clear_on_next:
+                self.clear_on_next.discard(rank)
+                self._clear(rank)
+            self._display(rank, text)
+            return
+        rewrite = "\r" in text
+        if rewrite:
+            text = text.rsplit("\r", 1)[1] or text.rstrip("\r").rsplit("\r", 1)[-1]
+        own = self.own.setdefault(rank, [])
+        if rewrite and rank in self.last_cr:
+            self._drop(rank, self.last_cr.pop(rank))
+            if own:
+                own.pop()
+        n = self.copies.get((rank, text), 0)
+        self.copies[(rank, text)] = n + 1
+        key = (text, n)
+        self.merged.setdefault(key, set()).add(rank)
+        self.place[key] = min(self.place.get(key, len(own)), len(own))
+        own.append(text)
+        if rewrite:
+            self.last_cr[rank] = key
+        else:
+            self.last_cr.pop(rank, None)
+        self.dirty = True
+
+    def _drop(self, rank: int, key: tuple[str, int]) -> None:
+        ranks = self.merged.get(key)
+        if ranks is not None:
+            ranks.discard(rank)
+            if not ranks:
+                del self.merged[key]
+                self.place.pop(key, None)
+        self.copies[(rank, key[0])] = key[1]
+
+    def _clear(self, rank: int) -> None:
+        """``clear_output()`` on ``rank``: its lines leave the merged display."""
+        for key in [k for k, v in self.merged.items() if rank in v]:
+            self._drop(rank, key)
+        self.own[rank] = []
+        self.last_cr.pop(rank, None)
+        for kid in self.rich.pop(rank, []):
+            update_display({"text/plain": ""}, display_id=kid, raw=True)
+        self.dirty = True
+
+    @property
+    def behind(self) -> bool:
+        return self.dirty
+
+    def drain(self, q: Any, force: bool = False) -> int:
+        count = 0
+        while q is not None:
+            try:
+                item = q.get_nowait()
+            except Exception:
+                break
+            if item is not _DONE:
+                self.add(item)
+                count += 1
+        now = time.monotonic()
+        if self.dirty and (force or now - self.merged_at >= self.MERGED_EVERY_S):
+            self._show_merged(final=False)
+            self.merged_at = now
+        return count
+
+    def value(self, rank: int, value: Any) -> None:
+        if value is None:
+            return
+        data = value.get("data", {}) if isinstance(value, dict) else {"text/plain": str(value)}
+        if set(data) <= {"text/plain"}:
+            self.values[rank] = f"Out: {data.get('text/plain', '')}"
+            self.dirty = True
+            return
+        body = {"data": data, "metadata": value.get("metadata", {})}
+        self._rich_output(rank, DisplayMessage(self.mesh, rank, body))
+
+    def merged_text(self) -> str:
+        """The merged lines, then the merged values."""
+        order = sorted(enumerate(self.merged), key=lambda e: (self.place.get(e[1], 0), e[0]))
+        lines = [f"[{ranks_span(self.merged[key])}] {key[0]}" for _i, key in order]
+        by_value: dict[str, set[int]] = {}
+        for rank, text in self.values.items():
+            by_value.setdefault(text, set()).add(rank)
+        lines += [f"[{ranks_span(ranks)}] {text}" for text, ranks in by_value.items()]
+        return "\n".join(lines) or f"[{ranks_span(self.ranks)}] (no output)"
+
+    def _show_merged(self, final: bool) -> None:
+        import html
+
+        text = self.merged_text()
+        data = {"text/plain": text}
+        if final:
+            parts = [
+                f"<b>[rank {r}]</b>\n"
+                + html.escape("\n".join([*self.own.get(r, []), self.values.get(r, "")]))
+                for r in self.ranks
+            ]
+            data["text/html"] = (
+                f"<pre>{html.escape(text)}</pre><details><summary>each rank's output "
+                f"({len(self.ranks)} ranks)</summary><pre>{chr(10).join(parts)}</pre></details>"
+            )
+        if self.handle is None:
+            self.handle = uuid.uuid4().hex
+            display(data, raw=True, display_id=self.handle)
+        else:
+            update_display(data, display_id=self.handle, raw=True)
+        self.dirty = False
+
+    def finish(self) -> None:
+        self._show_merged(final=True)
 
 
 def _kernel() -> Any:

@@ -39,10 +39,12 @@ Line magic, one subcommand each (``%mesh?`` shows this text):
 Cell magic: run the cell on every worker (SPMD), in its persistent namespace:
 
     %%mesh [NAME] [--ranks SPEC | --slice DIM=I] [--noblock]
-           [--group-outputs rank|order] [--timeout S]
+           [--group-outputs auto|rank|order|merge] [--timeout S]
 
-Output streams live, one block per rank (``--group-outputs order``: one stream,
-lines prefixed with their rank). The last expression's value is shown per rank.
+Output streams live, one block per rank up to 8 ranks (``rank``), beyond that each
+line once with the ranks that printed it, ``[ranks 0-1023] loss 0.31`` (``merge``;
+each rank's own output folded below when the cell ends); ``order``: one stream,
+lines prefixed with their rank. The last expression's value is shown per rank.
 If ranks raise, their remote tracebacks are shown (the first few in full).
 ``--noblock`` returns at once; the run is in ``_mesh_run`` (``.wait()``,
 ``.results()``). The stop button interrupts the cell on every worker.
@@ -391,7 +393,7 @@ class MeshMagics(Magics):
     @argument("--ranks", help="only these ranks, e.g. 0,2-3")
     @argument("--slice", help="only DIM=I, e.g. procs=1")
     @argument("--noblock", action="store_true", help="return at once; the run is in _mesh_run")
-    @argument("--group-outputs", choices=["rank", "order"], default="rank")
+    @argument("--group-outputs", choices=["auto", "rank", "order", "merge"], default="auto")
     @argument("--timeout", type=float, help="seconds before the cell is interrupted on the workers")
     @cell_magic("mesh")  # type: ignore[arg-type]
     def mesh_cell(self, line: str, cell: str) -> Any:

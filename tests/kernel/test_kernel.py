@@ -101,6 +101,67 @@ def test_group_outputs_order_prefixes_lines_with_their_rank(kernel, mesh):
     assert out.stdout == "[rank 1] only me\n"
 
 
+def test_merged_outputs_show_each_line_once_with_the_ranks_that_printed_it(kernel, mesh):
+    """``merge`` (the default beyond 8 ranks): identical lines of many ranks are one
+    line with their ranks; the k-th copy of a line merges with the others' k-th; each
+    rank's own output is folded below the merged lines once the cell ends."""
+    out = kernel.run(
+        "%%mesh --group-outputs merge\nimport os\nprint('same')\nprint('mine', os.environ['MONARCH_RANK'])\n"
+        "print('same')\n7"
+    )
+    assert out.error is None, out.traceback
+    shown = [
+        m["content"]["data"]
+        for m in out.raw
+        if m["msg_type"] in ("display_data", "update_display_data")
+        and "<progress" not in m["content"]["data"].get("text/html", "")
+    ]
+    ids = {
+        m["content"].get("transient", {}).get("display_id")
+        for m in out.raw
+        if m["msg_type"] in ("display_data", "update_display_data")
+    }
+    assert len(ids) == 1, "one display for the whole cell"
+    lines = shown[-1]["text/plain"].splitlines()
+    assert lines[0] == "[ranks 0-1] same"
+    assert sorted(lines[1:3]) == ["[rank 0] mine 0", "[rank 1] mine 1"]
+    assert lines[3:] == ["[ranks 0-1] same", "[ranks 0-1] Out: 7"]
+    folded = shown[-1]["text/html"]
+    assert "<details>" in folded and "<b>[rank 1]</b>\nsame\nmine 1\nsame\nOut: 7" in folded
+    assert not out.stdout
+
+
+def test_ranks_are_named_as_runs():
+    from monarch_kernel.kernel._cells import output_mode, ranks_span
+
+    assert ranks_span([3]) == "rank 3"
+    assert ranks_span(range(1024)) == "ranks 0-1023"
+    assert ranks_span([11, 0, 1, 2, 3, 8, 10]) == "ranks 0-3, 8, 10-11"
+    assert [output_mode("auto", n) for n in (1, 8, 9, 1024)] == ["rank", "rank", "merge", "merge"]
+    assert output_mode("order", 1024) == "order"
+
+
+def test_merged_progress_lines_replace_their_ranks_last_one():
+    from monarch_kernel.kernel._cells import _Merged
+
+    m = _Merged([0, 1, 2], "merge")
+    for r in (0, 1):
+        m.add(("m", r, "stdout", "start"))
+    for r in (0, 1, 2):
+        m.add(("m", r, "stdout", "step 10%\r"))
+    for r in (0, 1):
+        m.add(("m", r, "stdout", "step 50%\r"))
+    m.add(("m", 2, "stdout", "done"))
+    assert m.merged_text().splitlines() == [
+        "[ranks 0-1] start",
+        "[rank 2] step 10%",
+        "[ranks 0-1] step 50%",
+        "[rank 2] done",
+    ]
+    m._clear(2)
+    assert m.merged_text().splitlines() == ["[ranks 0-1] start", "[ranks 0-1] step 50%"]
+
+
 def test_the_mesh_namespace_persists_and_push_and_pull_reach_it(kernel, mesh):
     assert kernel.run("%mesh push base=40+2").error is None
     out = kernel.run("%%mesh\ndoubled = base * 2")
