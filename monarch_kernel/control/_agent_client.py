@@ -312,6 +312,12 @@ class AgentClient:
     def list_workers(self, timeout: float = 5.0) -> list[dict[str, Any]]:
         return [worker_dict(w) for w in self.list_workers_raw(timeout)]
 
+    def ping_workers_future(self, epoch: int, timeout: float) -> Any:
+        """SUPERVISE-2: the agent pings each of its running workers (passing ``epoch``)
+        and answers for all; a grpc future of the ``PingWorkersReply`` (no thread)."""
+        req = self._pb.PingWorkersRequest(epoch=epoch, timeout_ms=max(10, int(timeout * 1000)))
+        return self._stub.PingWorkers.future(req, metadata=self._md, timeout=timeout + 1.0)
+
     def list_workers_raw(self, timeout: float = 5.0) -> list[Any]:
         """:meth:`list_workers`, as the agent's WorkerInfo messages."""
         return list(self._call("ListWorkers", self._pb.ListWorkersRequest(), timeout).workers)

@@ -112,6 +112,29 @@ class AgentGroup:
 
     # -- what the mesh's workers are ------------------------------------------------------
 
+    def ping_workers(self, epoch: int, timeout: float) -> dict[int, Any]:
+        """SUPERVISE-2, one message per host: each agent pings its running workers
+        (passing ``epoch``) and answers for all of them. By rank: ``(pid, epoch)`` for
+        an answer, an exception for a worker that could not be reached or is not
+        running on its host, None for no answer (or no answer from its agent)."""
+        sent = [(link, link.client.ping_workers_future(epoch, timeout)) for link in self.links]
+        out: dict[int, Any] = {}
+        for link, fut in sent:
+            try:
+                pings = {p.rank: p for p in fut.result().pings}
+            except Exception:  # the agent did not answer: its ranks say nothing
+                out.update(dict.fromkeys(link.ranks))
+                continue
+            for r in link.ranks:
+                p = pings.get(r)
+                if p is None:
+                    out[r] = MonarchKernelError(f"rank {r} is not running on {link.host}")
+                elif p.answered:
+                    out[r] = (p.pid, p.epoch)
+                else:
+                    out[r] = MonarchKernelError(p.error) if p.error else None
+        return out
+
     def list_workers_raw(self, timeout: float = 5.0) -> list[Any]:
         return sorted(
             self._answering(lambda link: link.client.list_workers_raw(timeout)), key=lambda w: w.rank

@@ -296,11 +296,11 @@ class Supervisor:
         while not s.closed and s.state.lost is None and not s.state.stopped:
             started = time.monotonic()
             ranks = [r for r in range(len(s.state.ref.addrs)) if r not in s.state.dead]
-            try:
-                conns = s.state.connect(ranks)
-                results = _native.ping_all(conns, HEARTBEAT_S)
+            try:  # one message per host: its agent pings its workers
+                by_rank = s.client.ping_workers(s.epoch, HEARTBEAT_S)
             except Exception:
-                results = [None] * len(ranks)
+                by_rank = {}
+            results = [by_rank.get(r) for r in ranks]
             for r, res in zip(ranks, results):
                 if s.closed or r in s.state.dead:
                     continue

@@ -16,6 +16,34 @@ WORKER_STATE_UNSPECIFIED: WorkerState
 WORKER_STATE_RUNNING: WorkerState
 WORKER_STATE_EXITED: WorkerState
 
+class PingWorkersRequest(_message.Message):
+    __slots__ = ("epoch", "timeout_ms")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    timeout_ms: int
+    def __init__(self, epoch: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class PingWorkersReply(_message.Message):
+    __slots__ = ("pings",)
+    PINGS_FIELD_NUMBER: _ClassVar[int]
+    pings: _containers.RepeatedCompositeFieldContainer[WorkerPing]
+    def __init__(self, pings: _Optional[_Iterable[_Union[WorkerPing, _Mapping]]] = ...) -> None: ...
+
+class WorkerPing(_message.Message):
+    __slots__ = ("rank", "answered", "pid", "epoch", "error")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    ANSWERED_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    answered: bool
+    pid: int
+    epoch: int
+    error: str
+    def __init__(self, rank: _Optional[int] = ..., answered: _Optional[bool] = ..., pid: _Optional[int] = ..., epoch: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
 class SpawnWorkersRequest(_message.Message):
     __slots__ = ("count", "executable", "args", "env", "cwd", "epoch", "first_rank")
     class EnvEntry(_message.Message):

@@ -84,6 +84,11 @@ class HostAgentStub:
                 request_serializer=monarch__kernel_dot_v1_dot_agent__pb2.RespawnWorkersRequest.SerializeToString,
                 response_deserializer=monarch__kernel_dot_v1_dot_agent__pb2.SpawnWorkersReply.FromString,
                 _registered_method=True)
+        self.PingWorkers = channel.unary_unary(
+                '/monarch_kernel.v1.HostAgent/PingWorkers',
+                request_serializer=monarch__kernel_dot_v1_dot_agent__pb2.PingWorkersRequest.SerializeToString,
+                response_deserializer=monarch__kernel_dot_v1_dot_agent__pb2.PingWorkersReply.FromString,
+                _registered_method=True)
 
 
 class HostAgentServicer:
@@ -160,6 +165,16 @@ class HostAgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PingWorkers(self, request, context):
+        """SUPERVISE-2 across a mesh: ping each running worker of this host (over the
+        agent's own connections to them, passing the caller's epoch, as the caller's
+        own ping would) and answer for all of them at once, so a controller's heartbeat
+        is one message per host, not per proc.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_HostAgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -212,6 +227,11 @@ def add_HostAgentServicer_to_server(servicer, server):
                     servicer.RespawnWorkers,
                     request_deserializer=monarch__kernel_dot_v1_dot_agent__pb2.RespawnWorkersRequest.FromString,
                     response_serializer=monarch__kernel_dot_v1_dot_agent__pb2.SpawnWorkersReply.SerializeToString,
+            ),
+            'PingWorkers': grpc.unary_unary_rpc_method_handler(
+                    servicer.PingWorkers,
+                    request_deserializer=monarch__kernel_dot_v1_dot_agent__pb2.PingWorkersRequest.FromString,
+                    response_serializer=monarch__kernel_dot_v1_dot_agent__pb2.PingWorkersReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -484,6 +504,33 @@ class HostAgent:
             '/monarch_kernel.v1.HostAgent/RespawnWorkers',
             monarch__kernel_dot_v1_dot_agent__pb2.RespawnWorkersRequest.SerializeToString,
             monarch__kernel_dot_v1_dot_agent__pb2.SpawnWorkersReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PingWorkers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/monarch_kernel.v1.HostAgent/PingWorkers',
+            monarch__kernel_dot_v1_dot_agent__pb2.PingWorkersRequest.SerializeToString,
+            monarch__kernel_dot_v1_dot_agent__pb2.PingWorkersReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -23,8 +23,9 @@ use crate::proto::v1::host_agent_server::{HostAgent, HostAgentServer};
 use crate::proto::v1::{
     ActorRecord, AgentEvent, AgentPingReply, AgentPingRequest, AttachReply, AttachRequest,
     ForgetActorRequest, ListWorkersReply, ListWorkersRequest, LogsReply, LogsRequest,
-    RecordActorReply, RespawnWorkersRequest, ShutdownReply, ShutdownRequest, SpawnWorkersReply,
-    SpawnWorkersRequest, Stopping, WatchRequest, WorkerState,
+    PingWorkersReply, PingWorkersRequest, RecordActorReply, RespawnWorkersRequest, ShutdownReply,
+    ShutdownRequest, SpawnWorkersReply, SpawnWorkersRequest, Stopping, WatchRequest, WorkerPing,
+    WorkerState,
 };
 use crate::rpc::auth::TokenCheck;
 use crate::rpc::tls::ServerIdentity;
@@ -271,6 +272,52 @@ impl HostAgent for Service {
             })
             .await;
         Ok(Response::new(ShutdownReply {}))
+    }
+
+    async fn ping_workers(
+        &self,
+        req: Request<PingWorkersRequest>,
+    ) -> Result<Response<PingWorkersReply>, Status> {
+        let r = req.into_inner();
+        let limit = Duration::from_millis(u64::from(r.timeout_ms.clamp(10, 60_000)));
+        let rt = tokio::runtime::Handle::current();
+        let token = self.0.token().to_string();
+        let tasks: Vec<_> = self
+            .0
+            .workers
+            .running()
+            .into_iter()
+            .map(|(rank, addr)| {
+                let conn = crate::rpc::client::WorkerConn::relayed(&rt, &addr, &token);
+                tokio::spawn(async move {
+                    let mut ping = WorkerPing {
+                        rank,
+                        ..Default::default()
+                    };
+                    let got = match conn {
+                        Ok(c) => tokio::time::timeout(limit, c.ping_as(r.epoch)).await,
+                        Err(e) => Ok(Err(e)),
+                    };
+                    match got {
+                        Ok(Ok((pid, epoch))) => {
+                            ping.answered = true;
+                            ping.pid = pid;
+                            ping.epoch = epoch;
+                        }
+                        Ok(Err(e)) => ping.error = e.to_string(),
+                        Err(_) => {}
+                    }
+                    ping
+                })
+            })
+            .collect();
+        let mut pings = Vec::with_capacity(tasks.len());
+        for t in tasks {
+            if let Ok(p) = t.await {
+                pings.push(p);
+            }
+        }
+        Ok(Response::new(PingWorkersReply { pings }))
     }
 
     async fn ping(

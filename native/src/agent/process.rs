@@ -540,6 +540,15 @@ impl Workers {
         });
     }
 
+    /// Each running worker: its proc rank and address.
+    pub fn running(&self) -> Vec<(u32, String)> {
+        lock(&self.records)
+            .iter()
+            .filter(|r| r.info.state == WorkerState::Running as i32)
+            .map(|r| (r.info.rank, r.info.addr.clone()))
+            .collect()
+    }
+
     /// The address of the running worker of proc rank `proc`.
     pub fn addr_of(&self, proc: u32) -> Option<String> {
         lock(&self.records)

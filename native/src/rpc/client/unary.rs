@@ -123,8 +123,12 @@ impl WorkerConn {
     /// process's epoch, so a controller that has just attached fences older ones.
     /// Returns the worker's pid and the highest epoch it has seen.
     pub async fn ping(&self) -> Result<(u32, u64), RpcError> {
+        self.ping_as(self.epoch()).await
+    }
+
+    /// [`ping`](Self::ping) carrying `epoch` (an agent's, on its controller's behalf).
+    pub async fn ping_as(&self, epoch: u64) -> Result<(u32, u64), RpcError> {
         let mut c = self.client.clone();
-        let epoch = self.epoch();
         match c.ping(PingRequest { nonce: 1, epoch }).await {
             Ok(r) => {
                 self.answered.store(true, Ordering::Relaxed);
