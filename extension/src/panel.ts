@@ -19,6 +19,8 @@ const NOTE_SECONDS = 30;
 export class MeshesPanel extends Widget {
   /** Notes by mesh name, kept here because every server event redraws the meshes. */
   private notes = new Map<string, { text: string; until: number }>();
+  /** The rank clicked in each large mesh's grid: its details show below the grid. */
+  private selected = new Map<string, number>();
   /** Ticks the idle countdowns on the client: the server sends an event only on a change. */
   private ticker: number;
 
@@ -54,12 +56,20 @@ export class MeshesPanel extends Widget {
         this.notes.delete(name);
       }
     }
-    this.node.innerHTML = meshes.map(m => meshHtml(m, now, this.notes.get(m.name)?.text)).join('');
+    this.node.innerHTML = meshes
+      .map(m => meshHtml(m, now, this.notes.get(m.name)?.text, this.selected.get(m.name) ?? null))
+      .join('');
     this.node.querySelectorAll('.monarch-mesh').forEach(el => {
       const name = (el as HTMLElement).dataset.mesh as string;
       el.querySelectorAll('button').forEach(b => {
         const action = (b as HTMLElement).dataset.action as string;
         b.addEventListener('click', () => this.app.commands.execute(`monarch:${action}`, { name }));
+      });
+      el.querySelectorAll('.monarch-cell').forEach(c => {
+        c.addEventListener('click', () => {
+          this.selected.set(name, Number((c as HTMLElement).dataset.rank));
+          this.draw();
+        });
       });
     });
   }

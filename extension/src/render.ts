@@ -175,6 +175,99 @@ function mib(bytes: number): string {
   return `${Math.round(bytes / 2 ** 20)} MiB`;
 }
 
+/** A mesh with at least this many ranks shows them as a grid by host (one small cell
+ * per rank, its details in its tooltip and on click) instead of a table row each. */
+export const GRID_FROM = 33;
+
+/** A rank's details, one line: "rank 5 · alive · pid 1234 · CPU 3% · 20 MiB". */
+export function rankSummary(r: IRank): string {
+  const parts = [`rank ${r.rank}`, rankStateText(r), `pid ${r.pid}`];
+  const u = r.usage;
+  if (u) {
+    parts.push(`CPU ${u.cpu}%`, mib(u.rss));
+    if (u.gpu !== undefined) {
+      parts.push(`GPU ${u.gpu}%`, `GPU mem ${mib(u.gpu_mem || 0)}`);
+    }
+  }
+  if (r.restarts) {
+    parts.push(`${r.restarts} restarts`);
+  }
+  return parts.join(' · ');
+}
+
+/** How busy a rank is, 0 to 1: its GPU's use where it has one, else its CPU's. */
+function load(r: IRank): number {
+  const u = r.usage;
+  if (!u) {
+    return 0;
+  }
+  const pct = u.gpu !== undefined ? u.gpu : u.cpu;
+  return Math.max(0, Math.min(1, pct / 100));
+}
+
+/** The ranks of each host, in the order of `mesh.hosts` (then any other host). */
+export function ranksByHost(mesh: IMesh): [string, IRank[]][] {
+  const by = new Map<string, IRank[]>();
+  for (const h of mesh.hosts) {
+    by.set(h.host, []);
+  }
+  for (const r of mesh.ranks) {
+    const list = by.get(r.host) || [];
+    list.push(r);
+    by.set(r.host, list);
+  }
+  return [...by.entries()].filter(([, rs]) => rs.length > 0);
+}
+
+/** One host of the grid: its name and summary ("16/16 alive · CPU 4% · 320 MiB"),
+ * then a cell per rank coloured by state, shaded by load. */
+function hostGrid(host: string, ranks: IRank[], selected: number | null): string {
+  const alive = ranks.filter(r => r.state === 'alive').length;
+  const used = ranks.filter(r => r.usage);
+  const cpu = used.length ? used.reduce((n, r) => n + (r.usage?.cpu || 0), 0) / used.length : null;
+  const rss = used.reduce((n, r) => n + (r.usage?.rss || 0), 0);
+  const summary =
+    `${alive}/${ranks.length} alive` +
+    (cpu !== null ? ` · CPU ${Math.round(cpu)}% · ${mib(rss)}` : '');
+  const cells = ranks
+    .map(
+      r =>
+        `<span class="monarch-cell${r.rank === selected ? ' monarch-selected' : ''}" ` +
+        `data-rank="${r.rank}" data-state="${escapeHtml(r.state)}" ` +
+        `style="--monarch-load:${load(r).toFixed(2)}" title="${escapeHtml(rankSummary(r))}"></span>`
+    )
+    .join('');
+  return (
+    `<div class="monarch-host" data-host="${escapeHtml(host)}">` +
+    `<div class="monarch-host-head"><b>${escapeHtml(host)}</b> ` +
+    `<span class="monarch-host-summary">${summary}</span></div>` +
+    `<div class="monarch-grid">${cells}</div></div>`
+  );
+}
+
+/** The grid of a large mesh's ranks, by host, and the details line of the rank
+ * `selected` (clicked), if any. */
+export function gridHtml(mesh: IMesh, selected: number | null = null): string {
+  const hosts = ranksByHost(mesh)
+    .map(([h, rs]) => hostGrid(h, rs, selected))
+    .join('');
+  const picked = mesh.ranks.find(r => r.rank === selected);
+  const detail = picked
+    ? `<div class="monarch-detail">${escapeHtml(rankSummary(picked))}</div>`
+    : '';
+  return `<div class="monarch-hosts-grid">${hosts}</div>${detail}`;
+}
+
+/** A button in JupyterLab's own toolbar style. */
+function button(action: string, label: string, title = '', disabled = false): string {
+  return (
+    `<button class="jp-ToolbarButtonComponent jp-mod-minimal jp-Button" data-action="${action}"` +
+    (title ? ` title="${escapeHtml(title)}"` : '') +
+    (disabled ? ' disabled' : '') +
+    `><span class="jp-ToolbarButtonComponent-label">${escapeHtml(label)}</span></button>`
+  );
+}
+
 function rankRow(r: IRank, gpu: boolean, restarts: boolean): string {
   const u = r.usage;
   let cells =
@@ -202,11 +295,23 @@ function rankRow(r: IRank, gpu: boolean, restarts: boolean): string {
  * the last action on it) where there is one. The buttons carry `data-action`:
  * the panel runs the command `monarch:ACTION` for them.
  */
-export function meshHtml(mesh: IMesh, now: number, note = ''): string {
+export function meshHtml(
+  mesh: IMesh,
+  now: number,
+  note = '',
+  selected: number | null = null
+): string {
   const name = escapeHtml(mesh.name);
-  const hosts = mesh.hosts
+  const grid = mesh.ranks.length >= GRID_FROM;
+  const hosts = mesh.hosts.filter(h => h.state !== 'alive' || !grid);
+  const hostsText = hosts
     .map(h => `${escapeHtml(h.host)} (${escapeHtml(h.state)}, ${h.alive}/${h.procs})`)
     .join(', ');
+  const hostsLine = grid
+    ? `<div class="monarch-hosts">${mesh.hosts.length} host${mesh.hosts.length === 1 ? '' : 's'}` +
+      (hosts.length ? `; not alive: ${hostsText}` : '') +
+      '</div>'
+    : `<div class="monarch-hosts">hosts: ${hostsText}</div>`;
   // GPU and restart columns only where some rank has something to show in them.
   const gpu = mesh.ranks.some(r => r.usage && r.usage.gpu !== undefined);
   const restarts = mesh.ranks.some(r => r.restarts > 0);
@@ -215,10 +320,11 @@ export function meshHtml(mesh: IMesh, now: number, note = ''): string {
     (gpu ? '<th>GPU</th><th>GPU mem</th>' : '') +
     (restarts ? '<th>restarts</th>' : '') +
     '</tr>';
+  const ranks = grid
+    ? gridHtml(mesh, selected)
+    : `<table>${head}${mesh.ranks.map(r => rankRow(r, gpu, restarts)).join('')}</table>`;
   const unresponsive = mesh.unresponsive ? `, ${mesh.unresponsive} unresponsive` : '';
-  const respawn = hasDeadRank(mesh)
-    ? '<button data-action="respawn" title="Restart the dead ranks with their actors">'
-    : '<button data-action="respawn" disabled title="No rank is dead">';
+  const dead = hasDeadRank(mesh);
   return (
     `<div class="monarch-mesh" data-mesh="${name}">` +
     `<div><b>${name}</b> <span class="monarch-mesh-state" data-state="${escapeHtml(mesh.state)}">` +
@@ -227,15 +333,21 @@ export function meshHtml(mesh: IMesh, now: number, note = ''): string {
     `<div><span class="monarch-owner" title="${escapeHtml(mesh.owner?.notebook || '')}">` +
     `${escapeHtml(ownerText(mesh.owner))}</span> ` +
     `<span class="monarch-idle">${escapeHtml(idleText(mesh, now))}</span></div>` +
-    `<div class="monarch-hosts">hosts: ${hosts}</div>` +
+    hostsLine +
     (mesh.why ? `<div class="monarch-why">${escapeHtml(mesh.why)}</div>` : '') +
-    `<table>${head}${mesh.ranks.map(r => rankRow(r, gpu, restarts)).join('')}</table>` +
+    ranks +
     (note ? `<div class="monarch-note">${escapeHtml(note)}</div>` : '') +
     '<div class="monarch-actions">' +
-    '<button data-action="attach">Attach in notebook</button>' +
-    '<button data-action="logs">Logs</button>' +
-    '<button data-action="stacks">Stacks</button>' +
-    `${respawn}Respawn</button>` +
-    '<button data-action="down">Down</button></div></div>'
+    button('attach', 'Attach in notebook') +
+    button('logs', 'Logs') +
+    button('stacks', 'Stacks') +
+    button(
+      'respawn',
+      'Respawn',
+      dead ? 'Restart the dead ranks with their actors' : 'No rank is dead',
+      !dead
+    ) +
+    button('down', 'Down') +
+    '</div></div>'
   );
 }

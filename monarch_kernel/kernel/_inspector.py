@@ -2,7 +2,8 @@
 is needed) showing each proc's state, pid, CPU, memory, GPU (where NVIDIA GPUs
 exist), distributed-tensor memory (once the mesh was activated), calls in flight and
 last error; clicking a proc shows its recent log lines
-and current stacks.
+and current stacks. From 33 procs on, a grid by host replaces the table: a cell per
+proc coloured by state and shaded by load, its details in its tooltip and on click.
 
 INSPECT-1: a background thread refreshes the state once a second, whether a cell
 runs or not, until the widget is closed or the mesh is stopped.
@@ -31,11 +32,46 @@ function render({ model, el }) {
   el.appendChild(root);
   const colors = {alive: "#2a7", starting: "#58c", unresponsive: "#c80", dead: "#c33",
                   lost: "#c33", stopped: "#888", degraded: "#c80"};
+  const GRID_FROM = 33;  // as the Meshes panel: a grid by host from this many procs
+  function grid(procs, gpu) {  // a cell per proc, by host: state in colour, load in shade
+    const hosts = new Map();
+    for (const p of procs) {
+      if (!hosts.has(p.host || "")) hosts.set(p.host || "", []);
+      hosts.get(p.host || "").push(p);
+    }
+    const selected = model.get("selected");
+    let html = "";
+    for (const [host, ps] of hosts) {
+      const alive = ps.filter(p => p.state === "alive").length;
+      const cpus = ps.filter(p => typeof p.cpu === "number");
+      const cpu = cpus.length ? Math.round(cpus.reduce((n, p) => n + p.cpu, 0) / cpus.length) : null;
+      html += `<div class="monarch-host" data-host="${host}"><b>host ${host}</b> ` +
+        `<span class="monarch-host-summary" style="opacity:0.7">${alive}/${ps.length} alive` +
+        (cpu === null ? "" : ` · CPU ${cpu}%`) + "</span>" +
+        `<div style="display:flex;flex-wrap:wrap;gap:1px;padding:1px 0">`;
+      for (const p of ps) {
+        const pct = gpu && typeof p.gpu === "number" ? p.gpu : (p.cpu || 0);
+        const shade = p.state === "alive" ? 0.45 + 0.55 * Math.max(0, Math.min(1, pct / 100)) : 1;
+        const title = [`rank ${p.rank}`, p.state, p.pid ? `pid ${p.pid}` : "",
+                       typeof p.cpu === "number" ? `CPU ${p.cpu}%` : "", p.rss || "",
+                       p.inflight ? `${p.inflight} in flight` : "", p.error || ""].filter(Boolean).join(" · ");
+        html += `<span class="monarch-proc monarch-cell" data-rank="${p.rank}" data-state="${p.state}" ` +
+          `title="${title.replace(/"/g, "&quot;")}" style="width:9px;height:9px;cursor:pointer;` +
+          `background:${colors[p.state] || "#888"};opacity:${shade.toFixed(2)}` +
+          (p.rank === selected ? ";outline:2px solid #36c" : "") + `"></span>`;
+      }
+      html += "</div></div>";
+    }
+    return html;
+  }
   function draw() {
     const procs = model.get("procs");
     const gpu = model.get("gpu");
     const tensors = model.get("tensors");
     let html = `<div><b>mesh ${model.get("mesh")}</b> <span class="monarch-state">${model.get("state")}</span></div>`;
+    if (procs.length >= GRID_FROM) {
+      html += grid(procs, gpu);
+    } else {
     html += "<table><tr><th>rank</th><th>state</th><th>pid</th><th>CPU %</th><th>memory</th>";
     if (gpu) html += "<th>GPU %</th><th>GPU memory</th>";
     if (tensors) html += "<th>tensors</th>";
@@ -55,6 +91,7 @@ function render({ model, el }) {
         `<td>${p.inflight ?? ""}</td><td>${p.error || ""}</td></tr>`;
     }
     html += "</table>";
+    }
     const detail = model.get("detail");
     if (detail) html += `<pre class="monarch-detail" style="max-height:20em;overflow:auto">${detail}</pre>`;
     root.innerHTML = html;
@@ -65,6 +102,7 @@ function render({ model, el }) {
   model.on("change:procs", draw);
   model.on("change:detail", draw);
   model.on("change:state", draw);
+  model.on("change:selected", draw);
   draw();
 }
 export default { render };

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -381,3 +382,53 @@ def test_respawn_from_the_panel_of_a_mesh_held_elsewhere_says_who_holds_it(lab, 
             assert procs.status()[0] == "alive"  # still this process's, not fenced
     finally:
         procs.stop()
+
+
+def test_a_large_mesh_is_a_grid_by_host_in_the_inspector_and_the_panel(lab):
+    # Issue 27: from 33 procs on, a cell per rank grouped by host, coloured by state,
+    # details on hover and click; a killed rank's cell turns dead in both views.
+    from playwright.sync_api import expect
+
+    url, root = lab
+    name = f"browser-{uuid.uuid4().hex[:6]}"
+    notebook = f"grid-{name}.ipynb"
+    _notebook(root / notebook, [f"procs = %mesh up {name} --procs 40"])
+    try:
+        with _opened(url, "lab/tree", notebook, "inspector-grid") as page:
+            page.locator(".jp-Notebook .jp-Cell").first.locator(".cm-content").click(timeout=60_000)
+            page.keyboard.press("Shift+Enter")
+            cells = page.locator(".monarch-inspector .monarch-cell")
+            expect(cells).to_have_count(40, timeout=90_000)
+            expect(page.locator(".monarch-inspector table")).to_have_count(0)
+            host = page.locator(".monarch-inspector .monarch-host")
+            expect(host).to_have_count(1)
+            expect(host.locator(".monarch-host-summary")).to_contain_text("40/40 alive", timeout=30_000)
+            third = page.locator('.monarch-inspector .monarch-cell[data-rank="3"]')
+            expect(third).to_have_attribute("title", re.compile(r"^rank 3 · alive · pid \d+"), timeout=30_000)
+            pid = int(re.search(r"pid (\d+)", third.get_attribute("title") or "").group(1))  # type: ignore[union-attr]
+            third.click()  # details on demand: its logs and stacks
+            expect(page.locator(".monarch-inspector .monarch-detail")).to_contain_text(
+                "Thread", timeout=30_000
+            )
+
+            page.locator('.jp-SideBar [data-id="monarch-meshes"]').click(timeout=30_000)
+            mesh = page.locator(f'.monarch-panel .monarch-mesh[data-mesh="{name}"]')
+            expect(mesh.locator(".monarch-cell")).to_have_count(40, timeout=30_000)
+            expect(mesh.locator("table")).to_have_count(0)
+            panel = page.locator(".monarch-panel")
+            width = panel.evaluate("el => [el.clientWidth, el.scrollWidth]")
+            assert width[1] <= width[0], f"the panel scrolls sideways at its default width: {width}"
+            os.kill(pid, signal.SIGKILL)
+            expect(mesh.locator('.monarch-cell[data-rank="3"]')).to_have_attribute(
+                "data-state", "dead", timeout=30_000
+            )
+            expect(page.locator('.monarch-inspector .monarch-cell[data-rank="3"]')).to_have_attribute(
+                "data-state", "dead", timeout=30_000
+            )
+            mesh.locator('.monarch-cell[data-rank="3"]').click()
+            expect(mesh.locator(".monarch-detail")).to_contain_text("rank 3 · dead", timeout=10_000)
+            page.screenshot(path=str(SHOTS / "meshes-panel-grid.png"))
+    finally:
+        subprocess.run(
+            [sys.executable, "-m", "monarch_kernel", "down", name], check=False, capture_output=True
+        )

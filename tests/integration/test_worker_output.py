@@ -34,10 +34,22 @@ class Speaker(Actor):
         sys.stdout.flush()
 
 
+def _printed_here(capfd: Any, texts: list[str]) -> None:
+    """This script's session prints every rank's lines as they come (its watch
+    thread): waits until ``texts`` are in this test's captured output, so none is
+    printed after the test, outside any capture."""
+    printed = ""
+    deadline = time.monotonic() + WITHIN
+    while not all(t in printed for t in texts) and time.monotonic() < deadline:
+        printed += capfd.readouterr().out
+        time.sleep(0.05)
+    assert all(t in printed for t in texts), printed
+
+
 # -- output --------------------------------------------------------------------------
 
 
-def test_logs_gives_the_last_lines_of_one_rank(fresh_procs2):
+def test_logs_gives_the_last_lines_of_one_rank(fresh_procs2, capfd):
     mesh = fresh_procs2.spawn("speaker", Speaker)
     mesh.say.call("hello").get(timeout=TIMEOUT)
     lines = wait_for(
@@ -46,9 +58,10 @@ def test_logs_gives_the_last_lines_of_one_rank(fresh_procs2):
     assert lines == ["hello from rank 1"]
     both = wait_for(lambda: sorted(ln for ln in fresh_procs2.logs(tail=100) if "hello from" in ln), every=0.1)
     assert both == ["hello from rank 0", "hello from rank 1"]
+    _printed_here(capfd, both)
 
 
-def test_logs_of_every_rank_come_in_the_order_they_were_printed_labelled(fresh_procs2):
+def test_logs_of_every_rank_come_in_the_order_they_were_printed_labelled(fresh_procs2, capfd):
     mesh = fresh_procs2.spawn("speaker_order", Speaker)
     # rank 1, 0, 1, 0 in turn, each line recorded by the agent before the next is printed
     said = []
@@ -61,6 +74,7 @@ def test_logs_of_every_rank_come_in_the_order_they_were_printed_labelled(fresh_p
         said.append(f"[rank {rank}] {text} from rank {rank}")
     lines = [ln for ln in fresh_procs2.logs(tail=100, labelled=True) if " turn " in ln]
     assert lines == said  # not rank by rank
+    _printed_here(capfd, [f"turn {i} from rank {r}" for i, r in enumerate([1, 0, 1, 0])])
 
 
 def test_stream_logs_gives_new_lines_of_one_rank_as_they_come(fresh_procs2, capfd):
@@ -96,14 +110,7 @@ def test_stream_logs_gives_new_lines_of_one_rank_as_they_come(fresh_procs2, capf
     assert ours[0].startswith(f"[{fresh_procs2.name} 0] ping ")
     assert ours[0].endswith(" from rank 0")
     assert not any("from rank 1" in ln for ln in lines)
-    # This script's session prints every rank's lines as they come: wait for rank 1's
-    # last one here, not after the test, outside its captured output.
-    last, printed = f"ping {i - 1} from rank 1", ""
-    deadline = time.monotonic() + WITHIN
-    while last not in printed and time.monotonic() < deadline:
-        printed += capfd.readouterr().out
-        time.sleep(0.05)
-    assert last in printed, printed
+    _printed_here(capfd, [f"ping {i - 1} from rank 1"])
 
 
 def test_a_controller_that_falls_behind_is_told_how_many_lines_it_missed(fresh_procs2, request):

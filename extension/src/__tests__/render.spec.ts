@@ -5,6 +5,7 @@
 import { NOW, mesh, rank } from './fixtures';
 import {
   IMesh,
+  GRID_FROM,
   escapeHtml,
   formatDuration,
   hasDeadRank,
@@ -12,6 +13,7 @@ import {
   meshHtml,
   ownerText,
   rankStateText,
+  rankSummary,
   respawnNote,
   respawningNote,
   statusText
@@ -297,5 +299,73 @@ describe('notes', () => {
     expect(rendered(mesh()).querySelector('.monarch-note')).toBeNull();
     const note = rendered(mesh(), 'respawned ranks 1').querySelector('.monarch-note');
     expect(note?.textContent).toBe('respawned ranks 1');
+  });
+});
+
+describe('a large mesh', () => {
+  /** `hosts` hosts of `per` ranks each; rank 5 dead, rank 9 unresponsive. */
+  function large(hosts: number, per: number): IMesh {
+    const ranks = [];
+    for (let i = 0; i < hosts * per; i++) {
+      const state = i === 5 ? 'dead' : i === 9 ? 'unresponsive' : 'alive';
+      ranks.push(
+        rank(i, { host: `h${Math.floor(i / per) + 1}`, state, why: i === 5 ? 'SIGKILL' : null })
+      );
+    }
+    return mesh({
+      procs: hosts * per,
+      alive: hosts * per - 2,
+      ranks,
+      hosts: Array.from({ length: hosts }, (_, h) => ({
+        host: `h${h + 1}`,
+        addr: `10.0.0.${h + 1}:1`,
+        procs: per,
+        alive: per - (h === 0 ? 2 : 0),
+        state: 'alive' as const,
+        ranks: Array.from({ length: per }, (_, k) => h * per + k)
+      }))
+    });
+  }
+
+  it('shows a grid of ranks by host, not a row per rank', () => {
+    const el = rendered(large(64, 16));
+    expect(el.querySelector('table')).toBeNull();
+    const hosts = el.querySelectorAll('.monarch-host');
+    expect(hosts.length).toBe(64);
+    expect(hosts[0].querySelectorAll('.monarch-cell').length).toBe(16);
+    expect(el.querySelectorAll('.monarch-cell').length).toBe(1024);
+    expect(hosts[0].querySelector('.monarch-host-summary')?.textContent).toBe(
+      '14/16 alive · CPU 2% · 3200 MiB'
+    );
+    expect(el.querySelector('.monarch-hosts')?.textContent).toBe('64 hosts');
+  });
+
+  it('colours each cell by state and tells its details on hover and when clicked', () => {
+    const m = large(4, 16);
+    const el = rendered(m);
+    const dead = el.querySelector('.monarch-cell[data-rank="5"]') as HTMLElement;
+    expect(dead.dataset.state).toBe('dead');
+    expect(dead.title).toBe('rank 5 · dead (SIGKILL) · pid 1005 · CPU 1.5% · 200 MiB');
+    expect((el.querySelector('.monarch-cell[data-rank="9"]') as HTMLElement).dataset.state).toBe(
+      'unresponsive'
+    );
+    expect(el.querySelector('.monarch-detail')).toBeNull();
+    const div = document.createElement('div');
+    div.innerHTML = meshHtml(m, NOW, '', 9);
+    expect(div.querySelector('.monarch-detail')?.textContent).toBe(rankSummary(m.ranks[9]));
+    expect(
+      div.querySelector('.monarch-cell[data-rank="9"]')?.classList.contains('monarch-selected')
+    ).toBe(true);
+  });
+
+  it('keeps the table below the threshold and uses JupyterLab toolbar buttons', () => {
+    const el = rendered(large(2, (GRID_FROM - 1) / 2));
+    expect(el.querySelector('table')).not.toBeNull();
+    expect(el.querySelector('.monarch-grid')).toBeNull();
+    const buttons = el.querySelectorAll('button');
+    expect([...buttons].every(b => b.classList.contains('jp-ToolbarButtonComponent'))).toBe(true);
+    expect((el.querySelector('button[data-action="respawn"]') as HTMLButtonElement).disabled).toBe(
+      false
+    );
   });
 });
