@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.run import Echo, Puller, Tensors, timed  # the actors and timing make bench uses
-from tools.testcluster import Cluster, ClusterError, unavailable
+from tools.testcluster import Cluster, ClusterError
 
 #: This module run again, from the repository's root (``ROOT``): in a host's namespace
 #: (the raw baselines), and as the controller in the login host (``--inside``).
@@ -346,14 +346,10 @@ def main(argv: list[str]) -> None:
         serve_sink(argv[1], int(argv[2]), int(argv[3]))
     elif mode == "--stream":
         stream(argv[1], int(argv[2]), int(argv[3]), int(argv[4]))
-    elif reason := unavailable():
-        print(f"multi-host rows skipped: no test cluster ({reason})")
     else:
-        from bench.run import print_table
+        from bench.run import print_cluster_rows
 
-        t = time.monotonic()
-        print_table(rows())
-        print(f"({HOSTS} test hosts; {time.monotonic() - t:.0f} s in all)")
+        print_cluster_rows(rows, HOSTS, "multi-host")
 
 
 if __name__ == "__main__":

@@ -16,12 +16,14 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 from bench import cells
 from bench.calls import Echo, timed
 from bench.calls import calls as bench_calls
 from monarch_kernel import Actor, SupervisionError, attach, endpoint, this_host
 from monarch_kernel.mesh._buffers import prefer_huge_pages
+from tools.testcluster import ClusterError, unavailable
 
 prefer_huge_pages()  # as the kernel does at start (its baselines here run with it too)
 
@@ -513,11 +515,11 @@ def multihost_rows() -> tuple[list[tuple[str, float, str, str, float, str]], str
     meanwhile); where there are none, the line that says why."""
     from bench import multihost
 
-    if reason := multihost.unavailable():
+    if reason := unavailable():
         return [], f"multi-host rows skipped: no test cluster ({reason})"
     try:
         return multihost.rows(), None
-    except multihost.ClusterError as e:
+    except ClusterError as e:
         print(e, file=sys.stderr)
         return [], f"multi-host rows skipped: {str(e).splitlines()[0]}"
 
@@ -527,13 +529,24 @@ def scale_rows() -> tuple[list[tuple[str, float, str, str, float, str]], str | N
     where there are none, the line that says why."""
     from bench import scale
 
-    if reason := scale.unavailable():
+    if reason := unavailable():
         return [], f"scale rows skipped: no test cluster ({reason})"
     try:
         return scale.rows(), None
-    except scale.ClusterError as e:
+    except ClusterError as e:
         print(e, file=sys.stderr)
         return [], f"scale rows skipped: {str(e).splitlines()[0]}"
+
+
+def print_cluster_rows(rows: Any, hosts: int, what: str) -> None:
+    """``python -m bench.multihost`` / ``bench.scale``: ``rows()`` (made on a test
+    cluster of ``hosts`` hosts) as a table, or the line that says why there are none."""
+    if reason := unavailable():
+        print(f"{what} rows skipped: no test cluster ({reason})")
+        return
+    t = time.monotonic()
+    print_table(rows())
+    print(f"({hosts} test hosts; {time.monotonic() - t:.0f} s in all)")
 
 
 def print_table(rows: list[tuple[str, float, str, str, float, str]]) -> None:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from monarch_kernel import Actor, endpoint
-from tools.testcluster import Cluster, ClusterError, unavailable
+from tools.testcluster import Cluster, ClusterError
 
 ROOT = Path(__file__).resolve().parents[1]
 _SELF = [sys.executable, "-m", "bench.scale"]
@@ -296,14 +296,10 @@ def rows() -> list[Row]:
 def main(argv: list[str]) -> None:
     if argv and argv[0] == "--inside":
         print(json.dumps(inside(json.loads(argv[1]))), flush=True)
-    elif reason := unavailable():
-        print(f"scale rows skipped: no test cluster ({reason})")
     else:
-        from bench.run import print_table
+        from bench.run import print_cluster_rows
 
-        t = time.monotonic()
-        print_table(rows())
-        print(f"({HOSTS} test hosts; {time.monotonic() - t:.0f} s in all)")
+        print_cluster_rows(rows, HOSTS, "scale")
 
 
 if __name__ == "__main__":

@@ -359,6 +359,19 @@ class _Blocks:
         """Takes what came on ``q`` and shows the blocks that changed, at most every
         ``SHOW_EVERY_S`` and as BLOCKS-1 allows (``force``: now and whole, as the cell
         ends: once per block); how many lines that was."""
+        count = self._take(q)
+        now = time.monotonic()
+        if self._changed and (force or now - self._shown_at >= self.SHOW_EVERY_S):
+            for r in sorted(self._changed):
+                if force:
+                    self._show(r)
+                elif self._affordable(r, now) or now - self._waiting.get(r, now) >= self.MAX_WAIT_S:
+                    self._settle(r, now)
+            self._shown_at = now
+        return count
+
+    def _take(self, q: Any) -> int:
+        """Adds every line waiting on ``q``; how many."""
         count = 0
         while q is not None:
             try:
@@ -368,14 +381,6 @@ class _Blocks:
             if item is not _DONE:
                 self.add(item)
                 count += 1
-        now = time.monotonic()
-        if self._changed and (force or now - self._shown_at >= self.SHOW_EVERY_S):
-            for r in sorted(self._changed):
-                if force:
-                    self._show(r)
-                elif self._affordable(r, now) or now - self._waiting.get(r, now) >= self.MAX_WAIT_S:
-                    self._settle(r, now)
-            self._shown_at = now
         return count
 
     @property
@@ -644,15 +649,7 @@ class _Merged(_Blocks):
         return self.dirty
 
     def drain(self, q: Any, force: bool = False) -> int:
-        count = 0
-        while q is not None:
-            try:
-                item = q.get_nowait()
-            except Exception:
-                break
-            if item is not _DONE:
-                self.add(item)
-                count += 1
+        count = self._take(q)
         now = time.monotonic()
         if self.dirty and (force or now - self.merged_at >= self.MERGED_EVERY_S):
             self._show_merged(final=False)

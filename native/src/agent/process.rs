@@ -168,6 +168,27 @@ fn json_string(s: &str) -> String {
     out
 }
 
+/// What every process the agent starts gets (a worker, or its template: FORK-1): the
+/// controller's folder `cwd` where this host has it (another host may not), a session
+/// of its own, AGENT-1's death signal, and `fd` kept open across exec (std sets
+/// CLOEXEC on every descriptor it makes).
+pub fn own_session_keeping(cmd: &mut tokio::process::Command, fd: std::os::fd::RawFd, cwd: &str) {
+    if !cwd.is_empty() && std::path::Path::new(cwd).is_dir() {
+        cmd.current_dir(cwd);
+    }
+    // SAFETY: the closure runs in the child between fork and exec and calls only
+    // async-signal-safe functions (setsid, prctl, fcntl).
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::setsid();
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
+            Ok(())
+        });
+    }
+}
+
 /// The state letter of process `pid` as the kernel sees it ("R", "S", "T", ...), or
 /// "" if unreadable: its main thread's, except that a process any of whose threads is
 /// running (or waiting for a CPU) is "R" (AGENT-4): a worker's endpoints run on
@@ -356,22 +377,7 @@ impl Workers {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        // The controller's folder, where this host has it (another host may not).
-        if !req.cwd.is_empty() && std::path::Path::new(&req.cwd).is_dir() {
-            cmd.current_dir(&req.cwd);
-        }
-        // SAFETY: the closure runs in the child between fork and exec and calls only
-        // async-signal-safe functions (setsid, prctl, fcntl).
-        unsafe {
-            cmd.pre_exec(move || {
-                libc::setsid();
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                // Keep the listening socket across exec (std sets CLOEXEC on it).
-                let flags = libc::fcntl(fd, libc::F_GETFD);
-                libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
-                Ok(())
-            });
-        }
+        own_session_keeping(&mut cmd, fd, &req.cwd);
         let mut child = cmd.spawn()?;
         let pipes: Pipes = (
             child

@@ -219,20 +219,7 @@ impl Template {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .kill_on_drop(true);
-        if !req.cwd.is_empty() && std::path::Path::new(&req.cwd).is_dir() {
-            cmd.current_dir(&req.cwd);
-        }
-        // SAFETY: the closure runs in the child between fork and exec and calls only
-        // async-signal-safe functions (setsid, prctl, fcntl).
-        unsafe {
-            cmd.pre_exec(move || {
-                libc::setsid();
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                let flags = libc::fcntl(fd, libc::F_GETFD);
-                libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
-                Ok(())
-            });
-        }
+        super::process::own_session_keeping(&mut cmd, fd, &req.cwd);
         let child = cmd.spawn()?;
         drop(theirs);
         let waiting: Arc<Mutex<Waiting>> = Arc::default();
