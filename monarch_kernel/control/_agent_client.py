@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -158,6 +159,21 @@ def speaks_tls(addr: str, timeout: float = _PROBE_TIMEOUT) -> bool:
         return False
 
 
+#: How many times a ``SpawnWorkers`` whose connection broke is sent again.
+SPAWN_RESENDS = 5
+
+
+def _broke(e: Any) -> bool:
+    """Whether a failed RPC's connection broke after it was sent (the agent may have
+    got it), rather than never being made."""
+    import grpc
+
+    details = (e.details() or "").lower()
+    return e.code() == grpc.StatusCode.UNAVAILABLE and any(
+        w in details for w in ("goaway", "stream removed", "socket closed", "connection reset")
+    )
+
+
 class AgentClient:
     """Talks to one host agent. Every call carries the mesh token; with the mesh's CA
     (``ca_pem``), over TLS, checking that the agent presents the mesh's certificate
@@ -297,7 +313,12 @@ class AgentClient:
         first_rank: int = 0,
     ) -> list[Any]:
         """Starts ``count`` workers, ranked from ``first_rank``; the agent's
-        WorkerInfo messages of them."""
+        WorkerInfo messages of them. A connection that breaks while the agent starts
+        them (a starved or partitioned link: the agent's keepalive gives up on this
+        process) is opened again and the request sent again with its id: the agent
+        starts nothing more and answers with the workers the first copy started."""
+        import uuid
+
         req = self._pb.SpawnWorkersRequest(
             count=count,
             executable=executable,
@@ -306,8 +327,24 @@ class AgentClient:
             cwd=cwd,
             epoch=epoch,
             first_rank=first_rank,
+            request_id=uuid.uuid4().hex,
         )
-        return list(self._call("SpawnWorkers", req, timeout).workers)
+        deadline = time.monotonic() + timeout
+        for attempt in range(SPAWN_RESENDS + 1):
+            try:
+                reply = self._stub.SpawnWorkers(
+                    req,
+                    metadata=self._md,
+                    timeout=max(1.0, deadline - time.monotonic()),
+                    wait_for_ready=attempt > 0 or None,
+                )
+            except self._grpc.RpcError as e:
+                if attempt < SPAWN_RESENDS and _broke(e) and time.monotonic() < deadline:
+                    continue
+                raise self._error(e, "SpawnWorkers") from None
+            self._answered = True
+            return list(reply.workers)
+        raise AssertionError("unreachable")
 
     def list_workers(self, timeout: float = 5.0) -> list[dict[str, Any]]:
         return [worker_dict(w) for w in self.list_workers_raw(timeout)]

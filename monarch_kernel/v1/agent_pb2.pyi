@@ -45,7 +45,7 @@ class WorkerPing(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., answered: _Optional[bool] = ..., pid: _Optional[int] = ..., epoch: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
 
 class SpawnWorkersRequest(_message.Message):
-    __slots__ = ("count", "executable", "args", "env", "cwd", "epoch", "first_rank")
+    __slots__ = ("count", "executable", "args", "env", "cwd", "epoch", "first_rank", "request_id")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +60,7 @@ class SpawnWorkersRequest(_message.Message):
     CWD_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     FIRST_RANK_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     count: int
     executable: str
     args: _containers.RepeatedScalarFieldContainer[str]
@@ -67,7 +68,8 @@ class SpawnWorkersRequest(_message.Message):
     cwd: str
     epoch: int
     first_rank: int
-    def __init__(self, count: _Optional[int] = ..., executable: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., epoch: _Optional[int] = ..., first_rank: _Optional[int] = ...) -> None: ...
+    request_id: str
+    def __init__(self, count: _Optional[int] = ..., executable: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., cwd: _Optional[str] = ..., epoch: _Optional[int] = ..., first_rank: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
     __slots__ = ("rank", "pid", "addr", "state", "exit_code", "signal", "host", "proc_state", "restarts", "exit_cause")

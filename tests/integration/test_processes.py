@@ -138,3 +138,27 @@ def test_killing_the_agent_makes_its_workers_exit(own_procs2):
     os.kill(agent.pid, signal.SIGKILL)
     agent.wait(30)
     assert still_alive(workers) == []
+
+
+def test_a_spawn_sent_again_with_its_request_id_starts_nothing_more(own_procs2):
+    """SpawnWorkers sent again after its connection broke (the same request id) gets
+    the workers the first copy started, and starts none."""
+    import sys as _sys
+
+    session = own_procs2._session("test")
+    client = session.client.links[0].client
+    pb = client._pb
+    req = pb.SpawnWorkersRequest(
+        count=1,
+        executable=_sys.executable,
+        args=["-m", "monarch_kernel.worker"],
+        env={"MONARCH_SHAPE": '[["procs"], [3]]'},
+        cwd=os.getcwd(),
+        epoch=session.epoch,
+        first_rank=2,
+        request_id="test-once",
+    )
+    first = client._stub.SpawnWorkers(req, metadata=client._md, timeout=60)
+    again = client._stub.SpawnWorkers(req, metadata=client._md, timeout=60)
+    assert [(w.rank, w.pid) for w in again.workers] == [(w.rank, w.pid) for w in first.workers]
+    assert [w["rank"] for w in session.client.list_workers()] == [0, 1, 2]

@@ -31,6 +31,7 @@ use crate::rpc::auth::TokenCheck;
 use crate::rpc::tls::ServerIdentity;
 use crate::sync::lock;
 use process::Workers;
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -106,7 +107,17 @@ pub struct Agent {
     epoch: AtomicU64,
     /// How the live actor meshes were spawned, oldest first.
     actors: Mutex<Vec<ActorRecord>>,
+    /// The outcome of each recent `SpawnWorkers` by request id, oldest first (sent
+    /// again after a broken connection, it starts nothing more).
+    spawns: Mutex<VecDeque<(String, SpawnOutcome)>>,
 }
+
+/// A `SpawnWorkers` run: its workers, or why it failed; None while it runs.
+type SpawnOutcome = watch::Receiver<Option<Result<Vec<crate::proto::v1::WorkerInfo>, String>>>;
+
+/// Request ids of `SpawnWorkers` remembered (a mesh spawns once per host, and again
+/// only to grow).
+const SPAWNS_KEPT: usize = 64;
 
 /// Decrements the watcher count when a `Watch` stream is dropped (AGENT-2).
 struct Lease(Arc<Agent>);
@@ -193,13 +204,48 @@ impl HostAgent for Service {
     ) -> Result<Response<SpawnWorkersReply>, Status> {
         let r = req.into_inner();
         self.0.admit(r.epoch)?;
-        let workers = self
-            .0
-            .workers
-            .spawn(&r, self.0.events.clone())
+        let failed = |e: String| Status::internal(format!("cannot start workers: {e}"));
+        if r.request_id.is_empty() {
+            let workers = self
+                .0
+                .workers
+                .spawn(&r, self.0.events.clone())
+                .await
+                .map_err(|e| failed(e.to_string()))?;
+            return Ok(Response::new(SpawnWorkersReply { workers }));
+        }
+        // Once per request id, in a task of its own: a caller whose connection broke
+        // (and so its handler was dropped) finds the same run when it asks again.
+        let mut outcome = {
+            let mut spawns = lock(&self.0.spawns);
+            match spawns.iter().find(|(id, _)| *id == r.request_id) {
+                Some((_, rx)) => rx.clone(),
+                None => {
+                    let (tx, rx) = watch::channel(None);
+                    let agent = self.0.clone();
+                    let req = r.clone();
+                    tokio::spawn(async move {
+                        let got = agent.workers.spawn(&req, agent.events.clone()).await;
+                        let _ = tx.send(Some(got.map_err(|e| e.to_string())));
+                    });
+                    if spawns.len() == SPAWNS_KEPT {
+                        spawns.pop_front();
+                    }
+                    spawns.push_back((r.request_id.clone(), rx.clone()));
+                    rx
+                }
+            }
+        };
+        let got = outcome
+            .wait_for(Option::is_some)
             .await
-            .map_err(|e| Status::internal(format!("cannot start workers: {e}")))?;
-        Ok(Response::new(SpawnWorkersReply { workers }))
+            .map_err(|_| Status::unavailable("the agent is stopping"))?
+            .clone();
+        match got {
+            Some(Ok(workers)) => Ok(Response::new(SpawnWorkersReply { workers })),
+            Some(Err(e)) => Err(failed(e)),
+            None => Err(Status::unavailable("the agent is stopping")),
+        }
     }
 
     async fn list_workers(
@@ -447,6 +493,7 @@ pub fn start(
         stopping: watch::channel(false).0,
         epoch: AtomicU64::new(0),
         actors: Mutex::new(Vec::new()),
+        spawns: Mutex::new(VecDeque::new()),
     });
     let svc = tonic::service::interceptor::InterceptedService::new(
         // Records carry constructor arguments: the same limit as actor messages
