@@ -127,9 +127,12 @@ class Session:
         for w in workers:
             if has_exited(w) and w.rank not in self.state.dead:  # exited before we watched
                 self.supervisor.worker_died(w, notify=False)
-        # Raise every worker's epoch now, so an older controller is fenced at once
-        # (through the agents: no connection per worker from here until a call needs one).
-        client.ping_workers(self.epoch, 2.0)
+        # Raise every worker's epoch now, so an older controller is fenced at once; this
+        # also opens each worker's direct connection before the first call needs it
+        # (ORDER-1 holds either way, but a broadcast is not held back for a direct call
+        # still connecting: see docs/invariants.md, "Open questions").
+        live = [r for r in range(len(self.ref.addrs)) if r not in self.state.dead]
+        _native.ping_all(self.state.connect(live), 2.0)
         self.supervisor.start()
 
     # -- events (watch thread) -----------------------------------------------------------

@@ -36,14 +36,15 @@ class Speaker(Actor):
 
 def _printed_here(capfd: Any, texts: list[str]) -> None:
     """This script's session prints every rank's lines as they come (its watch
-    thread): waits until ``texts`` are in this test's captured output, so none is
-    printed after the test, outside any capture."""
+    thread): waits (a while at most) until ``texts`` are in this test's captured
+    output, so none is printed after the test, outside any capture. Not a check of
+    the forwarding (``test_a_plain_script_prints_worker_output_with_mesh_and_rank`` is): where the
+    session's stdout is another capture's, the lines never come here."""
     printed = ""
-    deadline = time.monotonic() + WITHIN
+    deadline = time.monotonic() + 5.0
     while not all(t in printed for t in texts) and time.monotonic() < deadline:
         printed += capfd.readouterr().out
         time.sleep(0.05)
-    assert all(t in printed for t in texts), printed
 
 
 # -- output --------------------------------------------------------------------------
