@@ -143,14 +143,12 @@ def test_killing_the_agent_makes_its_workers_exit(own_procs2):
 def test_a_spawn_sent_again_with_its_request_id_starts_nothing_more(own_procs2):
     """SpawnWorkers sent again after its connection broke (the same request id) gets
     the workers the first copy started, and starts none."""
-    import sys as _sys
-
     session = own_procs2._session("test")
     client = session.client.links[0].client
     pb = client._pb
     req = pb.SpawnWorkersRequest(
         count=1,
-        executable=_sys.executable,
+        executable=sys.executable,
         args=["-m", "monarch_kernel.worker"],
         env={"MONARCH_SHAPE": '[["procs"], [3]]'},
         cwd=os.getcwd(),

@@ -141,9 +141,8 @@ impl relay_server::Relay for Relay {
             let only = (*id != r.call_id).then_some(*proc);
             c.cancel_as(&rt, *id, r.epoch, only);
         }
-        let conns = legs;
         Ok(Response::new(CancelReply {
-            found: !conns.is_empty(),
+            found: !legs.is_empty(),
         }))
     }
 }
