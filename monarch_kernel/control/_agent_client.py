@@ -349,10 +349,11 @@ class AgentClient:
     def list_workers(self, timeout: float = 5.0) -> list[dict[str, Any]]:
         return [worker_dict(w) for w in self.list_workers_raw(timeout)]
 
-    def ping_workers_future(self, epoch: int, timeout: float) -> Any:
+    def ping_workers_future(self, epoch: int, timeout: float, usage: bool = False) -> Any:
         """SUPERVISE-2: the agent pings each of its running workers (passing ``epoch``)
-        and answers for all; a grpc future of the ``PingWorkersReply`` (no thread)."""
-        req = self._pb.PingWorkersRequest(epoch=epoch, timeout_ms=max(10, int(timeout * 1000)))
+        and answers for all, with what each uses if ``usage`` (VIEW-2); a grpc future
+        of the ``PingWorkersReply`` (no thread)."""
+        req = self._pb.PingWorkersRequest(epoch=epoch, timeout_ms=max(10, int(timeout * 1000)), usage=usage)
         return self._stub.PingWorkers.future(req, metadata=self._md, timeout=timeout + 1.0)
 
     def list_workers_raw(self, timeout: float = 5.0) -> list[Any]:

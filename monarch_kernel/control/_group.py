@@ -112,12 +112,11 @@ class AgentGroup:
 
     # -- what the mesh's workers are ------------------------------------------------------
 
-    def ping_workers(self, epoch: int, timeout: float) -> dict[int, Any]:
-        """SUPERVISE-2, one message per host: each agent pings its running workers
-        (passing ``epoch``) and answers for all of them. By rank: ``(pid, epoch)`` for
-        an answer, an exception for a worker that could not be reached or is not
-        running on its host, None for no answer (or no answer from its agent)."""
-        sent = [(link, link.client.ping_workers_future(epoch, timeout)) for link in self.links]
+    def _pings(self, epoch: int, timeout: float, usage: bool) -> dict[int, Any]:
+        """Each rank's ``WorkerPing`` from its host's agent (one message per host), an
+        exception for a rank not running on its host, None where its agent did not
+        answer."""
+        sent = [(link, link.client.ping_workers_future(epoch, timeout, usage)) for link in self.links]
         out: dict[int, Any] = {}
         for link, fut in sent:
             try:
@@ -127,13 +126,34 @@ class AgentGroup:
                 continue
             for r in link.ranks:
                 p = pings.get(r)
-                if p is None:
-                    out[r] = MonarchKernelError(f"rank {r} is not running on {link.host}")
-                elif p.answered:
-                    out[r] = (p.pid, p.epoch)
-                else:
-                    out[r] = MonarchKernelError(p.error) if p.error else None
+                out[r] = MonarchKernelError(f"rank {r} is not running on {link.host}") if p is None else p
         return out
+
+    def ping_workers(self, epoch: int, timeout: float) -> dict[int, Any]:
+        """SUPERVISE-2, one message per host: each agent pings its running workers
+        (passing ``epoch``) and answers for all of them. By rank: ``(pid, epoch)`` for
+        an answer, an exception for a worker that could not be reached or is not
+        running on its host, None for no answer (or no answer from its agent)."""
+        out: dict[int, Any] = {}
+        for r, p in self._pings(epoch, timeout, False).items():
+            if p is None or isinstance(p, BaseException):
+                out[r] = p
+            elif p.answered:
+                out[r] = (p.pid, p.epoch)
+            else:
+                out[r] = MonarchKernelError(p.error) if p.error else None
+        return out
+
+    def usage(self, timeout: float) -> dict[int, dict[str, Any] | None]:
+        """VIEW-2, one message per host, as an administrator (epoch 0): what each
+        running worker that answered within ``timeout`` uses, as its agent reads it
+        from /proc (``{"cpu": %, "rss": bytes}``); None for a rank that did not answer."""
+        return {
+            r: {"cpu": round(p.cpu), "rss": p.rss}
+            if not (p is None or isinstance(p, BaseException)) and p.answered and p.measured
+            else None
+            for r, p in self._pings(0, timeout, True).items()
+        }
 
     def list_workers_raw(self, timeout: float = 5.0) -> list[Any]:
         return sorted(

@@ -111,6 +111,7 @@ class Session:
         self.supervisor = Supervisor(self)
         know_token(rec.token)  # TransferBuffers from this mesh can be read here
         _native.set_epoch(rec.token, self.epoch)
+        _native.watch_through_agents(rec.token)  # its heartbeats go through the agents
         #: Hosts that do not answer now (a partition, a stopped agent), and hosts whose
         #: agent is gone, by link index (SUPERVISE-4).
         self.unreachable: set[int] = set()

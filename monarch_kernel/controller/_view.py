@@ -32,6 +32,10 @@ from monarch_kernel.mesh import call_builtin, loads
 
 #: How long a live worker has to say what it uses before it is shown unresponsive.
 ANSWER_WAIT_S = HEARTBEAT_S
+#: VIEW-2: up to this many live workers, each is asked what it uses (its GPU and the
+#: tensors it holds too); beyond, the agents read CPU and memory from /proc and ping
+#: their workers, one message per host, and no worker runs any Python for a view.
+WORKERS_ASKED_UP_TO = 64
 _KEEP = ("rank", "pid", "host", "restarts")
 
 
@@ -86,9 +90,12 @@ def mesh_view(info: MeshInfo) -> dict[str, Any]:
         return str(states.get(w["rank"], "alive"))
 
     live = [w for w in info.workers if w["state"] == "running" and host_state(w) == "alive"]
-    usage = (
-        dict(zip((w["rank"] for w in live), ask_workers(rec, live, "usage", ANSWER_WAIT_S))) if rec else {}
-    )
+    if len(live) > WORKERS_ASKED_UP_TO and info.usage is not None:
+        usage = info.usage
+    elif rec:
+        usage = dict(zip((w["rank"] for w in live), ask_workers(rec, live, "usage", ANSWER_WAIT_S)))
+    else:
+        usage = {}
     ranks = []
     for w in sorted(info.workers, key=lambda w: int(w["rank"])):
         host = host_state(w)
@@ -154,13 +161,13 @@ def _unreachable_view(info: MeshInfo) -> dict[str, Any]:
 
 def meshes_view() -> list[dict[str, Any]]:
     """Every running mesh of this user (what ``monarch-kernel ls`` lists), pictured."""
-    return [mesh_view(info) for info in list_meshes()]
+    return [mesh_view(info) for info in list_meshes(ANSWER_WAIT_S)]
 
 
 def view_of(name: str) -> dict[str, Any] | None:
     """The running mesh ``name`` pictured, or None when it does not run."""
-    info = mesh_info(name)
+    info = mesh_info(name, ANSWER_WAIT_S)
     return None if info is None else mesh_view(info)
 
 
-__all__ = ["ANSWER_WAIT_S", "ask_workers", "mesh_view", "meshes_view", "view_of"]
+__all__ = ["ANSWER_WAIT_S", "WORKERS_ASKED_UP_TO", "ask_workers", "mesh_view", "meshes_view", "view_of"]

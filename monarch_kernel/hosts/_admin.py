@@ -253,6 +253,9 @@ class MeshInfo:
     idle_left: float | None = None
     #: Every worker, as the agents list them.
     workers: list[dict[str, Any]] = field(default_factory=list)
+    #: By rank, what each running worker uses as its agent reads it (VIEW-2), when
+    #: asked (``mesh_info(..., usage_wait=)``); None for a rank that did not answer.
+    usage: dict[int, dict[str, Any] | None] | None = None
     #: Its state file, as read for this listing (its token: not shown).
     record: MeshRecord | None = field(default=None, repr=False, compare=False)
     #: None while its agents answer; else why they cannot be reached from here, on
@@ -261,16 +264,18 @@ class MeshInfo:
     unreachable: str | None = None
 
 
-def list_meshes() -> list[MeshInfo]:
+def list_meshes(usage_wait: float | None = None) -> list[MeshInfo]:
     """The running meshes of this user (those whose agents cannot be reached from here
     too, marked ``unreachable``); the state files of meshes known gone are removed."""
-    return [info for info in map(mesh_info, _registry.names()) if info is not None]
+    return [info for info in (mesh_info(n, usage_wait) for n in _registry.names()) if info is not None]
 
 
-def mesh_info(name: str) -> MeshInfo | None:
+def mesh_info(name: str, usage_wait: float | None = None) -> MeshInfo | None:
     """The running mesh ``name`` as its agents describe it now, or as its state file
     does when they cannot be reached from here (``unreachable``); None when it does
-    not run (the state file of a mesh known gone is removed: REGISTRY-3)."""
+    not run (the state file of a mesh known gone is removed: REGISTRY-3).
+    ``usage_wait``: also what each worker uses, read by the agents (VIEW-2), each
+    worker having that many seconds to answer its agent's ping."""
     with _registry.locked(name):
         rec = _registry.read(name)
         if rec is None:
@@ -295,6 +300,7 @@ def mesh_info(name: str) -> MeshInfo | None:
         first = next(link for link, st in zip(client.links, states) if st == "alive")
         ping = first.client.ping()
         workers = client.list_workers()
+        usage = None if usage_wait is None else client.usage(usage_wait)
     except (MonarchKernelError, StopIteration):
         return None
     finally:
@@ -322,6 +328,7 @@ def mesh_info(name: str) -> MeshInfo | None:
         owner=ping["owner"],
         idle_left=ping["idle_left"],
         workers=workers,
+        usage=usage,
     )
 
 

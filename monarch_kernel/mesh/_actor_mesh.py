@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import pickle
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -87,16 +88,49 @@ def decode_reply(
 
 
 def decode_all(
-    replies: list[Any], proc: ProcRef, ranks: Sequence[int], points: Iterable[Point], what: str, **kw: Any
+    replies: list[Any], proc: ProcRef, ranks: Sequence[int], point_of: Callable[[int], Point], what: str, **kw: Any
 ) -> list[Any]:
     """Decodes the replies of a call to several ranks, in rank order; but first, a rank
     whose call failed (its worker died) raises, even while other ranks still run
-    (their entries are None: ``wait_calls`` returned at the first failure)."""
-    points = list(points)
-    for r, base, p in zip(replies, ranks, points):
+    (their entries are None: ``wait_calls`` returned at the first failure).
+    ``point_of(i)``: the point of reply ``i``, made only for an error that names it."""
+    for i, r in enumerate(replies):
         if isinstance(r, BaseException):
-            decode_reply(r, proc, base, p, what, **kw)  # raises
-    return [decode_reply(r, proc, base, p, what, **kw) for r, base, p in zip(replies, ranks, points)]
+            decode_reply(r, proc, ranks[i], point_of(i), what, **kw)  # raises
+    if not kw:
+        values = _plain_values(replies)
+        if values is not None:
+            return values
+    return [decode_reply(r, proc, ranks[i], point_of(i), what, **kw) for i, r in enumerate(replies)]
+
+
+#: Types whose values are never changed in place: one unpickled copy can stand for
+#: every rank that sent the same bytes.
+_ATOMS = frozenset({int, float, bool, str, bytes, type(None), complex})
+_UNSEEN = object()
+
+
+def _plain_values(replies: list[Any]) -> list[Any] | None:
+    """TREE-1's per-reply cost: the values of replies that are all plain results (no
+    out-of-band buffer, nothing transferred), with each distinct payload of an
+    immutable value unpickled once (1,024 ranks that return the same loss cost one
+    ``pickle.loads``); None when any reply needs :func:`decode_reply`."""
+    seen: dict[bytes, Any] = {}
+    out = []
+    for r in replies:
+        payload = r.payload
+        if r.kind != _RESULT or r.buffers or payload[:4] == _buffers.HEADER:
+            return None
+        v = seen.get(payload, _UNSEEN)
+        if v is _UNSEEN:
+            try:
+                v = pickle.loads(payload)
+            except Exception:
+                return None  # decode_reply says what went wrong, for which rank
+            if type(v) in _ATOMS:
+                seen[payload] = v
+        out.append(v)
+    return out
 
 
 def _finish_one(proc: ProcRef, base_rank: int, point: Point, what: str) -> Callable[[list[Any]], Any]:
@@ -216,7 +250,7 @@ class Endpoint(Generic[R]):
         local_shape = Shape(shape.extent)
 
         def finish(replies: list[Any]) -> ValueMesh[R]:
-            return ValueMesh(local_shape, decode_all(replies, proc, shape.ranks, local_shape.points(), what))
+            return ValueMesh(local_shape, decode_all(replies, proc, shape.ranks, local_shape.point, what))
 
         return Future(_calls=calls, _finish=finish, _where=(proc.name, what, shape.ranks))
 
@@ -373,7 +407,7 @@ class ActorMesh(MeshTrait, Generic[R]):
         local = Shape(shape.extent)
 
         def finish(replies: list[Any]) -> None:
-            decode_all(replies, proc, shape.ranks, local.points(), what)
+            decode_all(replies, proc, shape.ranks, local.point, what)
 
         return Future(_calls=calls, _finish=finish)
 

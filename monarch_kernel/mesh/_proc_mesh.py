@@ -146,7 +146,9 @@ class ProcMesh(MeshTrait):
         session = session_for(self._proc)
         init_errors: dict[int, ActorError] = {}
         try:
-            decode_all(replies, self._proc, ranks, points, f"spawn of {name}", failed=failed, value=False)
+            decode_all(
+                replies, self._proc, ranks, points.__getitem__, f"spawn of {name}", failed=failed, value=False
+            )
         except ActorError:
             if session is None:  # nobody supervises this mesh from here: the spawn fails
                 raise
@@ -190,7 +192,7 @@ class ProcMesh(MeshTrait):
         for reply, base, point in zip(replies, ranks, points):
             try:
                 decode_all(
-                    [reply], self._proc, [base], [point], f"spawn of {name}", failed=failed, value=False
+                    [reply], self._proc, [base], lambda _: point, f"spawn of {name}", failed=failed, value=False
                 )
             except ActorError as e:
                 errors[base] = e

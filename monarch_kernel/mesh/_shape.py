@@ -138,6 +138,10 @@ class Shape:
     def points(self) -> Iterator[Point]:
         return (Point(i, self.extent) for i in range(len(self.ranks)))
 
+    def point(self, i: int) -> Point:
+        """The point of local index ``i``."""
+        return Point(i, self.extent)
+
     def size(self, dim: str | Sequence[str] | None = None) -> int:
         if dim is None:
             return len(self.ranks)

@@ -17,12 +17,14 @@ WORKER_STATE_RUNNING: WorkerState
 WORKER_STATE_EXITED: WorkerState
 
 class PingWorkersRequest(_message.Message):
-    __slots__ = ("epoch", "timeout_ms")
+    __slots__ = ("epoch", "timeout_ms", "usage")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     timeout_ms: int
-    def __init__(self, epoch: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+    usage: bool
+    def __init__(self, epoch: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., usage: _Optional[bool] = ...) -> None: ...
 
 class PingWorkersReply(_message.Message):
     __slots__ = ("pings",)
@@ -31,18 +33,24 @@ class PingWorkersReply(_message.Message):
     def __init__(self, pings: _Optional[_Iterable[_Union[WorkerPing, _Mapping]]] = ...) -> None: ...
 
 class WorkerPing(_message.Message):
-    __slots__ = ("rank", "answered", "pid", "epoch", "error")
+    __slots__ = ("rank", "answered", "pid", "epoch", "error", "measured", "cpu", "rss")
     RANK_FIELD_NUMBER: _ClassVar[int]
     ANSWERED_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_FIELD_NUMBER: _ClassVar[int]
+    CPU_FIELD_NUMBER: _ClassVar[int]
+    RSS_FIELD_NUMBER: _ClassVar[int]
     rank: int
     answered: bool
     pid: int
     epoch: int
     error: str
-    def __init__(self, rank: _Optional[int] = ..., answered: _Optional[bool] = ..., pid: _Optional[int] = ..., epoch: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+    measured: bool
+    cpu: float
+    rss: int
+    def __init__(self, rank: _Optional[int] = ..., answered: _Optional[bool] = ..., pid: _Optional[int] = ..., epoch: _Optional[int] = ..., error: _Optional[str] = ..., measured: _Optional[bool] = ..., cpu: _Optional[float] = ..., rss: _Optional[int] = ...) -> None: ...
 
 class SpawnWorkersRequest(_message.Message):
     __slots__ = ("count", "executable", "args", "env", "cwd", "epoch", "first_rank", "request_id")

@@ -20,6 +20,7 @@ from proc_helpers import sigstop
 from view_schema import valid_view
 
 from monarch_kernel import controller, this_host
+from monarch_kernel.controller import _view as _view_module
 from monarch_kernel.controller._admin import mesh_table
 from monarch_kernel.hosts import _admin
 
@@ -83,13 +84,21 @@ def test_the_agents_know_who_holds_a_mesh_and_when_an_idle_one_stops(held):
     controller.attach(held)  # (so that the fixture stops it)
 
 
-def test_the_view_says_dead_with_the_signal_and_unresponsive_for_a_stopped_worker(held):
-    # VIEW-1: the same states the panel and the inspector show.
+@pytest.mark.parametrize("read_by", ["workers", "agents"])
+def test_the_view_says_dead_with_the_signal_and_unresponsive_for_a_stopped_worker(held, read_by, monkeypatch):
+    # VIEW-1: the same states the panel and the inspector show; VIEW-2: read by each
+    # worker, or (beyond WORKERS_ASKED_UP_TO live workers) by their hosts' agents.
+    if read_by == "agents":  # no worker is asked: its agent reads /proc and pings it
+        monkeypatch.setattr(_view_module, "WORKERS_ASKED_UP_TO", 0)
+        monkeypatch.setattr(_view_module, "ask_workers", lambda *a: pytest.fail("a worker was asked"))
     view = _view(held)
     assert view is not None
     assert [r["state"] for r in view["ranks"]] == ["alive", "alive"] and view["state"] == "alive"
-    assert all(r["usage"]["rss"] > 0 for r in view["ranks"])  # measured by each worker
+    assert all(r["usage"]["rss"] > 0 for r in view["ranks"])
     pids = [r["pid"] for r in view["ranks"]]
+    if read_by == "agents":  # from /proc: what the kernel counts for that very process
+        statm = int(Path(f"/proc/{pids[0]}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        assert abs(view["ranks"][0]["usage"]["rss"] - statm) < 64 << 20
     sigstop(pids[0])  # alive, but it cannot answer
     try:
         view = _view(held)

@@ -17,6 +17,7 @@ pub mod oom;
 pub mod process;
 pub mod relay;
 pub mod template;
+pub mod usage;
 
 use crate::proto::v1::agent_event;
 use crate::proto::v1::host_agent_server::{HostAgent, HostAgentServer};
@@ -110,6 +111,8 @@ pub struct Agent {
     /// The outcome of each recent `SpawnWorkers` by request id, oldest first (sent
     /// again after a broken connection, it starts nothing more).
     spawns: Mutex<VecDeque<(String, SpawnOutcome)>>,
+    /// What the workers use, read when asked (VIEW-2).
+    meter: usage::Meter,
 }
 
 /// A `SpawnWorkers` run: its workers, or why it failed; None while it runs.
@@ -328,13 +331,16 @@ impl HostAgent for Service {
         let limit = Duration::from_millis(u64::from(r.timeout_ms.clamp(10, 60_000)));
         let rt = tokio::runtime::Handle::current();
         let token = self.0.token().to_string();
-        let tasks: Vec<_> = self
-            .0
-            .workers
-            .running()
+        let running = self.0.workers.running();
+        if r.usage {
+            let pids: Vec<u32> = running.iter().map(|w| w.2).collect();
+            self.0.meter.keep_only(&pids);
+        }
+        let tasks: Vec<_> = running
             .into_iter()
-            .map(|(rank, addr)| {
+            .map(|(rank, addr, pid)| {
                 let conn = crate::rpc::client::WorkerConn::relayed(&rt, &addr, &token);
+                let agent = self.0.clone();
                 tokio::spawn(async move {
                     let mut ping = WorkerPing {
                         rank,
@@ -352,6 +358,9 @@ impl HostAgent for Service {
                         }
                         Ok(Err(e)) => ping.error = e.to_string(),
                         Err(_) => {}
+                    }
+                    if let Some((cpu, rss)) = r.usage.then(|| agent.meter.measure(pid)).flatten() {
+                        (ping.measured, ping.cpu, ping.rss) = (true, cpu, rss);
                     }
                     ping
                 })
@@ -494,6 +503,7 @@ pub fn start(
         epoch: AtomicU64::new(0),
         actors: Mutex::new(Vec::new()),
         spawns: Mutex::new(VecDeque::new()),
+        meter: usage::Meter::default(),
     });
     let svc = tonic::service::interceptor::InterceptedService::new(
         // Records carry constructor arguments: the same limit as actor messages

@@ -546,12 +546,12 @@ impl Workers {
         });
     }
 
-    /// Each running worker: its proc rank and address.
-    pub fn running(&self) -> Vec<(u32, String)> {
+    /// Each running worker: its proc rank, address and pid.
+    pub fn running(&self) -> Vec<(u32, String, u32)> {
         lock(&self.records)
             .iter()
             .filter(|r| r.info.state == WorkerState::Running as i32)
-            .map(|r| (r.info.rank, r.info.addr.clone()))
+            .map(|r| (r.info.rank, r.info.addr.clone(), r.info.pid))
             .collect()
     }
 

@@ -363,6 +363,14 @@ fn set_epoch(token: &str, epoch: u64) {
     crate::rpc::client::epoch_cell(token).store(epoch, std::sync::atomic::Ordering::SeqCst);
 }
 
+/// SUPERVISE-2: this process's supervision watches the workers of the mesh with
+/// `token` through their agents' heartbeats; its connections to them opened from now
+/// on ping every 15 s, not every second.
+#[pyfunction]
+fn watch_through_agents(token: &str) {
+    crate::rpc::client::watch_through_agents(token);
+}
+
 /// Fails every call this process waits for from the worker (or relay) at `addr` of
 /// the mesh with `token`, with `reason`, and stops resuming its connection (RESUME-1):
 /// supervision declared it gone while it cannot be reached. Whether there was one.
@@ -439,6 +447,7 @@ fn ping_all(
 pub fn register_python_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ping_all, m)?)?;
     m.add_function(wrap_pyfunction!(set_epoch, m)?)?;
+    m.add_function(wrap_pyfunction!(watch_through_agents, m)?)?;
     m.add_function(wrap_pyfunction!(abandon_calls, m)?)?;
     m.add_function(wrap_pyfunction!(abandon_relayed_calls, m)?)?;
     m.add_function(wrap_pyfunction!(set_resume_limit, m)?)?;

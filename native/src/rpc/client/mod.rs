@@ -51,7 +51,7 @@ use crate::proto::v1::{Call, Reply, ReplyKind};
 use crate::sync::lock;
 use pending::{fail_all, Pending};
 use service::Client;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use tokio::runtime::Handle;
@@ -108,6 +108,27 @@ pub fn epoch_cell(token: &str) -> Arc<AtomicU64> {
     map.entry(token.to_string())
         .or_insert_with(|| Arc::new(AtomicU64::new(0)))
         .clone()
+}
+
+/// SUPERVISE-2: the meshes (by token) whose workers this process's supervision
+/// watches through their hosts' agents (a heartbeat per host every second). This
+/// process's own connections to their workers then ping every 15 s, not every
+/// second ([`crate::rpc::Keepalive::Relaxed`]): 1,024 connections pinged every second
+/// were half of an idle controller's CPU (TREE-1's scale), and a silent peer is
+/// noticed by the agents' heartbeats instead.
+fn agent_watched() -> &'static Mutex<HashSet<String>> {
+    static TOKENS: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
+    TOKENS.get_or_init(Default::default)
+}
+
+/// Marks the mesh with `token` as watched by agents' heartbeats ([`agent_watched`]):
+/// connections to its workers opened from now on ping every 15 s.
+pub fn watch_through_agents(token: &str) {
+    lock(agent_watched()).insert(token.to_string());
+}
+
+fn watched_through_agents(token: &str) -> bool {
+    lock(agent_watched()).contains(token)
 }
 
 impl WorkerConn {

@@ -154,8 +154,11 @@ impl WorkerConn {
         }
         // The gRPC default never notices a silent peer (docs/architecture.md,
         // "Supervision"); an agent's connection to a worker of its own host needs no
-        // more than its exit, which the agent sees.
-        let keepalive = if peer == Peer::Relayed {
+        // more than its exit, which the agent sees, and a worker whose agent pings it
+        // for this process no more than that heartbeat (SUPERVISE-2).
+        let relaxed = peer == Peer::Relayed
+            || (peer == Peer::Worker && super::watched_through_agents(token));
+        let keepalive = if relaxed {
             crate::rpc::Keepalive::Relaxed
         } else {
             crate::rpc::Keepalive::Watchful
