@@ -11,7 +11,7 @@ import inspect
 import os
 import pickle
 import random
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from monarch_kernel import _native, _origin
@@ -88,7 +88,12 @@ def decode_reply(
 
 
 def decode_all(
-    replies: list[Any], proc: ProcRef, ranks: Sequence[int], point_of: Callable[[int], Point], what: str, **kw: Any
+    replies: list[Any],
+    proc: ProcRef,
+    ranks: Sequence[int],
+    point_of: Callable[[int], Point],
+    what: str,
+    **kw: Any,
 ) -> list[Any]:
     """Decodes the replies of a call to several ranks, in rank order; but first, a rank
     whose call failed (its worker died) raises, even while other ranks still run

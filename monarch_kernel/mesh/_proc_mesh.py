@@ -192,7 +192,13 @@ class ProcMesh(MeshTrait):
         for reply, base, point in zip(replies, ranks, points):
             try:
                 decode_all(
-                    [reply], self._proc, [base], lambda _: point, f"spawn of {name}", failed=failed, value=False
+                    [reply],
+                    self._proc,
+                    [base],
+                    [point].__getitem__,
+                    f"spawn of {name}",
+                    failed=failed,
+                    value=False,
                 )
             except ActorError as e:
                 errors[base] = e
