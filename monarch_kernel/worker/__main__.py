@@ -100,8 +100,17 @@ def template() -> None:
     import signal
     import socket
 
+    import threading
+
     from monarch_kernel import _native, hosts, mesh, worker  # noqa: F401 (each child's imports)
-    from monarch_kernel.worker import _debug, _main_thread, _output  # noqa: F401
+    from monarch_kernel.worker import _debug, _display, _main_thread, _output, _spmd  # noqa: F401
+
+    # The IPython shell that %%mesh cells run in (about 200 modules and 16 MiB a
+    # process): made once here, its pages shared by every child; made in each
+    # worker, 1,024 workers ran out of this machine's 24 GiB at their first cell.
+    _display.ensure()
+    if threading.active_count() != 1:  # a fork copies only the forking thread
+        raise RuntimeError(f"the worker template started threads: {threading.enumerate()}")
 
     sock = socket.socket(fileno=int(os.environ.pop("MONARCH_TEMPLATE_FD")))
     wake_r, wake_w = os.pipe()
