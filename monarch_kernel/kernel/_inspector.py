@@ -40,12 +40,13 @@ function render({ model, el }) {
       hosts.get(p.host || "").push(p);
     }
     const selected = model.get("selected");
-    let html = "";
+    // hosts side by side as the output's width allows (64 hosts: a dozen rows, not 64)
+    let html = `<div class="monarch-hosts" style="display:flex;flex-wrap:wrap;gap:2px 18px">`;
     for (const [host, ps] of hosts) {
       const alive = ps.filter(p => p.state === "alive").length;
       const cpus = ps.filter(p => typeof p.cpu === "number");
       const cpu = cpus.length ? Math.round(cpus.reduce((n, p) => n + p.cpu, 0) / cpus.length) : null;
-      html += `<div class="monarch-host" data-host="${host}"><b>host ${host}</b> ` +
+      html += `<div class="monarch-host" data-host="${host}" style="min-width:200px"><b>host ${host}</b> ` +
         `<span class="monarch-host-summary" style="opacity:0.7">${alive}/${ps.length} alive` +
         (cpu === null ? "" : ` · CPU ${cpu}%`) + "</span>" +
         `<div style="display:flex;flex-wrap:wrap;gap:1px;padding:1px 0">`;
@@ -62,7 +63,7 @@ function render({ model, el }) {
       }
       html += "</div></div>";
     }
-    return html;
+    return html + "</div>";
   }
   function draw() {
     const procs = model.get("procs");
