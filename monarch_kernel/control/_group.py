@@ -42,9 +42,11 @@ class HostLink:
 
     def reach(self, timeout: float = 2.0) -> str:
         """Whether the host's agent answers ("alive"), its host answers but not on the
-        agent's port ("gone": connection refused), or nothing answers ("unreachable": a
-        partition, or the agent is stopped). The port is tried with a plain connection
-        first: the gRPC channel's own state lags after a loss."""
+        agent's port ("gone": connection refused), its port takes a connection but the
+        agent does not answer within ``timeout`` ("mute": a host too busy to answer in
+        time, or a stopped agent: only its lasting tells them apart), or nothing answers
+        ("unreachable": a partition). The port is tried with a plain connection first:
+        the gRPC channel's own state lags after a loss."""
         import socket
 
         host, port = self.addr.rsplit(":", 1)
@@ -58,7 +60,7 @@ class HostLink:
             self.client.ping(timeout=timeout)
             return "alive"
         except MonarchKernelError:
-            return "unreachable"
+            return "mute"
 
 
 class AgentGroup:

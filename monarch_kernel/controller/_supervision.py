@@ -50,6 +50,11 @@ if TYPE_CHECKING:
 #: Heartbeat period and the misses that make a worker unresponsive (SUPERVISE-2).
 HEARTBEAT_S = 1.0
 MISSES = 3
+#: SUPERVISE-4: how long a host whose agent's port takes connections but whose agent
+#: does not answer ("mute") may stay so before it is unreachable. A host busy starting
+#: hundreds of workers answers within seconds; a stopped agent never does. A port that
+#: takes no connection (a partition) is unreachable at the second missed heartbeat.
+MUTE_S = 10.0
 #: What a line on stderr adds to a failure nobody handled.
 _HINTS = {
     "dead": "calls that need it fail; procs.respawn() restarts it",
@@ -87,6 +92,8 @@ class Supervisor:
         self.supervised: dict[str, bool] = {}
         #: Hosts whose agent did not answer the last look (SUPERVISE-4), by link index.
         self._agent_silent: set[int] = set()
+        #: Since when each host's agent has been "mute" (``HostLink.reach``).
+        self._mute_since: dict[int, float] = {}
         self._thread = threading.Thread(
             target=self._beat, name=f"monarch-heartbeat-{session.name}", daemon=True
         )
@@ -362,6 +369,7 @@ class Supervisor:
             silent = min(misses.get(r, 0) for r in live)
             if not max(misses.get(r, 0) for r in live):
                 self._agent_silent.discard(link.index)
+                self._mute_since.pop(link.index, None)
                 if link.index in s.unreachable:
                     self.host_back(link)
                 continue
@@ -377,8 +385,13 @@ class Supervisor:
                 self._agent_silent.add(link.index)
                 if silent >= 2:
                     self.host_unreachable(link)
+            elif how == "mute":  # busy, or stopped: only its lasting tells
+                since = self._mute_since.setdefault(link.index, time.monotonic())
+                if silent >= 2 and time.monotonic() - since >= MUTE_S:
+                    self.host_unreachable(link)
             else:
                 self._agent_silent.discard(link.index)
+                self._mute_since.pop(link.index, None)
 
     def _exited(self, rank: int) -> bool:
         """Asks the agent whether ``rank`` exited; if so, handles it as a death. For

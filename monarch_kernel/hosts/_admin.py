@@ -302,7 +302,11 @@ def mesh_info(name: str, usage_wait: float | None = None) -> MeshInfo | None:
             )
             return None
     try:
-        states = _each_link(client.links, lambda link: link.reach(timeout=2.0))
+        # (a picture of now: an agent that does not answer is unreachable, whatever the cause)
+        states = [
+            "unreachable" if st == "mute" else st
+            for st in _each_link(client.links, lambda link: link.reach(timeout=2.0))
+        ]
         first = next(link for link, st in zip(client.links, states) if st == "alive")
         ping = first.client.ping()
         workers = client.list_workers()

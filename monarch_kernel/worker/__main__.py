@@ -99,7 +99,6 @@ def template() -> None:
     import selectors
     import signal
     import socket
-
     import threading
 
     from monarch_kernel import _native, hosts, mesh, worker  # noqa: F401 (each child's imports)

@@ -271,6 +271,31 @@ def test_a_partitioned_host_is_unreachable_then_back_with_nothing_lost(
     print(f"unreachable reported {took:.1f} s after the partition")
 
 
+def test_a_host_whose_agent_is_stopped_is_unreachable_only_once_it_stays_mute(
+    hosts_code, controllers, cluster, state_home
+):
+    # SUPERVISE-4: its port still takes connections (a busy host's does too): the host
+    # is unreachable only after MUTE_S of it, then back, with nothing lost.
+    from monarch_kernel.controller._supervision import MUTE_S
+
+    c = _counting(_new(controllers, cluster, state_home), hosts_code)
+    pid = c.eval("procs._session('t').client.links[1].agent_pid")
+    assert pid > 0
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        t = time.monotonic()
+        kind, host, message = _wait_failure(c, "unreachable", within=MUTE_S + WITHIN)
+        took = time.monotonic() - t
+        assert host == "h2" and "does not answer" in message, message
+        assert took >= MUTE_S - 1.0, f"unreachable after {took:.1f} s: a few seconds' silence is a busy host"
+        assert c.eval("counter.slice(hosts=0).incr.call().get(timeout=30).values()") == [2, 2]
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    _wait_failure(c, "host_back")
+    assert c.eval("counter.slice(hosts=1).incr.call().get(timeout=30).values()") == [2, 2]
+    assert not [f for f in c.eval("failures") if f[0] in ("host_lost", "lost", "dead")], c.eval("failures")
+
+
 def test_a_slurm_job_cancelled_from_outside_is_reported_with_its_reason(controllers, cluster, state_home):
     c = _new(controllers, cluster, state_home)
     c.run(

@@ -156,8 +156,8 @@ impl WorkerConn {
         // "Supervision"); an agent's connection to a worker of its own host needs no
         // more than its exit, which the agent sees, and a worker whose agent pings it
         // for this process no more than that heartbeat (SUPERVISE-2).
-        let relaxed = peer == Peer::Relayed
-            || (peer == Peer::Worker && super::watched_through_agents(token));
+        let relaxed =
+            peer == Peer::Relayed || (peer == Peer::Worker && super::watched_through_agents(token));
         let keepalive = if relaxed {
             crate::rpc::Keepalive::Relaxed
         } else {
