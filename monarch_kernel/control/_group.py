@@ -80,7 +80,7 @@ class AgentGroup:
                 return link
         return self.links[-1]  # ranks past the end: the agent says they are unknown
 
-    def _each(self, fn: Callable[[HostLink], Any], links: Sequence[HostLink] | None = None) -> list[Any]:
+    def each(self, fn: Callable[[HostLink], Any], links: Sequence[HostLink] | None = None) -> list[Any]:
         """``fn(link)`` on every link (in parallel when there are several): the results,
         or raises the first error once every link is done (GROUP-1)."""
         targets = self.links if links is None else list(links)
@@ -106,7 +106,7 @@ class AgentGroup:
                 failures.append(e)
                 return []
 
-        for part in self._each(one):
+        for part in self.each(one):
             out.extend(part)
         if failures and len(failures) == len(self.links):
             raise failures[0]
@@ -184,7 +184,7 @@ class AgentGroup:
 
     def ping(self, timeout: float = 5.0) -> dict[str, Any]:
         """The first host's agent's ping, with the lowest epoch of every host's."""
-        pings = self._each(lambda link: link.client.ping(timeout))
+        pings = self.each(lambda link: link.client.ping(timeout))
         return {**pings[0], "epoch": min(p["epoch"] for p in pings)}
 
     def attach(self, timeout: float = 10.0) -> list[Any]:
@@ -192,16 +192,16 @@ class AgentGroup:
         that a controller fenced on one host is fenced on all; the AttachReplies."""
         at_least = 0
         if len(self.links) > 1:
-            at_least = max(p["epoch"] for p in self._each(lambda link: link.client.ping(timeout))) + 1
-        return self._each(lambda link: link.client.attach(at_least=at_least, timeout=timeout))
+            at_least = max(p["epoch"] for p in self.each(lambda link: link.client.ping(timeout))) + 1
+        return self.each(lambda link: link.client.attach(at_least=at_least, timeout=timeout))
 
     def record_actor(
         self, name: str, payload: bytes, buffers: list[Any], shape: bytes, epoch: int, timeout: float = 10.0
     ) -> None:
-        self._each(lambda link: link.client.record_actor(name, payload, buffers, shape, epoch, timeout))
+        self.each(lambda link: link.client.record_actor(name, payload, buffers, shape, epoch, timeout))
 
     def forget_actor(self, name: str, epoch: int, timeout: float = 10.0) -> None:
-        self._each(lambda link: link.client.forget_actor(name, epoch, timeout))
+        self.each(lambda link: link.client.forget_actor(name, epoch, timeout))
 
     def spawn_workers_raw(
         self,
@@ -214,7 +214,7 @@ class AgentGroup:
     ) -> list[Any]:
         """Starts every host's workers (each its ``nprocs``, ranked from its
         ``first_rank``), in parallel; the WorkerInfo messages in rank order."""
-        parts = self._each(
+        parts = self.each(
             lambda link: link.client.spawn_workers_raw(
                 link.nprocs,
                 executable,
@@ -230,14 +230,14 @@ class AgentGroup:
 
     def respawn_workers(self, ranks: list[int], epoch: int, timeout: float = 60.0) -> list[dict[str, Any]]:
         owners = [link for link in self.links if any(r in link.ranks for r in ranks)]
-        parts = self._each(
+        parts = self.each(
             lambda link: link.client.respawn_workers([r for r in ranks if r in link.ranks], epoch, timeout),
             owners,
         )
         return [w for part in parts for w in part]
 
     def shutdown(self, epoch: int = 0, timeout: float = 15.0) -> None:
-        self._each(lambda link: link.client.shutdown(epoch, timeout))
+        self.each(lambda link: link.client.shutdown(epoch, timeout))
 
     def close(self) -> None:
         for link in self.links:

@@ -26,8 +26,6 @@ import os
 import signal
 import socket
 import warnings
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -159,15 +157,6 @@ def _unreachable(rec: MeshRecord, entries: list[dict[str, Any]], knocks: list[st
     )
 
 
-def _each_link(links: list[HostLink], ask: Callable[[HostLink], str]) -> list[str]:
-    """``ask`` of every host's link, 16 at a time (a mesh of 64 hosts is read in the
-    time of 4 answers, not 64)."""
-    if len(links) == 1:
-        return [ask(links[0])]
-    with ThreadPoolExecutor(max_workers=min(16, len(links))) as pool:
-        return list(pool.map(ask, links))
-
-
 def connect(rec: MeshRecord, timeout: float = LOOK_TIMEOUT_S) -> AgentGroup | None:
     """Clients of ``rec``'s agents if any answers as that mesh; None if the mesh is
     known to be gone (REGISTRY-3: only then may its record be removed). Otherwise it
@@ -177,7 +166,7 @@ def connect(rec: MeshRecord, timeout: float = LOOK_TIMEOUT_S) -> AgentGroup | No
     (the mesh may run: it cannot be told from here)."""
     group = group_of(rec)
     entries = _entries(rec)
-    knocks = _each_link(group.links, lambda link: _knock(link, rec.name, timeout))
+    knocks = group.each(lambda link: _knock(link, rec.name, timeout))
     if "alive" in knocks:
         return group
     group.close()
@@ -304,8 +293,7 @@ def mesh_info(name: str, usage_wait: float | None = None) -> MeshInfo | None:
     try:
         # (a picture of now: an agent that does not answer is unreachable, whatever the cause)
         states = [
-            "unreachable" if st == "mute" else st
-            for st in _each_link(client.links, lambda link: link.reach(timeout=2.0))
+            "unreachable" if st == "mute" else st for st in client.each(lambda link: link.reach(timeout=2.0))
         ]
         first = next(link for link, st in zip(client.links, states) if st == "alive")
         ping = first.client.ping()
