@@ -185,36 +185,45 @@ fn wait_all(
 
 /// Waits until every call is done or one has failed (or the deadline passes:
 /// TimeoutError), with the GIL released and signals checked every 50 ms. Each slot
-/// rings one bell when it completes, so the wait wakes at the first completion.
+/// counts itself done as it completes, and only the last one (or a failure) wakes
+/// the wait: 1,024 replies arriving in a relay's batches wake it once, not once per
+/// batch with a look at every slot each time (TREE-1's per-reply cost).
 fn wait_first_failure(
     py: Python<'_>,
     calls: &[PyRef<'_, PendingCall>],
     deadline: Option<Instant>,
 ) -> PyResult<()> {
-    let bell = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+    // (done, failed)
+    let bell = Arc::new((std::sync::Mutex::new((0usize, false)), std::sync::Condvar::new()));
+    let n = calls.len();
     for c in calls {
         let b = bell.clone();
+        let slot = Arc::downgrade(&c.slot);
         c.slot.on_done(Box::new(move || {
-            *lock(&b.0) = true;
-            b.1.notify_all();
+            let failed = slot.upgrade().is_some_and(|s| s.has_failed());
+            let mut st = lock(&b.0);
+            st.0 += 1;
+            st.1 |= failed;
+            if st.0 >= n || failed {
+                b.1.notify_all();
+            }
         }));
     }
-    let slots: Vec<Arc<Slot>> = calls.iter().map(|c| c.slot.clone()).collect();
     loop {
         let settled = detach(py, || {
-            let mut rung = lock(&bell.0);
             let chunk = match deadline {
                 None => Duration::from_millis(50),
                 Some(d) => d
                     .saturating_duration_since(Instant::now())
                     .min(Duration::from_millis(50)),
             };
-            if !*rung {
-                rung = unpoison(bell.1.wait_timeout(rung, chunk)).0;
-            }
-            *rung = false;
-            drop(rung);
-            slots.iter().all(|s| s.is_done()) || slots.iter().any(|s| s.has_failed())
+            let st = lock(&bell.0);
+            let st = if st.0 >= n || st.1 {
+                st
+            } else {
+                unpoison(bell.1.wait_timeout(st, chunk)).0
+            };
+            st.0 >= n || st.1
         });
         if settled {
             return Ok(());

@@ -7,6 +7,7 @@
 use super::RpcError;
 use crate::proto::v1::Reply;
 use crate::sync::{lock, unpoison};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -27,6 +28,10 @@ pub struct Slot {
     state: Mutex<State>,
     /// Wakes threads blocked in [`Slot::wait`].
     ready: Condvar,
+    /// How many threads are blocked in [`Slot::wait`] (counted under `state`): a
+    /// slot nobody waits on completes without a wake-up call into the kernel (most
+    /// slots of a call to 1,024 procs are read once every reply is in).
+    waiters: AtomicUsize,
 }
 
 impl Default for Slot {
@@ -34,6 +39,7 @@ impl Default for Slot {
         Slot {
             state: Mutex::new(State::Pending(Vec::new())),
             ready: Condvar::new(),
+            waiters: AtomicUsize::new(0),
         }
     }
 }
@@ -64,7 +70,11 @@ impl Slot {
                 }
             }
         };
-        self.ready.notify_all();
+        // (a waiter counts itself before it releases the lock to wait, and the state
+        // was set under that lock: one that waits is counted here)
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            self.ready.notify_all();
+        }
         for cb in callbacks {
             cb();
         }
@@ -101,16 +111,22 @@ impl Slot {
             if let State::Done(o) = &*st {
                 return Some(o.clone());
             }
-            st = match deadline {
-                None => unpoison(self.ready.wait(st)),
+            let wait = match deadline {
+                None => None,
                 Some(d) => {
                     let now = Instant::now();
                     if now >= d {
                         return None;
                     }
-                    unpoison(self.ready.wait_timeout(st, d - now)).0
+                    Some(d - now)
                 }
             };
+            self.waiters.fetch_add(1, Ordering::SeqCst);
+            st = match wait {
+                None => unpoison(self.ready.wait(st)),
+                Some(t) => unpoison(self.ready.wait_timeout(st, t)).0,
+            };
+            self.waiters.fetch_sub(1, Ordering::SeqCst);
         }
     }
 }
