@@ -194,7 +194,10 @@ fn wait_first_failure(
     deadline: Option<Instant>,
 ) -> PyResult<()> {
     // (done, failed)
-    let bell = Arc::new((std::sync::Mutex::new((0usize, false)), std::sync::Condvar::new()));
+    let bell = Arc::new((
+        std::sync::Mutex::new((0usize, false)),
+        std::sync::Condvar::new(),
+    ));
     let n = calls.len();
     for c in calls {
         let b = bell.clone();
