@@ -1,8 +1,9 @@
 """A mesh on 16 test hosts: the CI-sized run of what `make bench` measures at 64 x 16
 (bench/scale.py). The calls go through the fan-out tree (TREE-1: with
 ``MONARCH_TREE_LIMIT=4`` the 16 hosts are 4 groups of 4, so a call to every proc is
-4 messages), and what must hold at any size is checked here: every rank answers, a
-broadcast keeps its place before the next call (ORDER-1 along the tree), a worker's
+4 messages), and what must hold at any size is checked here: every rank answers, the
+views read through the agents (VIEW-2), a broadcast keeps its place before the next
+call (ORDER-1 along the tree), a worker's
 death names its rank and host, a lost group head is reported once as a host and the
 rest of its group is still reached, and stop leaves nothing on any host.
 
@@ -63,6 +64,12 @@ def test_a_mesh_on_16_hosts_calls_through_the_tree_and_reports_a_lost_head_as_on
     names = [where[h * PER_HOST][0] for h in range(HOSTS)]  # (SLURM's order of the hosts)
     assert sorted(names) == sorted(f"h{i}" for i in range(1, HOSTS + 1))
     assert [w[0] for w in where] == [names[r // PER_HOST] for r in range(n)]
+    # VIEW-2: beyond 64 live ranks a view reads what each uses through the agents (one
+    # message per host): no worker is asked.
+    ctl.run("import monarch_kernel.controller._view as _v\n_v.ask_workers = None")
+    ctl.run("view = _v.view_of(procs.name)")
+    assert ctl.eval("[r['state'] for r in view['ranks']]") == ["alive"] * n
+    assert ctl.eval("all(r['usage']['rss'] > 0 for r in view['ranks'])")
     # A broadcast, then a call: every worker ran the broadcast first.
     ctl.run("counter.incr.broadcast()")
     assert ctl.eval("counter.incr.call().get(timeout=60).values()") == [4] * n
