@@ -329,8 +329,8 @@ class AgentClient:
             first_rank=first_rank,
             request_id=uuid.uuid4().hex,
         )
-        deadline = time.monotonic() + timeout
-        for attempt in range(SPAWN_RESENDS + 1):
+        deadline, attempt = time.monotonic() + timeout, 0
+        while True:
             try:
                 reply = self._stub.SpawnWorkers(
                     req,
@@ -340,11 +340,11 @@ class AgentClient:
                 )
             except self._grpc.RpcError as e:
                 if attempt < SPAWN_RESENDS and _broke(e) and time.monotonic() < deadline:
+                    attempt += 1
                     continue
                 raise self._error(e, "SpawnWorkers") from None
             self._answered = True
             return list(reply.workers)
-        raise AssertionError("unreachable")
 
     def list_workers(self, timeout: float = 5.0) -> list[dict[str, Any]]:
         return [worker_dict(w) for w in self.list_workers_raw(timeout)]

@@ -207,21 +207,15 @@ impl HostAgent for Service {
     ) -> Result<Response<SpawnWorkersReply>, Status> {
         let r = req.into_inner();
         self.0.admit(r.epoch)?;
-        let failed = |e: String| Status::internal(format!("cannot start workers: {e}"));
-        if r.request_id.is_empty() {
-            let workers = self
-                .0
-                .workers
-                .spawn(&r, self.0.events.clone())
-                .await
-                .map_err(|e| failed(e.to_string()))?;
-            return Ok(Response::new(SpawnWorkersReply { workers }));
-        }
-        // Once per request id, in a task of its own: a caller whose connection broke
-        // (and so its handler was dropped) finds the same run when it asks again.
+        // In a task of its own, once per request id: a caller whose connection broke
+        // (and so its handler was dropped) finds the same run when it asks again. A
+        // request without an id is not remembered.
         let mut outcome = {
             let mut spawns = lock(&self.0.spawns);
-            match spawns.iter().find(|(id, _)| *id == r.request_id) {
+            let known = spawns
+                .iter()
+                .find(|(id, _)| !id.is_empty() && *id == r.request_id);
+            match known {
                 Some((_, rx)) => rx.clone(),
                 None => {
                     let (tx, rx) = watch::channel(None);
@@ -231,22 +225,25 @@ impl HostAgent for Service {
                         let got = agent.workers.spawn(&req, agent.events.clone()).await;
                         let _ = tx.send(Some(got.map_err(|e| e.to_string())));
                     });
-                    if spawns.len() == SPAWNS_KEPT {
-                        spawns.pop_front();
+                    if !r.request_id.is_empty() {
+                        if spawns.len() == SPAWNS_KEPT {
+                            spawns.pop_front();
+                        }
+                        spawns.push_back((r.request_id.clone(), rx.clone()));
                     }
-                    spawns.push_back((r.request_id.clone(), rx.clone()));
                     rx
                 }
             }
         };
+        // (None: the run's task ended without an outcome, the runtime stopping)
         let got = outcome
             .wait_for(Option::is_some)
             .await
-            .map_err(|_| Status::unavailable("the agent is stopping"))?
-            .clone();
+            .ok()
+            .and_then(|v| v.clone());
         match got {
             Some(Ok(workers)) => Ok(Response::new(SpawnWorkersReply { workers })),
-            Some(Err(e)) => Err(failed(e)),
+            Some(Err(e)) => Err(Status::internal(format!("cannot start workers: {e}"))),
             None => Err(Status::unavailable("the agent is stopping")),
         }
     }
