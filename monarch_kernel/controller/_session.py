@@ -31,7 +31,7 @@ from monarch_kernel.control import (
     has_exited,
 )
 from monarch_kernel.controller._frontend import frontend
-from monarch_kernel.controller._supervision import MUTE_S, MeshFailure, Supervisor
+from monarch_kernel.controller._supervision import MeshFailure, Supervisor
 from monarch_kernel.errors import (
     ActorError,
     MeshIndexError,
@@ -195,18 +195,16 @@ class Session:
                 return
             self.supervisor.agent_lost(err)
             return
-        first, mute_since = True, None
+        first = True
         while not (self.closed or self.stopping):
             how = link.reach()
             if how == "unreachable" and first:  # a stream's end can come before its port closes
                 first = False
                 time.sleep(0.3)
                 continue
-            if how == "mute":  # its port takes connections: busy, or a stopped agent
-                mute_since = mute_since or time.monotonic()
-                if time.monotonic() - mute_since < MUTE_S:
-                    time.sleep(1.0)
-                    continue
+            if how == "mute" and not self.supervisor.mute_too_long(link):  # busy, or stopped
+                time.sleep(1.0)
+                continue
             if how == "alive":
                 if link.index in self.unreachable:
                     self.supervisor.host_back(link)

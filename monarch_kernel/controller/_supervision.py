@@ -386,12 +386,18 @@ class Supervisor:
                 if silent >= 2:
                     self.host_unreachable(link)
             elif how == "mute":  # busy, or stopped: only its lasting tells
-                since = self._mute_since.setdefault(link.index, time.monotonic())
-                if silent >= 2 and time.monotonic() - since >= MUTE_S:
+                if self.mute_too_long(link) and silent >= 2:
                     self.host_unreachable(link)
             else:
                 self._agent_silent.discard(link.index)
                 self._mute_since.pop(link.index, None)
+
+    def mute_too_long(self, link: HostLink) -> bool:
+        """Host ``link``'s agent was just found "mute" (``HostLink.reach``): whether it
+        has been so for ``MUTE_S`` (since the first such look; a look or a heartbeat
+        that it answers ends the spell)."""
+        since = self._mute_since.setdefault(link.index, time.monotonic())
+        return time.monotonic() - since >= MUTE_S
 
     def _exited(self, rank: int) -> bool:
         """Asks the agent whether ``rank`` exited; if so, handles it as a death. For
