@@ -65,32 +65,32 @@ class Echo(Actor):
         return x
 
 
+def _ticks(stat: Path) -> int:
+    """utime + stime of a /proc ``stat`` file, in clock ticks (0 if it is gone)."""
+    try:
+        fields = stat.read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])
+
+
 def _cpu_of(pids: list[int]) -> float:
     """CPU seconds the processes ``pids`` have used (the test hosts share this
     machine's pid namespace)."""
-    tick, total = os.sysconf("SC_CLK_TCK"), 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])
-    return total / tick
+    return sum(_ticks(Path(f"/proc/{pid}/stat")) for pid in pids) / os.sysconf("SC_CLK_TCK")
 
 
 def _runtime_cpu() -> float:
     """CPU seconds this process's native runtime threads (``monarch-node``: the
     connections, the relays' replies, the slots calls wait on) have used."""
-    tick, total = os.sysconf("SC_CLK_TCK"), 0
-    for tid in os.listdir("/proc/self/task"):
+    total = 0
+    for task in Path("/proc/self/task").iterdir():
         try:
-            if Path(f"/proc/self/task/{tid}/comm").read_text().strip() != "monarch-node":
-                continue
-            fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+            if (task / "comm").read_text().strip() == "monarch-node":
+                total += _ticks(task / "stat")
         except OSError:
             continue
-        total += int(fields[11]) + int(fields[12])
-    return total / tick
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _call_figures(procs: Any, name: str, n: int) -> dict[str, float]:

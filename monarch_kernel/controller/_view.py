@@ -90,7 +90,7 @@ def mesh_view(info: MeshInfo) -> dict[str, Any]:
         return str(states.get(w["rank"], "alive"))
 
     live = [w for w in info.workers if w["state"] == "running" and host_state(w) == "alive"]
-    if len(live) > WORKERS_ASKED_UP_TO and info.usage is not None:
+    if info.usage is not None:  # read by the agents: more than WORKERS_ASKED_UP_TO run
         usage = info.usage
     elif rec:
         usage = dict(zip((w["rank"] for w in live), ask_workers(rec, live, "usage", ANSWER_WAIT_S)))
@@ -161,12 +161,12 @@ def _unreachable_view(info: MeshInfo) -> dict[str, Any]:
 
 def meshes_view() -> list[dict[str, Any]]:
     """Every running mesh of this user (what ``monarch-kernel ls`` lists), pictured."""
-    return [mesh_view(info) for info in list_meshes(ANSWER_WAIT_S)]
+    return [mesh_view(info) for info in list_meshes(ANSWER_WAIT_S, WORKERS_ASKED_UP_TO)]
 
 
 def view_of(name: str) -> dict[str, Any] | None:
     """The running mesh ``name`` pictured, or None when it does not run."""
-    info = mesh_info(name, ANSWER_WAIT_S)
+    info = mesh_info(name, ANSWER_WAIT_S, WORKERS_ASKED_UP_TO)
     return None if info is None else mesh_view(info)
 
 

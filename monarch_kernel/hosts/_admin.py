@@ -249,7 +249,8 @@ class MeshInfo:
     #: Every worker, as the agents list them.
     workers: list[dict[str, Any]] = field(default_factory=list)
     #: By rank, what each running worker uses as its agent reads it (VIEW-2), when
-    #: asked (``mesh_info(..., usage_wait=)``); None for a rank that did not answer.
+    #: asked (``mesh_info(..., usage_wait=, usage_beyond=)``); None for a rank that
+    #: did not answer.
     usage: dict[int, dict[str, Any] | None] | None = None
     #: Its state file, as read for this listing (its token: not shown).
     record: MeshRecord | None = field(default=None, repr=False, compare=False)
@@ -259,18 +260,24 @@ class MeshInfo:
     unreachable: str | None = None
 
 
-def list_meshes(usage_wait: float | None = None) -> list[MeshInfo]:
+def list_meshes(usage_wait: float | None = None, usage_beyond: int = 0) -> list[MeshInfo]:
     """The running meshes of this user (those whose agents cannot be reached from here
-    too, marked ``unreachable``); the state files of meshes known gone are removed."""
-    return [info for info in (mesh_info(n, usage_wait) for n in _registry.names()) if info is not None]
+    too, marked ``unreachable``); the state files of meshes known gone are removed.
+    ``usage_wait``, ``usage_beyond``: as ``mesh_info``'s."""
+    return [
+        info
+        for info in (mesh_info(n, usage_wait, usage_beyond) for n in _registry.names())
+        if info is not None
+    ]
 
 
-def mesh_info(name: str, usage_wait: float | None = None) -> MeshInfo | None:
+def mesh_info(name: str, usage_wait: float | None = None, usage_beyond: int = 0) -> MeshInfo | None:
     """The running mesh ``name`` as its agents describe it now, or as its state file
     does when they cannot be reached from here (``unreachable``); None when it does
     not run (the state file of a mesh known gone is removed: REGISTRY-3).
-    ``usage_wait``: also what each worker uses, read by the agents (VIEW-2), each
-    worker having that many seconds to answer its agent's ping."""
+    ``usage_wait``: with more than ``usage_beyond`` workers running, also what each
+    uses, read by the agents (VIEW-2), each worker having that many seconds to answer
+    its agent's ping."""
     with _registry.locked(name):
         rec = _registry.read(name)
         if rec is None:
@@ -298,7 +305,8 @@ def mesh_info(name: str, usage_wait: float | None = None) -> MeshInfo | None:
         first = next(link for link, st in zip(client.links, states) if st == "alive")
         ping = first.client.ping()
         workers = client.list_workers()
-        usage = None if usage_wait is None else client.usage(usage_wait)
+        running = sum(w["state"] == "running" for w in workers)
+        usage = client.usage(usage_wait) if usage_wait is not None and running > usage_beyond else None
     except (MonarchKernelError, StopIteration):
         return None
     finally:

@@ -136,7 +136,7 @@ class Shape:
         return len(self.ranks)
 
     def points(self) -> Iterator[Point]:
-        return (Point(i, self.extent) for i in range(len(self.ranks)))
+        return (self.point(i) for i in range(len(self.ranks)))
 
     def point(self, i: int) -> Point:
         """The point of local index ``i``."""
