@@ -19,6 +19,11 @@ from typing import Any
 from monarch_kernel.control._agent_client import AgentClient, log_texts, worker_dict
 from monarch_kernel.errors import MonarchKernelError
 
+#: How many hosts a command to every host is in flight to at once. A command's
+#: thread mostly waits for its host (a spawn waits for the workers to start):
+#: 16 at once made 64 hosts' bring-up four waves, one after the other.
+IN_FLIGHT = 128
+
 
 @dataclass
 class HostLink:
@@ -86,7 +91,7 @@ class AgentGroup:
         targets = self.links if links is None else list(links)
         if len(targets) == 1:
             return [fn(targets[0])]
-        with ThreadPoolExecutor(max_workers=min(16, len(targets))) as pool:
+        with ThreadPoolExecutor(max_workers=min(IN_FLIGHT, len(targets))) as pool:
             futures = [pool.submit(fn, link) for link in targets]
         errors = [f.exception() for f in futures if f.exception() is not None]
         if errors:

@@ -62,9 +62,19 @@ def session_for(ref: ProcRef) -> Session | None:
     return s if s is not None and s.token == ref.token and not s.closed else None
 
 
+def _runs_cells() -> bool:
+    """Whether this controller is an IPython shell (a notebook's kernel), whose user
+    can run ``%%mesh`` cells on the workers; a script's cannot."""
+    ipython = sys.modules.get("IPython")
+    return ipython is not None and ipython.get_ipython() is not None
+
+
 def _worker_env(env: Mapping[str, str] | None) -> dict[str, str]:
     return {
         "MONARCH_SYS_PATH": json.dumps([p for p in sys.path if p and os.path.isdir(p)]),
+        # FORK-1: the template makes the workers' IPython shell for a controller that
+        # runs cells (0.1 s of CPU a host; the 64 hosts of a script's mesh skip it).
+        "MONARCH_WORKER_SHELL": "1" if _runs_cells() else "0",
         ROOT_ENV: root_address(),  # SINGLE-1: where get_or_spawn_controller's singletons live
         "PYTHONUNBUFFERED": "1",
         # A native abort's Rust backtrace would fill the log tail that a SupervisionError

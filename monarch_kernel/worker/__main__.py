@@ -32,6 +32,9 @@ def main() -> None:
     tls = json.loads(sys.stdin.readline() or "{}")
     from monarch_kernel import _native
 
+    # NODE-2: one runtime thread (a second only adds a wake-up per message).
+    if not _native.set_runtime_threads(1):
+        raise RuntimeError("the worker's runtime started before main() could size it")
     _native.exit_when_stdin_closes()  # (after both lines: it reads stdin from now on)
     # A worker has no supervisor to abandon its calls to a peer gone for good: they
     # fail after this long without a connection (RESUME-5).
@@ -107,7 +110,10 @@ def template() -> None:
     # The IPython shell that %%mesh cells run in (about 200 modules and 16 MiB a
     # process): made once here, its pages shared by every child; made in each
     # worker, 1,024 workers ran out of this machine's 24 GiB at their first cell.
-    _display.ensure()
+    # Only for a controller that runs cells (a notebook's kernel): a script's mesh
+    # has no cells, and its hosts save the 0.1 s of CPU the shell takes.
+    if os.environ.get("MONARCH_WORKER_SHELL") == "1":
+        _display.ensure()
     if threading.active_count() != 1:  # a fork copies only the forking thread
         raise RuntimeError(f"the worker template started threads: {threading.enumerate()}")
 

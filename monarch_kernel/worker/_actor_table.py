@@ -32,8 +32,16 @@ _HOOKS = frozenset({"__supervise__"})
 
 
 def message_context(a: ActorEntry, item: _native.Incoming) -> Context:
-    """The context a message runs in: its actor, and the rank it was sent to."""
-    return Context(a.context.actor_instance, message_rank=Point(item.rank, Extent(item.dims, item.sizes)))
+    """The context a message runs in: its actor, and the rank it was sent to. An
+    actor's messages are mostly sent to the same rank of the same mesh: the context of
+    its last one is kept and used again while they are (a call's hot path)."""
+    key = (item.rank, item.dims, item.sizes)
+    last = a.last_context
+    if last is not None and last[0] == key:
+        return last[1]
+    ctx = Context(a.context.actor_instance, message_rank=Point(key[0], Extent(key[1], key[2])))
+    a.last_context = (key, ctx)
+    return ctx
 
 
 def callee(

@@ -19,8 +19,11 @@ from typing import Any
 from monarch_kernel import _native
 from monarch_kernel._shutdown import Stage, shutdown
 
-# How often an idle lane thread comes back to Python (to see it was stopped).
-_IDLE_WAKE_S = 0.5
+# LANE-1: an idle lane thread sleeps in native code until its lane has an item or is
+# woken (``server.wake``: a job submitted, its stop, an interrupt), never on a timer:
+# 1,024 idle workers each waking their lane threads twice a second took a quarter of
+# a 2-CPU machine. How long the exit waits for each to come back:
+_JOIN_S = 1.0
 
 
 # Every live lane thread, stopped at exit: a daemon thread still waiting inside native
@@ -35,7 +38,7 @@ def _stop_lane_threads() -> None:
         r.server.wake(r.lane)
     for r in runners:
         if r.thread.ident is not None:  # one made but never started has nothing to stop
-            r.thread.join(timeout=2 * _IDLE_WAKE_S)
+            r.thread.join(timeout=_JOIN_S)
 
 
 shutdown.at(Stage.LANES, _stop_lane_threads)
@@ -73,6 +76,10 @@ class LaneThread:
             ctypes.pythonapi.PyThreadState_SetAsyncExc(
                 ctypes.c_ulong(self.thread.ident), ctypes.py_object(KeyboardInterrupt)
             )
+            # LANE-1: had the call just ended, the exception waits for the thread's next
+            # Python line: wake it now, so that it lands between calls (caught in
+            # _run), not on the next call's arrival.
+            self.server.wake(self.lane)
 
     def _run(self) -> None:
         while not self.stopped:
@@ -85,7 +92,7 @@ class LaneThread:
                     job()
                 if self.stopped:
                     return
-                for item in self.server.take_wait(self.lane, _IDLE_WAKE_S):
+                for item in self.server.take_wait(self.lane):
                     self.handle(self, item)
             except KeyboardInterrupt:  # a cancel that arrived between calls
                 continue

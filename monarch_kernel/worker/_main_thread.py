@@ -26,10 +26,12 @@ def serve_forever() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     while True:
         try:
-            job = _jobs.get(timeout=1.0)
+            # No timeout (LANE-1: an idle worker does not wake); a SIGINT still breaks
+            # the wait (a lock's wait is interruptible on POSIX).
+            job = _jobs.get()
             with _running:
                 job()
-        except (queue.Empty, KeyboardInterrupt):  # an interrupt that came between jobs
+        except KeyboardInterrupt:  # an interrupt that came between jobs
             continue
 
 

@@ -49,6 +49,8 @@ class ActorEntry:
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     # Sync actors: the thread that runs them.
     runner: LaneThread | None = None
+    #: ``message_context``'s last: (rank, dims, sizes) of a message, and its context.
+    last_context: tuple[tuple[int, list[str], list[int]], Context] | None = None
 
 
 class DispatcherLike(Protocol):

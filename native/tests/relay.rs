@@ -51,7 +51,7 @@ fn relay_test_worker() {
         let lane = inbox.lane(LANE_LOOP).unwrap();
         let mut n = 0;
         loop {
-            for item in lane.take_wait(Duration::from_secs(1)) {
+            for item in lane.take_wait(Some(Duration::from_secs(1))) {
                 if item.kind != Kind::Call {
                     continue;
                 }
@@ -313,7 +313,15 @@ fn the_fan_out_keeps_each_workers_calls_in_the_order_sent_whichever_path_each_ta
     assert_eq!(text(&one[0].slot), "0:0:1:x");
     let both = send(&target(&slow), &[0, 1]);
     assert_eq!(both[0].call_id, both[1].call_id);
-    let relayed: Vec<_> = both.iter().map(|s| s.relayed.clone().unwrap()).collect();
+    let relayed: Vec<_> = both
+        .iter()
+        .map(|s| {
+            s.relayed
+                .as_ref()
+                .map(|(c, p)| (c.addr().to_string(), *p))
+                .unwrap()
+        })
+        .collect();
     let addrs = host.workers.iter().map(|w| w.addr.clone());
     assert_eq!(relayed, addrs.zip([0, 1]).collect::<Vec<_>>());
     // While those run: a call to proc 0 alone stays on the relay behind them, a

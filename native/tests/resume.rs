@@ -73,7 +73,7 @@ fn a_call_to_a_worker_that_is_gone_after_a_break_fails_at_once() {
     let p = Bytes::from_static(b"x");
     let pending = conn.call(&target(&p), 0).1.unwrap();
     let lane = host.inbox.lane(LANE_LOOP).unwrap();
-    assert!(!lane.take_wait(Duration::from_secs(10)).is_empty());
+    assert!(!lane.take_wait(Some(Duration::from_secs(10))).is_empty());
     // The process is gone without ending its streams: they break, the port refuses.
     proxy.kill();
     let out = pending.wait(Some(Duration::from_secs(20)));
@@ -92,7 +92,7 @@ fn a_new_process_at_the_address_fails_the_calls_and_never_runs_them() {
     let p = Bytes::from_static(b"x");
     let pending = conn.call(&target(&p), 0).1.unwrap();
     let lane = first.inbox.lane(LANE_LOOP).unwrap();
-    assert!(!lane.take_wait(Duration::from_secs(10)).is_empty());
+    assert!(!lane.take_wait(Some(Duration::from_secs(10))).is_empty());
     // A partition; when it heals, another worker answers behind the same address.
     proxy.set_cut(true);
     let second = WorkerHost::bind(rt.handle(), "127.0.0.1:0", "tok").unwrap();

@@ -54,7 +54,7 @@ fn a_lost_server_fails_pending_and_later_calls() {
     let pending = conn.call(&target(&p), 0).1.unwrap();
     // Wait until the call is queued, then stop the server without replying.
     let lane = host.inbox.lane(LANE_LOOP).unwrap();
-    assert!(!lane.take_wait(Duration::from_secs(10)).is_empty());
+    assert!(!lane.take_wait(Some(Duration::from_secs(10))).is_empty());
     host.shutdown();
     drop(host);
     let out = pending.wait(Some(Duration::from_secs(10)));
@@ -124,7 +124,7 @@ fn a_port_message_arrives_as_its_own_kind_with_typed_fields_and_is_answered() {
     };
     let (_, slot) = conn.send_port(header, &value, &[], "cell-1");
     let lane = host.inbox.lane(LANE_LOOP).unwrap();
-    let items = lane.take_wait(Duration::from_secs(10));
+    let items = lane.take_wait(Some(Duration::from_secs(10)));
     assert_eq!(items.len(), 1);
     let it = &items[0];
     assert_eq!(it.kind, Kind::Port);
@@ -169,7 +169,7 @@ fn port_messages_and_calls_on_one_connection_arrive_in_the_order_sent() {
     let lane = host.inbox.lane(LANE_LOOP).unwrap();
     let mut got = Vec::new();
     while got.len() < payloads.len() {
-        let items = lane.take_wait(Duration::from_secs(10));
+        let items = lane.take_wait(Some(Duration::from_secs(10)));
         assert!(
             !items.is_empty(),
             "only {} of the messages arrived",

@@ -50,6 +50,33 @@ def test_workers_run_in_their_own_session_forked_by_the_agents_template(procs2):
         assert parent(pid) == template
 
 
+def test_a_scripts_workers_get_no_ipython_shell_from_the_template(state_home):
+    """FORK-1: the template makes the shell of %%mesh cells only for a controller
+    that runs cells (tests/kernel: test_a_kernels_workers_...); a script's workers
+    have none. (A script of its own: this test process may have made a shell.)"""
+    script = textwrap.dedent(
+        """
+        import sys
+        from monarch_kernel import Actor, endpoint, this_host
+
+        class ShellSeen(Actor):
+            @endpoint
+            def seen(self):
+                shell = sys.modules.get("IPython.core.interactiveshell")
+                return shell is not None and shell.InteractiveShell.initialized()
+
+        procs = this_host().spawn_procs(per_host={"procs": 2})
+        try:
+            print("seen", procs.spawn("shell_seen", ShellSeen).seen.call().get(timeout=60).values())
+        finally:
+            procs.stop()
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "seen [False, False]" in done.stdout, done.stdout + done.stderr
+
+
 def test_workers_asked_to_start_by_exec_are_children_of_the_agent(state_home):
     procs = this_host().spawn_procs(per_host={"procs": 2}, env={"MONARCH_WORKER_FORK": "0"})
     try:
@@ -99,7 +126,7 @@ def test_a_killed_controller_leaves_no_worker_or_agent_behind(state_home):
     script = textwrap.dedent(
         """
         import os, sys, time
-        from monarch_kernel import this_host
+        from monarch_kernel import Actor, endpoint, this_host
 
         procs = this_host().spawn_procs(per_host={"procs": 2})
         pids = [w["pid"] for w in procs._session("test").client.list_workers()]

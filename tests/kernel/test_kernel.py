@@ -162,6 +162,28 @@ def test_merged_progress_lines_replace_their_ranks_last_one():
     assert m.merged_text().splitlines() == ["[ranks 0-1] start", "[ranks 0-1] step 50%"]
 
 
+def test_a_kernels_workers_have_the_ipython_shell_from_their_template_before_any_cell(kernel):
+    """FORK-1: a notebook's controller runs cells, so its workers' template made their
+    IPython shell once (shared pages) before forking them; a script's does not
+    (tests/integration/test_processes.py)."""
+    out = kernel.run(
+        "import sys\n"
+        "from monarch_kernel import Actor, endpoint, this_host\n"
+        "class ShellSeen(Actor):\n"
+        "    @endpoint\n"
+        "    def seen(self):\n"
+        "        shell = sys.modules.get('IPython.core.interactiveshell')\n"
+        "        return shell is not None and shell.InteractiveShell.initialized()\n"
+        "fresh = this_host().spawn_procs(per_host={'procs': 2})\n"
+        "try:\n"
+        "    print('seen', fresh.spawn('shell_seen', ShellSeen).seen.call().get().values())\n"
+        "finally:\n"
+        "    fresh.stop()\n"
+    )
+    assert out.error is None, out.traceback
+    assert "seen [True, True]" in out.stdout, out.stdout + out.stderr
+
+
 def test_the_mesh_namespace_persists_and_push_and_pull_reach_it(kernel, mesh):
     assert kernel.run("%mesh push base=40+2").error is None
     out = kernel.run("%%mesh\ndoubled = base * 2")

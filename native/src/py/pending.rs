@@ -21,9 +21,9 @@ pub struct PendingCall {
     pub(super) slot: Arc<Slot>,
     pub(super) call_id: u64,
     pub(super) conn: Arc<WorkerConn>,
-    /// The worker's address and proc rank when the call went through a relay
-    /// (fan-out).
-    pub(super) target: Option<(String, u32)>,
+    /// The worker's own connection (for its address) and proc rank when the call
+    /// went through a relay (fan-out).
+    pub(super) target: Option<(Arc<WorkerConn>, u32)>,
 }
 
 /// A call's reply: its kind (`REPLY_RESULT`, `REPLY_EXCEPTION`, `REPLY_REJECTED`,
@@ -54,6 +54,9 @@ fn outcome_to_py(py: Python<'_>, o: Outcome) -> PyResult<PyReply> {
 /// Waits for `slot`, releasing the GIL, waking every 50 ms to let Python run signal
 /// handlers (so Ctrl-C / a kernel interrupt reaches a blocked `.get()`).
 fn wait_slot(py: Python<'_>, slot: &Arc<Slot>, deadline: Option<Instant>) -> PyResult<Outcome> {
+    if let Some(o) = slot.outcome() {
+        return Ok(o); // done: no need to let go of the GIL (1,024 of them per call)
+    }
     loop {
         let chunk = match deadline {
             None => Duration::from_millis(50),
@@ -143,7 +146,7 @@ impl PendingCall {
     #[getter]
     fn addr(&self) -> String {
         match &self.target {
-            Some((addr, _)) => addr.clone(),
+            Some((worker, _)) => worker.addr().to_string(),
             None => self.conn.addr().to_string(),
         }
     }
@@ -169,16 +172,36 @@ fn wait_all(
         wait_first_failure(py, &calls, d)?;
     }
     let mut out = Vec::with_capacity(calls.len());
+    // TREE-1: consecutive replies with the same payload (1,024 ranks returning the
+    // same value) share one bytes object, made once.
+    let mut last: Option<(bytes::Bytes, Py<PyBytes>)> = None;
     for c in &calls {
         if early && !c.slot.is_done() {
             out.push(py.None());
             continue;
         }
-        let o = wait_slot(py, &c.slot, d)?;
-        out.push(match outcome_to_py(py, o) {
-            Ok(t) => Py::new(py, t)?.into_any(),
-            Err(e) => e.into_value(py).into_any(),
-        });
+        let reply = match wait_slot(py, &c.slot, d)? {
+            Ok(r) => r,
+            Err(e) => {
+                out.push(to_py(e).into_value(py).into_any());
+                continue;
+            }
+        };
+        let payload = match &last {
+            Some((bytes, obj)) if *bytes == reply.payload => obj.clone_ref(py),
+            _ => {
+                let obj = PyBytes::new(py, &reply.payload).unbind();
+                last = Some((reply.payload.clone(), obj.clone_ref(py)));
+                obj
+            }
+        };
+        let buffers = PyList::new(py, buffers_to_py(py, &reply.payload, &reply.buffers)?)?.unbind();
+        let r = PyReply {
+            kind: reply.kind,
+            payload,
+            buffers,
+        };
+        out.push(Py::new(py, r)?.into_any());
     }
     Ok(out)
 }

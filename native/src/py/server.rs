@@ -108,11 +108,17 @@ impl PyWorkerServer {
         to_py_items(py, self.lane(lane)?.take())
     }
 
-    /// Like `take`, but waits up to `timeout` seconds (GIL released) while `lane` is
-    /// empty. Returns early, maybe empty, on `wake(lane)`.
-    fn take_wait(&self, py: Python<'_>, lane: usize, timeout: f64) -> PyResult<Vec<PyIncoming>> {
+    /// Like `take`, but waits up to `timeout` seconds (None: with no limit; GIL
+    /// released) while `lane` is empty. Returns early, maybe empty, on `wake(lane)`.
+    #[pyo3(signature = (lane, timeout=None))]
+    fn take_wait(
+        &self,
+        py: Python<'_>,
+        lane: usize,
+        timeout: Option<f64>,
+    ) -> PyResult<Vec<PyIncoming>> {
         let lane = self.lane(lane)?;
-        let t = Duration::from_secs_f64(timeout.max(0.0));
+        let t = timeout.map(|t| Duration::from_secs_f64(t.max(0.0)));
         let items = detach(py, || lane.take_wait(t));
         to_py_items(py, items)
     }

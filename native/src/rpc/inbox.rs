@@ -119,9 +119,9 @@ impl Lane {
         self.efd.as_raw_fd()
     }
 
-    /// Like [`Lane::take`], but first waits up to `timeout` for an item (or a
-    /// [`Lane::signal`]) if there is none. Blocks: call it without the GIL.
-    pub fn take_wait(&self, timeout: Duration) -> Vec<Incoming> {
+    /// Like [`Lane::take`], but first waits up to `timeout` (None: with no limit) for
+    /// an item (or a [`Lane::signal`]) if there is none. Blocks: call it without the GIL.
+    pub fn take_wait(&self, timeout: Option<Duration>) -> Vec<Incoming> {
         let items = self.take();
         if !items.is_empty() {
             return items;
@@ -131,7 +131,7 @@ impl Lane {
             events: libc::POLLIN,
             revents: 0,
         };
-        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
         // SAFETY: polls one valid pollfd that lives for the call.
         unsafe { libc::poll(&mut pfd, 1, ms) };
         self.take()

@@ -80,6 +80,14 @@ impl Slot {
         }
     }
 
+    /// The outcome if complete, without waiting.
+    pub fn outcome(&self) -> Option<Outcome> {
+        match &*lock(&self.state) {
+            State::Done(o) => Some(o.clone()),
+            State::Pending(_) => None,
+        }
+    }
+
     /// True once complete.
     pub fn is_done(&self) -> bool {
         matches!(*lock(&self.state), State::Done(_))

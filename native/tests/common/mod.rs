@@ -30,7 +30,7 @@ pub fn echo_dispatcher(host: &WorkerHost, n: usize) -> std::thread::JoinHandle<(
         let lane = inbox.lane(LANE_LOOP).unwrap();
         let mut done = 0;
         while done < n {
-            for item in lane.take_wait(Duration::from_secs(5)) {
+            for item in lane.take_wait(Some(Duration::from_secs(5))) {
                 inbox.reply(item.token, ReplyKind::Result, item.payload.clone(), vec![]);
                 done += 1;
             }
@@ -190,7 +190,7 @@ pub fn counting_dispatcher(
         };
         let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline {
-            for item in lane.take_wait(Duration::from_millis(100)) {
+            for item in lane.take_wait(Some(Duration::from_millis(100))) {
                 *runs
                     .lock()
                     .unwrap()

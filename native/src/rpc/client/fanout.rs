@@ -80,8 +80,8 @@ pub struct Sent {
     pub slot: Arc<Slot>,
     /// The connection it went on: the worker's, or its host's relay's.
     pub conn: Arc<WorkerConn>,
-    /// Through a relay: the worker's address and proc rank.
-    pub relayed: Option<(String, u32)>,
+    /// Through a relay: the worker's own connection (for its address) and proc rank.
+    pub relayed: Option<(Arc<WorkerConn>, u32)>,
 }
 
 impl Fanout {
@@ -203,7 +203,7 @@ impl Fanout {
                     call_id,
                     slot,
                     conn: relay.clone(),
-                    relayed: Some((conns[i].addr().to_string(), procs[i])),
+                    relayed: Some((conns[i].clone(), procs[i])),
                 });
             }
         }
