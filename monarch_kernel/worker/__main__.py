@@ -32,9 +32,6 @@ def main() -> None:
     tls = json.loads(sys.stdin.readline() or "{}")
     from monarch_kernel import _native
 
-    # NODE-2: one runtime thread (a second only adds a wake-up per message).
-    if not _native.set_runtime_threads(1):
-        raise RuntimeError("the worker's runtime started before main() could size it")
     _native.exit_when_stdin_closes()  # (after both lines: it reads stdin from now on)
     # A worker has no supervisor to abandon its calls to a peer gone for good: they
     # fail after this long without a connection (RESUME-5).

@@ -5,7 +5,6 @@
 //! ([`shutdown`]). NODE-1: no code in this crate creates a second runtime.
 
 use crate::sync::lock;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 use tokio::runtime::{Handle, Runtime};
@@ -15,23 +14,11 @@ static RUNTIME: Mutex<Option<Runtime>> = Mutex::new(None);
 /// A cheap handle for spawning, set together with `RUNTIME`.
 static HANDLE: OnceLock<Handle> = OnceLock::new();
 
-/// How many threads the runtime will have (NODE-2).
-static THREADS: AtomicUsize = AtomicUsize::new(2);
-
-/// NODE-2: sets how many threads the runtime gets, before it starts; false once it
-/// has started (the count it started with stays). A worker takes one: its traffic
-/// is one caller's calls and their replies, and a second thread only adds a wake-up
-/// per message (the idle one, stealing the task); big copies run on blocking threads.
-pub fn set_threads(n: usize) -> bool {
-    THREADS.store(n.max(1), Ordering::SeqCst);
-    HANDLE.get().is_none()
-}
-
 /// The handle of this process's runtime, creating the runtime on first use.
 pub fn handle() -> &'static Handle {
     HANDLE.get_or_init(|| {
         let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(THREADS.load(Ordering::SeqCst))
+            .worker_threads(2)
             .thread_name("monarch-node")
             .enable_all()
             .build()

@@ -108,13 +108,6 @@ fn shutdown_runtime(py: Python<'_>) {
     });
 }
 
-/// NODE-2: how many threads this process's runtime gets; call before anything
-/// starts it. False if it has started already (then it keeps the count it has).
-#[pyfunction]
-fn set_runtime_threads(n: usize) -> bool {
-    crate::node::set_threads(n)
-}
-
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register_python_bindings(m)?;
@@ -124,7 +117,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     tls::register_python_bindings(m)?;
     transfer::register_python_bindings(m)?;
     m.add_function(wrap_pyfunction!(shutdown_runtime, m)?)?;
-    m.add_function(wrap_pyfunction!(set_runtime_threads, m)?)?;
     m.add("MAX_MESSAGE_BYTES", crate::rpc::MAX_MESSAGE_BYTES)?;
     Ok(())
 }
