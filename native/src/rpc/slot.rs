@@ -82,9 +82,14 @@ impl Slot {
 
     /// The outcome if complete, without waiting.
     pub fn outcome(&self) -> Option<Outcome> {
+        self.peek(|o| o.cloned())
+    }
+
+    /// `f` of the outcome (None while pending), under the slot's lock: keep it short.
+    pub fn peek<R>(&self, f: impl FnOnce(Option<&Outcome>) -> R) -> R {
         match &*lock(&self.state) {
-            State::Done(o) => Some(o.clone()),
-            State::Pending(_) => None,
+            State::Done(o) => f(Some(o)),
+            State::Pending(_) => f(None),
         }
     }
 
