@@ -124,6 +124,8 @@ class Supervisor:
 
     def host_unreachable(self, link: HostLink) -> None:
         s = self.s
+        if s.closed or s.stopping:
+            return
         with self._dead_lock:
             if link.index in s.unreachable:
                 return
@@ -157,8 +159,11 @@ class Supervisor:
         )
 
     def host_lost(self, link: HostLink, err: BaseException) -> None:
-        """SUPERVISE-4: a host's agent is gone: its ranks are dead; the other hosts go on."""
+        """SUPERVISE-4: a host's agent is gone: its ranks are dead; the other hosts go on.
+        Nothing to tell once the mesh is stopping or stopped (its hosts go then)."""
         s = self.s
+        if s.closed or s.stopping:
+            return
         with self._dead_lock:  # the watch's end and the heartbeat may both see it
             if link.index in s.lost_hosts:
                 return
@@ -358,8 +363,8 @@ class Supervisor:
         heartbeat: the second miss needs no second look to say so). A host whose ranks
         answer again is back."""
         s = self.s
-        if len(s.client.links) == 1:
-            return
+        if len(s.client.links) == 1 or s.closed or s.stopping:
+            return  # (a heartbeat that began before a stop: its hosts going is no news)
         for link in s.client.links:
             if link.index in s.lost_hosts:
                 continue
