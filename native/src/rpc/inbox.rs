@@ -121,9 +121,13 @@ impl Lane {
 
     /// Like [`Lane::take`], but first waits up to `timeout` (None: with no limit) for
     /// an item (or a [`Lane::signal`]) if there is none. Blocks: call it without the GIL.
+    ///
+    /// LANE-1: a signal sent before the call (a job submitted while the thread was
+    /// still looking at its jobs) is not lost: it makes the call return at once,
+    /// maybe empty, so the thread looks at its jobs again.
     pub fn take_wait(&self, timeout: Option<Duration>) -> Vec<Incoming> {
-        let items = self.take();
-        if !items.is_empty() {
+        let (signalled, items) = self.take_signalled();
+        if signalled || !items.is_empty() {
             return items;
         }
         let mut pfd = libc::pollfd {
@@ -139,17 +143,23 @@ impl Lane {
 
     /// Takes every queued item and clears the eventfd.
     pub fn take(&self) -> Vec<Incoming> {
+        self.take_signalled().1
+    }
+
+    /// Clears the eventfd, then takes every queued item: whether the eventfd was
+    /// set (an item or a signal came since the last take), and the items.
+    fn take_signalled(&self) -> (bool, Vec<Incoming>) {
         let mut buf: u64 = 0;
         // SAFETY: reads 8 bytes into a valid u64 from our own non-blocking eventfd.
-        unsafe {
+        let n = unsafe {
             libc::read(
                 self.efd.as_raw_fd(),
                 &mut buf as *mut u64 as *mut libc::c_void,
                 8,
-            );
-        }
+            )
+        };
         let mut q = lock(&self.queue);
-        q.drain(..).collect()
+        (n == 8 && buf > 0, q.drain(..).collect())
     }
 }
 
@@ -323,5 +333,43 @@ impl Inbox {
     /// Items answered by nobody yet (in flight).
     pub fn in_flight(&self) -> usize {
         lock(&self.sinks).len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    #[test]
+    fn a_signal_sent_before_the_wait_is_not_lost() {
+        // LANE-1: a lane thread looks at its jobs, finds none, and only then waits; a
+        // job submitted in between signals before the wait begins. The wait must
+        // return (its thread then finds the job), not sleep on with the job queued.
+        let lane = Arc::new(Lane::new().unwrap());
+        lane.signal();
+        let (tx, rx) = mpsc::channel();
+        let waiter = lane.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(waiter.take_wait(None).len());
+        });
+        let got = rx.recv_timeout(Duration::from_secs(30));
+        if got.is_err() {
+            lane.signal(); // let the thread go
+        }
+        assert_eq!(
+            got,
+            Ok(0),
+            "the wait slept on through a signal sent before it"
+        );
+        // With nothing sent since, a wait blocks until a signal comes.
+        let (tx, rx) = mpsc::channel();
+        let waiter = lane.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(waiter.take_wait(None).len());
+        });
+        assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
+        lane.signal();
+        assert_eq!(rx.recv_timeout(Duration::from_secs(30)), Ok(0));
     }
 }
