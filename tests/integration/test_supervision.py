@@ -111,6 +111,23 @@ def test_stopping_the_mesh_prints_no_failure_line(state_home, capfd):
     assert "monarch:" not in err, err
 
 
+def test_a_host_seen_gone_after_the_stop_is_not_reported(state_home, capfd):
+    """A heartbeat that began before stop() can find the hosts gone after it (a job
+    killed just after its meshes stopped): a stopped mesh tells of no host lost or
+    unreachable, and prints nothing."""
+    procs = this_host().spawn_procs(per_host={"procs": 2})
+    failures = Failures()
+    procs.on_failure(failures)
+    session = procs._session("test")
+    (link,) = session.client.links
+    procs.stop()
+    session.supervisor.host_unreachable(link)
+    session.supervisor.host_lost(link, ConnectionRefusedError("its agent refuses connections"))
+    assert failures.kinds() == [], [str(f) for f in failures.got]
+    assert session.state.lost is None and not session.lost_hosts
+    assert "monarch:" not in capfd.readouterr().err
+
+
 def _unpickled_in(path: str) -> str:
     with open(path, "a") as f:
         f.write(f"{os.getpid()}\n")
