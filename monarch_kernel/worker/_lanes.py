@@ -7,6 +7,7 @@ exits (they are stopped and joined at exit)."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import queue
 import sys
@@ -79,7 +80,8 @@ class LaneThread:
             # LANE-1: had the call just ended, the exception waits for the thread's next
             # Python line: wake it now, so that it lands between calls (caught in
             # _run), not on the next call's arrival.
-            self.server.wake(self.lane)
+            with contextlib.suppress(ValueError):  # its lane closed meanwhile: it has ended
+                self.server.wake(self.lane)
 
     def _run(self) -> None:
         while not self.stopped:
