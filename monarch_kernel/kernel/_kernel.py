@@ -34,13 +34,18 @@ FLUSH_S = 1.0
 FLUSH_LIMIT_S = 60.0
 
 
+#: KERNEL-1's line when nothing runs: a hint that a first cell which already makes or
+#: attaches a mesh does not need.
+NO_MESHES = "monarch: no running meshes; create one with  procs = %mesh up NAME --procs N"
+
+
 def _meshes_line() -> str:
     try:
         meshes = controller.list_meshes()
     except Exception as e:  # never fail a kernel start over this
         return f"monarch: cannot list running meshes ({e})"
     if not meshes:
-        return "monarch: no running meshes; create one with  procs = %mesh up NAME --procs N"
+        return NO_MESHES
     names = ", ".join(
         f"{m.name} ({m.alive}/{m.procs} procs)"
         if m.unreachable is None
@@ -209,7 +214,8 @@ class MonarchKernel(IPythonKernel):
         #: TB-1: the number the cell gets (``In[n]``), read before IPython counts it.
         self.cell_number = getattr(self.shell, "execution_count", None)
         if self._start_line is not None:  # KERNEL-1
-            print(self._start_line)
+            if not (self._start_line == NO_MESHES and "%mesh " in code):
+                print(self._start_line)
             self._start_line = None
         for stream, text in pending:
             if isinstance(text, DisplayMessage):

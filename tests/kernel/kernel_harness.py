@@ -3,6 +3,7 @@ collect what it sent (streams, displays, errors, input requests)."""
 
 from __future__ import annotations
 
+import os
 import queue
 import time
 from dataclasses import dataclass, field
@@ -96,8 +97,10 @@ class Kernel:
                 return out
 
 
-def start() -> Kernel:
-    km, kc = start_new_kernel(kernel_name="monarch", startup_timeout=TIMEOUT)
+def start(env: dict[str, str] | None = None) -> Kernel:
+    """A monarch kernel; ``env``: added to its environment."""
+    extra = {} if env is None else {"env": {**os.environ, **env}}
+    km, kc = start_new_kernel(kernel_name="monarch", startup_timeout=TIMEOUT, **extra)
     return Kernel(km, kc)
 
 

@@ -26,6 +26,17 @@ def test_the_first_cell_names_the_running_meshes_and_the_kernel_says_who_it_is(j
         stop(k)
 
 
+def test_a_first_cell_that_makes_a_mesh_gets_no_hint_to_make_one(jupyter_path, tmp_path):
+    """KERNEL-1: with no mesh running, the first cell's line is a hint to run %mesh up;
+    a first cell that runs a %mesh command already does."""
+    k = start(env={"XDG_STATE_HOME": str(tmp_path)})  # a state of its own: no mesh runs
+    try:
+        first = k.run("%mesh ls")
+        assert "no running meshes; create one with" not in first.stdout, first.stdout
+    finally:
+        stop(k)
+
+
 def test_mesh_cells_stream_one_block_per_rank_and_show_each_value(kernel, mesh):
     out = kernel.run(
         "%%mesh\nimport os\nprint('hello', os.environ['MONARCH_RANK'])\nint(os.environ['MONARCH_RANK']) * 10"
