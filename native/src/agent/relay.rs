@@ -31,7 +31,6 @@ use bytes::Bytes;
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
@@ -264,7 +263,7 @@ fn deliver(
         let Some(slot) = slot else { continue };
         let (callers, slot2, in_flight) = (callers.clone(), slot.clone(), in_flight.clone());
         slot.on_done(Box::new(move || {
-            let reply = match slot2.wait(Some(Duration::ZERO)) {
+            let reply = match slot2.outcome() {
                 Some(Ok(mut r)) => {
                     r.call_id = call_id;
                     r.proc = Some(proc);

@@ -48,9 +48,14 @@ fn reply_buffers(py: Python<'_>, r: &Reply) -> PyResult<Py<PyAny>> {
 }
 
 fn reply_to_py(py: Python<'_>, r: &Reply) -> PyResult<PyReply> {
+    reply_with_payload(py, r, PyBytes::new(py, &r.payload).unbind())
+}
+
+/// `r` for Python, with `payload` (its payload's bytes object, maybe shared).
+fn reply_with_payload(py: Python<'_>, r: &Reply, payload: Py<PyBytes>) -> PyResult<PyReply> {
     Ok(PyReply {
         kind: r.kind,
-        payload: PyBytes::new(py, &r.payload).unbind(),
+        payload,
         buffers: reply_buffers(py, r)?,
     })
 }
@@ -212,12 +217,7 @@ fn wait_all(
                 obj
             }
         };
-        let r = PyReply {
-            kind: reply.kind,
-            payload,
-            buffers: reply_buffers(py, &reply)?,
-        };
-        out.push(Py::new(py, r)?.into_any());
+        out.push(Py::new(py, reply_with_payload(py, &reply, payload)?)?.into_any());
     }
     Ok(out)
 }

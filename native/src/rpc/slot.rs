@@ -95,13 +95,13 @@ impl Slot {
 
     /// True once complete.
     pub fn is_done(&self) -> bool {
-        matches!(*lock(&self.state), State::Done(_))
+        self.peek(|o| o.is_some())
     }
 
     /// True once complete with an error (the call failed: its worker went away, or
     /// the message could not be sent), not with a reply.
     pub fn has_failed(&self) -> bool {
-        matches!(*lock(&self.state), State::Done(Err(_)))
+        self.peek(|o| matches!(o, Some(Err(_))))
     }
 
     /// Runs `cb` when the slot completes (at once, on this thread, if it already has).
