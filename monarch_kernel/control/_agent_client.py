@@ -207,6 +207,10 @@ class AgentClient:
             ("grpc.initial_reconnect_backoff_ms", 200),
             ("grpc.min_reconnect_backoff_ms", 200),
             ("grpc.max_reconnect_backoff_ms", 1000),
+            # gRPC shares a connection, and its failure, among all channels to one
+            # address: a new agent on the port of one that died (ports are reused)
+            # would be refused for the old one's backoff. This client's are its own.
+            ("grpc.use_local_subchannel_pool", 1),
         ]
         if ca_pem is None:
             self._channel = grpc.insecure_channel(addr, options=options)
