@@ -3,11 +3,15 @@ name and how it compares)."""
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
+import inspect
+import logging
 import random
 import threading
-from collections.abc import Callable, Coroutine
+import time
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from monarch_kernel.actor import concurrent_endpoint
@@ -96,9 +100,9 @@ def _forward(calls: list[Any], local: list[int], decode: Callable[[Any, int], An
             ranked.send(value)
 
 
-def get_or_spawn_controller(name: str, cls: type, *args: Any, **kwargs: Any) -> Future[Any]:
+def get_or_spawn_controller(name: str, Class: type, *args: Any, **kwargs: Any) -> Future[Any]:  # noqa: N803 (Monarch's name)
     """The one actor named ``name`` of this tree of meshes (SINGLE-1), spawned as
-    ``cls(*args, **kwargs)`` on the root controller's ``this_proc()`` on first use;
+    ``Class(*args, **kwargs)`` on the root controller's ``this_proc()`` on first use;
     from any actor on any proc, the same one. The spawn never blocks an event loop
     that awaits it."""
     from monarch_kernel.controller import get_or_spawn_singleton
@@ -106,7 +110,7 @@ def get_or_spawn_controller(name: str, cls: type, *args: Any, **kwargs: Any) -> 
     async def spawn() -> Any:
         import asyncio
 
-        call = functools.partial(get_or_spawn_singleton, name, cls, args, kwargs)
+        call = functools.partial(get_or_spawn_singleton, name, Class, args, kwargs)
         return await asyncio.get_running_loop().run_in_executor(None, call)
 
     return Future(coro=spawn())
@@ -140,12 +144,13 @@ def returns_future(function: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P,
     return wrapper
 
 
-def shutdown_context() -> Future[None]:
+def shutdown_context(host_timeout: float | None = None) -> Future[None]:
     """Stops what this process started for its actors: its unnamed (ephemeral) meshes,
-    as at exit. Named meshes keep running (``monarch-kernel down NAME`` stops them)."""
+    as at exit, each given ``host_timeout`` s (default 5) to stop. Named meshes keep
+    running (``monarch-kernel down NAME`` stops them)."""
     from monarch_kernel.controller import stop_all_ephemeral
 
-    stop_all_ephemeral()
+    stop_all_ephemeral(5.0 if host_timeout is None else host_timeout)
     return Future._resolved(None)
 
 
@@ -154,11 +159,9 @@ __all__ = [
     "Channel",
     "ChannelTransport",
     "attach_to_workers",
-    "config",
     "debug_controller",
     "enable_transport",
     "gpu_direct_rdma_supported",
-    "hosts_from_config",
     "local_proc_mesh",
     "proc_mesh",
     "run_worker_loop_forever",
@@ -224,19 +227,6 @@ def gpu_direct_rdma_supported() -> bool:
     return False
 
 
-class _Config:
-    """Monarch's ``monarch.actor.config``: the settings Monarch code reads or sets.
-    Those that have no meaning here are kept, and change nothing."""
-
-    prefix_python_logs_with_actor = False
-
-    def __repr__(self) -> str:
-        return f"<monarch_kernel config: {vars(self)}>"
-
-
-config = _Config()
-
-
 def _unsupported(name: str, instead: str) -> Callable[..., Any]:
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(f"monarch_kernel has no {name}: {instead}")
@@ -253,14 +243,85 @@ debug_controller = _unsupported(
     "debug_controller",
     "debug remote actors from the notebook with breakpoint() in an endpoint and %mesh debug (see the README)",
 )
-hosts_from_config = _unsupported(
-    "hosts_from_config",
-    "describe the hosts with a job: monarch_kernel.job.SSHJob or SlurmJob, then job.state()",
+_AGENTS_RUN_WORKERS = (
+    "workers are started by host agents: SSHJob / SlurmJob start them on each host (docs/multihost.md)"
 )
-run_worker_loop_forever = _unsupported(
-    "run_worker_loop_forever",
-    "workers are started by host agents: SSHJob / SlurmJob start them on each host (docs/multihost.md)",
+run_worker_loop_forever = _unsupported("run_worker_loop_forever", _AGENTS_RUN_WORKERS)
+run_worker_loop_until_shutdown = _unsupported("run_worker_loop_until_shutdown", _AGENTS_RUN_WORKERS)
+start_worker_loop_forever = _unsupported("start_worker_loop_forever", _AGENTS_RUN_WORKERS)
+default_bootstrap_cmd = _unsupported(
+    "default_bootstrap_cmd",
+    "host agents start the workers with the mesh's Python (HostMesh.with_python_executable) and "
+    "spawn_procs(env=...); code to run first goes in spawn_procs(bootstrap=...)",
 )
+ProcId = _unsupported(
+    "ProcId", "procs are addressed by mesh and rank (ProcMesh.slice, current_rank()), not by hyperactor ids"
+)
+Uid = _unsupported(
+    "Uid", "procs are addressed by mesh and rank (ProcMesh.slice, current_rank()), not by hyperactor ids"
+)
+
+
+# -- telemetry: spans go to the ``monarch_kernel.telemetry`` logger -----------------
+
+_telemetry = logging.getLogger("monarch_kernel.telemetry")
+
+
+@contextlib.contextmanager
+def span(name: str) -> Iterator[None]:
+    """Marks a piece of work: its start and its duration are logged (at DEBUG, with
+    the actor that ran it) to the ``monarch_kernel.telemetry`` logger, from which any
+    logging handler (OpenTelemetry's too) can take them."""
+    from monarch_kernel.actor import current_actor_name
+
+    who = current_actor_name()
+    start = time.perf_counter()
+    _telemetry.debug("span %s started (%s)", name, who)
+    try:
+        yield
+    finally:
+        _telemetry.debug("span %s took %.6f s (%s)", name, time.perf_counter() - start, who)
+
+
+def traced(fn: Callable[..., Any] | None = None, *, name: str | None = None) -> Any:
+    """``@traced`` or ``@traced(name=...)``: runs each call of a function (sync or
+    async) in a ``span`` named after it."""
+
+    def wrap(f: Callable[..., Any]) -> Callable[..., Any]:
+        label = name or f.__name__
+        if inspect.iscoroutinefunction(f):
+
+            @functools.wraps(f)
+            async def traced_async(*args: Any, **kwargs: Any) -> Any:
+                with span(label):
+                    return await f(*args, **kwargs)
+
+            return traced_async
+
+        @functools.wraps(f)
+        def traced_sync(*args: Any, **kwargs: Any) -> Any:
+            with span(label):
+                return f(*args, **kwargs)
+
+        return traced_sync
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def get_meter() -> Any:
+    """OpenTelemetry's meter for monarch (``opentelemetry-api``, where installed):
+    counters and histograms made from it go wherever the process's OpenTelemetry
+    setup sends them."""
+    try:
+        from opentelemetry import metrics
+    except ImportError:
+        raise ModuleNotFoundError(
+            "get_meter() gives OpenTelemetry's meter: pip install opentelemetry-api "
+            "(and an exporter) in the procs' environment"
+        ) from None
+    return metrics.get_meter("monarch")
+
+
 attach_to_workers = _unsupported(
     "attach_to_workers", "use a job (monarch_kernel.job.SSHJob / SlurmJob) or attach(name) for a named mesh"
 )

@@ -29,8 +29,11 @@ import sys
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+from monarch_kernel._compat import _unsupported
+from monarch_kernel._job_commands import exec_command
 from monarch_kernel.controller import HostMesh, this_host
 from monarch_kernel.errors import MeshSpecError
 from monarch_kernel.hosts import SlurmHosts, SSHHosts
@@ -206,29 +209,69 @@ def _check_targets(name: str, targets: list[str]) -> None:
 
 
 class SlurmJob(JobTrait):
-    """Nodes from SLURM: ``meshes={"trainers": 2}`` is a host mesh of 2 nodes. Options
-    go to ``srun`` (``partition``, ``time_limit``, ``gpus_per_node``, and any others in
-    ``slurm_args``)."""
+    """Nodes from SLURM: ``meshes={"trainers": 2}`` is a host mesh of 2 nodes. The
+    arguments are Monarch's, in its order; each mesh spawned on a host mesh is a
+    SLURM job of its own (one ``srun``), so they become ``srun`` options:
+    ``job_name``, ``time_limit``, ``partition``, ``gpus_per_node``,
+    ``cpus_per_task``, ``mem``, ``account``, ``qos``, ``exclusive`` (other users'
+    jobs kept off the nodes: this user's other meshes may share them), then
+    ``slurm_args`` as given. ``log_dir`` keeps ``srun``'s output;
+    ``job_start_timeout`` bounds the wait in SLURM's queue (None: no bound).
+    ``python_exe`` runs the agents and workers (default: this interpreter's path,
+    for a shared filesystem). What has no meaning here (``monarch_port``, more than
+    one task per node, a gateway for a controller outside the cluster) is refused
+    with the reason (docs/monarch-compat.md)."""
 
     def __init__(
         self,
         meshes: Mapping[str, int],
-        python: str | None = None,
-        slurm_args: Sequence[str] = (),
-        partition: str | None = None,
-        time_limit: str | None = None,
-        gpus_per_node: int | None = None,
-        *,
         python_exe: str | None = None,
+        slurm_args: Sequence[str] = (),
+        monarch_port: int | None = None,
+        job_name: str | None = None,
+        ntasks_per_node: int = 1,
+        time_limit: str | None = None,
+        partition: str | None = None,
+        log_dir: str | None = None,
+        exclusive: bool = True,
+        gpus_per_node: int | None = None,
+        cpus_per_task: int | None = None,
+        mem: str | None = None,
+        job_start_timeout: float | None = None,
+        account: str | None = None,
+        qos: str | None = None,
+        out_of_cluster: bool = False,
+        attach_to: str | None = None,
+        bind_to: str | None = None,
+        *,
+        python: str | None = None,
     ) -> None:
         super().__init__()
+        _refuse_slurm_options(monarch_port, ntasks_per_node, out_of_cluster, attach_to, bind_to)
+        self._meshes: dict[str, int] = {}
         for name, n in meshes.items():
-            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-                raise MeshSpecError(f"SlurmJob mesh {name!r} needs a positive number of nodes, not {n!r}")
-        self._meshes = dict(meshes)
+            self.add_mesh(name, n)
         self._python = _python(python, python_exe)
-        self._slurm_args = list(slurm_args)
-        self._partition, self._time_limit, self._gpus = partition, time_limit, gpus_per_node
+        options = {
+            "job-name": job_name,
+            "time": time_limit,
+            "partition": partition,
+            "gpus-per-node": gpus_per_node,
+            "cpus-per-task": cpus_per_task,
+            "mem": mem,
+            "account": account,
+            "qos": qos,
+            "exclusive": "user" if exclusive else None,
+        }
+        self._srun_args = [f"--{k}={v}" for k, v in options.items() if v is not None] + list(slurm_args)
+        self._log_dir = os.path.abspath(log_dir) if log_dir is not None else None
+        self._start_timeout = job_start_timeout
+
+    def add_mesh(self, name: str, num_nodes: int) -> None:
+        """Adds host mesh ``name`` of ``num_nodes`` nodes."""
+        if not isinstance(num_nodes, int) or isinstance(num_nodes, bool) or num_nodes < 1:
+            raise MeshSpecError(f"SlurmJob mesh {name!r} needs a positive number of nodes, not {num_nodes!r}")
+        self._meshes[name] = num_nodes
 
     def _state(self) -> JobState:
         return JobState(
@@ -237,11 +280,10 @@ class SlurmJob(JobTrait):
                     SlurmHosts(
                         n,
                         self._python,
-                        self._partition,
-                        self._time_limit,
-                        self._gpus,
-                        list(self._slurm_args),
+                        slurm_args=list(self._srun_args),
+                        timeout=self._start_timeout,
                         tag=self._tag,
+                        log_dir=self._log_dir,
                     )
                 )
                 for name, n in self._meshes.items()
@@ -249,7 +291,34 @@ class SlurmJob(JobTrait):
         )
 
     def _spec(self) -> Any:
-        return (self._meshes, self._python, self._slurm_args, self._partition, self._time_limit, self._gpus)
+        return (self._meshes, self._python, self._srun_args, self._log_dir, self._start_timeout)
+
+
+def _refuse_slurm_options(
+    monarch_port: int | None,
+    ntasks_per_node: int,
+    out_of_cluster: bool,
+    attach_to: str | None,
+    bind_to: str | None,
+) -> None:
+    """Monarch's ``SlurmJob`` options that have no meaning here, each refused with why
+    (their defaults pass)."""
+    if monarch_port is not None:
+        raise MeshSpecError(
+            f"SlurmJob(monarch_port={monarch_port}): each node's host agent listens on a free port and "
+            "reports it, so several meshes can share a node; leave monarch_port out"
+        )
+    if ntasks_per_node != 1:
+        raise MeshSpecError(
+            f"SlurmJob(ntasks_per_node={ntasks_per_node}): one host agent runs per node and starts the "
+            "procs spawn_procs asks for, e.g. spawn_procs(per_host={'gpus': 8}); leave ntasks_per_node at 1"
+        )
+    if out_of_cluster or attach_to is not None or bind_to is not None:
+        raise MeshSpecError(
+            "SlurmJob(out_of_cluster=, attach_to=, bind_to=): this controller talks to each node's agent "
+            "directly, on the address of the node that faces it; run it where it can reach the nodes "
+            "(a login node), or reach them with SSHJob through the user's ssh configuration (ProxyJump)"
+        )
 
 
 def job_loads(data: bytes) -> JobTrait:
@@ -266,14 +335,129 @@ def job_load(filename: str = DEFAULT_JOB_PATH) -> JobTrait:
         return job_loads(f.read())
 
 
+# -- the project's current job ------------------------------------------------------
+
+_MONARCH_DIR = Path(".monarch")
+
+
+def _context_dir() -> Path:
+    """The current context's folder: where ``DEFAULT_JOB_PATH`` links to (``default``
+    until a link is made)."""
+    link = Path(DEFAULT_JOB_PATH)
+    if link.is_symlink():
+        return _MONARCH_DIR / Path(os.readlink(link)).parent
+    return _MONARCH_DIR / "default"
+
+
+def set_current_job(module_path: str) -> None:
+    """Makes the job at ``module_path`` (``"package.module.attr"``, a ``JobTrait``)
+    the project's current one, as Monarch does: its path is kept in
+    ``.monarch/<context>/spec``, and ``DEFAULT_JOB_PATH`` becomes a link to the
+    context's saved state (a plain file there moves into the ``default`` context)."""
+    if not isinstance(module_path, str) or "." not in module_path:
+        raise MeshSpecError(
+            f"set_current_job: give 'module.attr' (where the job is defined), not {module_path!r}"
+        )
+    link = Path(DEFAULT_JOB_PATH)
+    _MONARCH_DIR.mkdir(parents=True, exist_ok=True)
+    if not link.is_symlink():
+        default = _MONARCH_DIR / "default"
+        default.mkdir(parents=True, exist_ok=True)
+        if link.exists():
+            link.rename(default / "state.pkl")
+        link.symlink_to(Path("default") / "state.pkl")
+    spec = _context_dir() / "spec"
+    spec.parent.mkdir(parents=True, exist_ok=True)
+    spec.write_text(module_path)
+
+
+def load_current_job() -> JobTrait:
+    """A new instance of the project's current job (``set_current_job``), not yet
+    applied: its ``state()`` applies it, or takes the saved state if it still fits."""
+    import importlib
+
+    spec = _context_dir() / "spec"
+    try:
+        module_path = spec.read_text().strip()
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"no current job: {spec} does not exist; name one with set_current_job('module.attr')"
+        ) from None
+    module, _, attr = module_path.rpartition(".")
+    job = getattr(importlib.import_module(module), attr, None)
+    if not isinstance(job, JobTrait):
+        raise TypeError(
+            f"{module_path} must be a JobTrait (set_current_job names it), not {type(job).__name__}"
+        )
+    return job
+
+
+def hosts_from_config(name: str) -> HostMesh:
+    """The host mesh ``name`` of the project's configuration: the current job's
+    (``set_current_job``), else the job saved at ``DEFAULT_JOB_PATH``; with neither,
+    this host, so the same code runs on a laptop and on a cluster."""
+    job: JobTrait | None = None
+    if (_context_dir() / "spec").exists():
+        job = load_current_job()
+    elif Path(DEFAULT_JOB_PATH).exists():
+        job = job_load(DEFAULT_JOB_PATH)
+    if job is None:
+        return this_host()
+    return getattr(job.state(), name)
+
+
+# -- Monarch's names that have no meaning here ---------------------------------------
+
+#: Monarch's environment variables for its host identities; nothing here reads them.
+SERVICE_PROC_IDS_ENV = "MONARCH_SERVICE_PROC_IDS"
+SERVICE_PROC_RANK_ENV = "MONARCH_SERVICE_PROC_RANK"
+
+_IDENTITIES = "host agents are addressed by address and mesh token, not by Monarch's service ProcIds"
+deserialize_service_proc_ids = _unsupported("deserialize_service_proc_ids", _IDENTITIES)
+new_service_proc_id = _unsupported("new_service_proc_id", _IDENTITIES)
+ranked_service_proc_id_from_env = _unsupported("ranked_service_proc_id_from_env", _IDENTITIES)
+serialize_service_proc_ids = _unsupported("serialize_service_proc_ids", _IDENTITIES)
+service_proc_addr = _unsupported("service_proc_addr", _IDENTITIES)
+service_proc_addrs = _unsupported("service_proc_addrs", _IDENTITIES)
+MeshAdminConfig = _unsupported(
+    "MeshAdminConfig", "monarch-kernel ls / status and the Meshes panel show every mesh, its hosts and ranks"
+)
+TelemetryConfig = _unsupported(
+    "TelemetryConfig",
+    "procs.status(), the usage figures of the Meshes panel, and span / traced for your own spans",
+)
+PortForwarder = _unsupported(
+    "PortForwarder", "not yet: reach a port on a rank with ssh -L to its host (procs.status() names the host)"
+)
+shell = _unsupported(
+    "shell", "not yet: ssh to the host (SSHJob), or srun --jobid=JOB --pty bash for a SLURM mesh"
+)
+
+
 __all__ = [
     "DEFAULT_JOB_PATH",
     "JobState",
     "JobTrait",
     "LocalJob",
+    "MeshAdminConfig",
+    "PortForwarder",
     "ProcessJob",
+    "SERVICE_PROC_IDS_ENV",
+    "SERVICE_PROC_RANK_ENV",
     "SSHJob",
     "SlurmJob",
+    "TelemetryConfig",
+    "deserialize_service_proc_ids",
+    "exec_command",
+    "hosts_from_config",
     "job_load",
     "job_loads",
+    "load_current_job",
+    "new_service_proc_id",
+    "ranked_service_proc_id_from_env",
+    "serialize_service_proc_ids",
+    "service_proc_addr",
+    "service_proc_addrs",
+    "set_current_job",
+    "shell",
 ]

@@ -137,13 +137,44 @@ def _bootstrap(procs: ProcMesh, fn: Callable[[], Any]) -> None:
     runner.stop().get(timeout=60)
 
 
-def attach(name: str) -> ProcMesh:
-    """Becomes the controller of the running mesh ``name`` (created by this or any
-    other process): procs, actor meshes (``procs.actors``), module and actor state are
-    as they were. The controller that held it before is fenced: its next command
-    raises MeshOwnershipError."""
-    session = attach_session(name)
+def attach(addr: str) -> ProcMesh:
+    """Becomes the controller of a running mesh (created by this or any other
+    process): procs, actor meshes (``procs.actors``), module and actor state are as
+    they were. The controller that held it before is fenced: its next command raises
+    MeshOwnershipError.
+
+    ``addr`` is the mesh's name (``attach("train")``) or, in Monarch's form, the
+    address of one of its host agents (``attach("tcp://10.0.0.5:40123")``, the
+    scheme optional; ``list_meshes()`` gives each mesh's hosts with their ``addr``).
+    A name cannot hold a ``:``, so the form tells the two apart."""
+    session = attach_session(_mesh_at(addr) if ":" in addr else addr)
     return ProcMesh(session.ref, Shape.of(session.sizes))
+
+
+def _mesh_at(addr: str) -> str:
+    """The name of the listed mesh that has a host agent at ``addr``
+    (``[scheme://]host:port``)."""
+    import socket
+
+    from monarch_kernel.errors import MeshNotFoundError
+    from monarch_kernel.hosts import registry
+
+    where = addr.split("://", 1)[-1].rstrip("/")
+    host, _, port = where.rpartition(":")
+    try:
+        wanted = {where, f"{socket.gethostbyname(host.strip('[]'))}:{port}"}
+    except OSError:
+        wanted = {where}
+    for name in registry.names():
+        rec = registry.read(name)
+        if rec is None:
+            continue
+        if wanted & {rec.agent_addr, *(str(h.get("agent_addr", "")) for h in rec.hosts)}:
+            return rec.name
+    raise MeshNotFoundError(
+        f"attach({addr!r}): no running mesh of this user has a host agent at {where} "
+        "(list_meshes() gives each mesh's hosts with their agents' addresses); attach also takes a mesh's name"
+    )
 
 
 def this_host() -> HostMesh:

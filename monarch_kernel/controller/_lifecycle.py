@@ -424,12 +424,13 @@ def attach_session(name: str) -> Session:
         return attach_record(rec)
 
 
-def stop_all_ephemeral() -> None:
-    """At exit: ephemeral meshes of this process stop; persistent ones are let go."""
+def stop_all_ephemeral(timeout: float = 5.0) -> None:
+    """At exit: ephemeral meshes of this process stop (each given ``timeout`` s);
+    persistent ones are let go."""
     for s in list(sessions.values()):
         try:
             if s.rec.ephemeral:
-                s.stop(timeout=5)
+                s.stop(timeout=timeout)
             else:
                 s.detach()
         except Exception:

@@ -6,6 +6,7 @@ from this process (its own session), so that the mesh outlives the kernel;
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import subprocess
@@ -41,10 +42,16 @@ class SlurmHosts:
     time_limit: str | None = None
     gpus_per_node: int | None = None
     slurm_args: list[str] = field(default_factory=list)
-    #: How long to wait for the nodes (the queue) and the agents.
-    timeout: float = 600.0
+    #: How long to wait for the nodes (the queue) and the agents; None: as long as
+    #: SLURM queues the job (an interrupt still ends the wait, and the job).
+    timeout: float | None = 600.0
     #: The job these hosts come from (``monarch_kernel.job``), kept in the state file.
     tag: str = ""
+    #: The SLURM job's name (default: ``monarch-MESH``).
+    job_name: str | None = None
+    #: A folder that keeps ``srun``'s output (``MESH-*.out``); None: it is read for
+    #: the agents' ready lines, then removed.
+    log_dir: str | None = None
 
     kind = "slurm"
     remote = True
@@ -74,7 +81,7 @@ class SlurmHosts:
             "--ntasks-per-node=1",
             "--input=all",
             "--kill-on-bad-exit=0",
-            f"--job-name=monarch-{name}",
+            f"--job-name={self.job_name or f'monarch-{name}'}",
         ]
         if self.partition:
             argv.append(f"--partition={self.partition}")
@@ -87,7 +94,8 @@ class SlurmHosts:
     def allocate(self, cfg: AgentConfig) -> Allocation:
         """Runs ``srun`` detached (its own session: it outlives this process, as the
         mesh does) and waits for every node's ready line in its output."""
-        out_dir = private_dir(state_dir() / "launch")
+        out_dir = Path(self.log_dir) if self.log_dir else private_dir(state_dir() / "launch")
+        out_dir.mkdir(parents=True, exist_ok=True)
         fd, out_path = tempfile.mkstemp(prefix=f"{cfg.name}-", suffix=".out", dir=out_dir)
         with os.fdopen(fd, "wb") as out:
             launcher = subprocess.Popen(
@@ -101,7 +109,7 @@ class SlurmHosts:
         assert launcher.stdin is not None
         launcher.stdin.write(cfg.to_line())
         launcher.stdin.close()
-        deadline = time.monotonic() + self.timeout
+        deadline = time.monotonic() + (self.timeout if self.timeout is not None else math.inf)
         lines: list[str] = []
         try:
             while time.monotonic() < deadline:
@@ -120,14 +128,16 @@ class SlurmHosts:
             said = "\n".join(lines).strip()[-1500:] or "(none)"
             raise stop_started(
                 MeshStartError(
-                    f"srun started {len(agents)} of {self.nodes} host agents within {self.timeout:g} s "
+                    f"srun started {len(agents)} of {self.nodes} host agents "
+                    f"{'' if self.timeout is None else f'within {self.timeout:g} s '}"
                     f"({' '.join(self.srun_argv(cfg.name)[:-3])}); its output:\n{said}",
                     mesh=cfg.name,
                 ),
                 [],
                 cfg,
             )
-        Path(out_path).unlink(missing_ok=True)  # nothing more comes: the agents log on their hosts
+        if not self.log_dir:
+            Path(out_path).unlink(missing_ok=True)  # nothing more comes: the agents log on their hosts
         job = {"kind": "slurm", "job_id": agents[0].job_id, "launcher_pid": launcher.pid, "tag": self.tag}
         return Allocation(agents, job)
 

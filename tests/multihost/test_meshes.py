@@ -618,3 +618,38 @@ def test_distributed_tensors_reduce_and_move_across_hosts(controllers, cluster, 
     assert c.eval("mk.inspect(everywhere, hosts=0).tolist()") == [10.0] * 4
     c.run("moved = x.slice_mesh(hosts=0).to_mesh(procs.slice(hosts=1))")  # h1 -> h2, proc to proc
     assert c.eval("[mk.inspect(moved, procs=p).tolist()[0] for p in (0, 1)]") == [1.0, 2.0]
+
+
+def test_monarchs_slurm_job_arguments_reach_slurm(controllers, cluster, state_home, tmp_path):
+    # SlurmJob as Monarch's examples write it: its name, log folder, exclusive nodes,
+    # CPUs and memory per task reach SLURM; two meshes of this user share the nodes
+    # all the same (each mesh is a SLURM job of its own).
+    c = _new(controllers, cluster, state_home)
+    c.run(
+        f"job = SlurmJob({{'hosts': 2}}, job_name='mk-train', partition={cluster.partition!r}, "
+        f"log_dir={str(tmp_path)!r}, exclusive=True, cpus_per_task=1, mem='64M', job_start_timeout=120)"
+    )
+    c.run("first = job.state(cached_path=None).hosts.spawn_procs(per_host={'procs': 1})")
+    c.run("second = job.state(cached_path=None).hosts.spawn_procs(per_host={'procs': 1})")
+    c.run("counter = second.spawn('counter', Counter)")
+    assert c.eval("counter.incr.call().get(timeout=30).values()") == [1, 1]
+    ids = [c.eval(f"{m}._session('test').rec.job['job_id']") for m in ("first", "second")]
+    for job_id in ids:
+        shown = subprocess.run(
+            cluster.login_cmd(["scontrol", "show", "job", "-o", job_id]),
+            env={**os.environ, **cluster.env()},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
+        fields = dict(kv.split("=", 1) for kv in shown.split() if "=" in kv)
+        assert (fields["JobName"], fields["OverSubscribe"], fields["MinMemoryNode"]) == (
+            "mk-train",
+            "USER",
+            "64M",
+        )
+    kept = sorted(tmp_path.glob("*.out"))
+    assert len(kept) == 2, kept
+    assert all(p.read_text().count("MONARCH_AGENT_READY") == 2 for p in kept), [p.read_text() for p in kept]
+    c.run("job.kill()")
+    assert _wait_gone(cluster), _ours_on_hosts(cluster)

@@ -186,8 +186,12 @@ def test_concurrent_endpoint_refuses_to_wrap_an_endpoint_as_monarch_does():
     [
         ("sim_proc_mesh", "spawn_procs"),
         ("debug_controller", "%mesh debug"),
-        ("hosts_from_config", "SSHJob"),
         ("run_worker_loop_forever", "host agents"),
+        ("run_worker_loop_until_shutdown", "host agents"),
+        ("start_worker_loop_forever", "host agents"),
+        ("default_bootstrap_cmd", "with_python_executable"),
+        ("ProcId", "mesh and rank"),
+        ("Uid", "mesh and rank"),
         ("attach_to_workers", "job"),
     ],
 )

@@ -55,3 +55,38 @@ def test_a_local_job_is_this_host():
     state = LocalJob(hosts=("a", "b")).state(cached_path=None)
     assert isinstance(state, JobState)
     assert repr(state.a) == "<HostMesh: this host>"
+
+
+def test_slurm_job_takes_monarchs_arguments_in_monarchs_order():
+    # Monarch's examples pass (meshes, python_exe, slurm_args) by position and the
+    # rest by name: job_name, log_dir, exclusive, cpus_per_task, mem, ...
+    job = SlurmJob({"trainers": 2}, "/venv/bin/python", ["--comment=x"], None, "train", 1, "01:00:00", "gpu")
+    again = SlurmJob(
+        meshes={"trainers": 2},
+        python_exe="/venv/bin/python",
+        slurm_args=["--comment=x"],
+        job_name="train",
+        time_limit="01:00:00",
+        partition="gpu",
+    )
+    assert job.can_run(again)
+    assert not job.can_run(SlurmJob({"trainers": 2}, "/venv/bin/python", ["--comment=x"], job_name="other"))
+    job.add_mesh("data", 1)
+    assert job.state(cached_path=None).data.sizes == {"hosts": 1}
+    with pytest.raises(MeshSpecError, match="positive number of nodes"):
+        job.add_mesh("bad", 0)
+
+
+@pytest.mark.parametrize(
+    "option, says",
+    [
+        ({"monarch_port": 22222}, "listens on a free port"),
+        ({"ntasks_per_node": 2}, "one host agent runs per node"),
+        ({"out_of_cluster": True}, "talks to each node's agent directly"),
+        ({"attach_to": "tcp://login:22222"}, "talks to each node's agent directly"),
+        ({"bind_to": "0.0.0.0"}, "talks to each node's agent directly"),
+    ],
+)
+def test_slurm_job_options_with_no_meaning_here_are_refused_with_why(option, says):
+    with pytest.raises(MeshSpecError, match=says):
+        SlurmJob(meshes={"trainers": 2}, **option)

@@ -35,7 +35,17 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("tensor", ["monarch_kernel.tensor"]),
     ("worker", ["monarch_kernel.worker"]),
     ("controller", ["monarch_kernel.controller"]),
-    ("public", ["monarch_kernel._compat", "monarch_kernel.job", "monarch_kernel"]),
+    (
+        "public",
+        [
+            "monarch_kernel._compat",
+            "monarch_kernel._job_commands",
+            "monarch_kernel.job",
+            "monarch_kernel.rdma",
+            "monarch_kernel.config",
+            "monarch_kernel",
+        ],
+    ),
     ("kernel", ["monarch_kernel.kernel", "monarch_kernel.server"]),
     ("commands", ["monarch_kernel.cli", "monarch_kernel.__main__"]),
 ]
