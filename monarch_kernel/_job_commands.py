@@ -110,14 +110,17 @@ def exec_command(
     client_cwd = os.getcwd()
 
     def run() -> None:
+        # Every outcome settles the Future, once the procs have stopped.
         try:
-            runners = procs.spawn("exec_command", CommandRunner)
-            codes = runners.run.call(argv, env, workdir, client_cwd, output_dir).get()
-            done.set_result(max(codes.values()))
-        except BaseException as e:  # every outcome settles the Future
+            try:
+                runners = procs.spawn("exec_command", CommandRunner)
+                code = max(runners.run.call(argv, env, workdir, client_cwd, output_dir).get().values())
+            finally:
+                procs.stop()
+        except BaseException as e:
             done.set_exception(e)
-        finally:
-            procs.stop()
+        else:
+            done.set_result(code)
 
     threading.Thread(target=run, name="monarch-exec-command", daemon=False).start()
     return Future(_local=done)

@@ -3,6 +3,8 @@ multi-host tests spawn meshes on the test cluster)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from monarch_kernel.errors import MeshSpecError
@@ -90,3 +92,46 @@ def test_slurm_job_takes_monarchs_arguments_in_monarchs_order():
 def test_slurm_job_options_with_no_meaning_here_are_refused_with_why(option, says):
     with pytest.raises(MeshSpecError, match=says):
         SlurmJob(meshes={"trainers": 2}, **option)
+
+
+def test_the_current_job_is_named_by_module_and_gives_hosts_from_config(tmp_path, monkeypatch):
+    from monarch_kernel.job import DEFAULT_JOB_PATH, hosts_from_config, load_current_job, set_current_job
+
+    monkeypatch.chdir(tmp_path)
+    assert repr(hosts_from_config("trainers")) == "<HostMesh: this host>"  # no job: this host
+    with pytest.raises(FileNotFoundError, match="set_current_job"):
+        load_current_job()
+    (tmp_path / "myjobs.py").write_text(
+        "from monarch_kernel.job import SSHJob\njob = SSHJob(meshes={'trainers': ['n1', 'n2']})\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    set_current_job("myjobs.job")
+    assert os.path.islink(DEFAULT_JOB_PATH)
+    assert isinstance(load_current_job(), SSHJob)
+    assert hosts_from_config("trainers").sizes == {"hosts": 2}
+    assert os.path.exists(DEFAULT_JOB_PATH)  # state() saved the applied job in the context
+    with pytest.raises(MeshSpecError, match="module.attr"):
+        set_current_job("myjobs")
+
+
+def test_span_and_traced_log_their_work(caplog):
+    import asyncio
+
+    from monarch_kernel import span, traced
+
+    @traced
+    def work() -> int:
+        return 1
+
+    @traced(name="fetch")
+    async def fetch() -> int:
+        return 2
+
+    with caplog.at_level("DEBUG", logger="monarch_kernel.telemetry"):
+        with span("step"):
+            assert work() == 1
+        assert asyncio.run(fetch()) == 2
+    said = [r.getMessage() for r in caplog.records]
+    assert [m.split(" took")[0] for m in said if " took " in m] == ["span work", "span step", "span fetch"], (
+        said
+    )
