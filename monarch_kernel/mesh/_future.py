@@ -6,6 +6,7 @@ asyncio loop: every notebook cell runs inside one.
 
 from __future__ import annotations
 
+import collections.abc
 import concurrent.futures
 import contextlib
 import functools
@@ -339,6 +340,31 @@ class Future(Generic[R]):
     def __repr__(self) -> str:
         state = "done" if self.done() else "pending"
         return f"<monarch_kernel.Future {state}>"
+
+
+class Done(Future[R]):
+    """A ``Future`` whose value is there from the start that is also a coroutine
+    object: what a method that is ``async def`` in Monarch, and whose work is done by
+    the time it returns here, gives. Code that ignores it, ``get()``s it, ``await``s
+    it or runs it with ``asyncio.run(...)`` all works."""
+
+    __slots__ = ()
+
+    def __init__(self, value: R) -> None:
+        super().__init__(_calls=[], _finish=lambda _: value)
+        self._value = value
+
+    def send(self, _: Any) -> Any:
+        raise StopIteration(self._value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        raise typ if val is None else val
+
+    def close(self) -> None:
+        pass
+
+
+collections.abc.Coroutine.register(Done)
 
 
 def _first(replies: list[Any]) -> Any:

@@ -26,7 +26,7 @@ from monarch_kernel.mesh._actor_mesh import ActorMesh, check_endpoint_names, dec
 from monarch_kernel.mesh._buffers import HEADER, drop_now, drop_when_done
 from monarch_kernel.mesh._builtin import call_builtin
 from monarch_kernel.mesh._control import MeshControl, MeshFailure, session_for
-from monarch_kernel.mesh._future import Future, wait_calls
+from monarch_kernel.mesh._future import Done, Future, wait_calls
 from monarch_kernel.mesh._proc_ref import ProcRef
 from monarch_kernel.mesh._role import here
 from monarch_kernel.mesh._serial import dumps, loads
@@ -236,7 +236,7 @@ class ProcMesh(MeshTrait):
         if not isinstance(level, int):
             raise ValueError(f"level must be a logging level (logging.INFO, ...), not {level!r}")
         self._session("logging_option()").logging_option(stream_to_client, level)
-        return Future._resolved(None)  # done already; Monarch code awaits it
+        return Done(None)  # done already; Monarch's is async: its code awaits it, or asyncio.run()s it
 
     def stop(self) -> Future[None]:
         """Stops every worker and the host agent, and forgets the mesh's name. Later

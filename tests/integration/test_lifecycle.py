@@ -112,6 +112,22 @@ def test_logging_option_sets_the_workers_log_level(fresh_procs1):
     assert mesh.level.call_one().get(timeout=30) == logging.WARNING
 
 
+def test_logging_option_is_awaited_or_run_as_monarchs_async_method_is(fresh_procs1):
+    import asyncio
+
+    mesh = fresh_procs1.spawn("logs", Logs)
+    asyncio.run(fresh_procs1.logging_option(level=logging.ERROR))  # Monarch's docs do this
+    assert mesh.level.call_one().get(timeout=30) == logging.ERROR
+
+    async def awaited() -> None:
+        await fresh_procs1.logging_option(level=logging.DEBUG)
+
+    asyncio.run(awaited())
+    assert mesh.level.call_one().get(timeout=30) == logging.DEBUG
+    assert fresh_procs1.logging_option(level=logging.INFO).get() is None  # and not awaited at all
+    assert mesh.level.call_one().get(timeout=30) == logging.INFO
+
+
 def test_logging_option_stream_to_client_false_keeps_lines_in_logs_only(fresh_procs1, capfd):
     mesh = fresh_procs1.spawn("logs", Logs)
     fresh_procs1.logging_option(stream_to_client=False)
