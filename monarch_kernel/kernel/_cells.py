@@ -1,7 +1,9 @@
 """``%%mesh``: a cell run on ranks of a mesh (SPMD), its output shown live, one block
 per rank (``--group-outputs order``: one stream of lines prefixed with their rank;
 ``merge``, the default beyond ``BLOCKS_UP_TO`` ranks: each line once, with the ranks
-that printed it), then each rank's value or the ranks' remote tracebacks."""
+that printed it), then each rank's value or the ranks' remote tracebacks. A client that
+shows no display updated in place (``jupyter console``; CLIENTS-1) gets ``order``'s
+stream for ``rank``, and ``merge``'s lines once, as the cell ends."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from IPython.display import display, update_display
 from monarch_kernel import Shape, _origin, controller
 from monarch_kernel.controller import DisplayMessage
 from monarch_kernel.errors import FULL_TRACEBACK_ENV, ActorError, MonarchKernelError, SupervisionError
+from monarch_kernel.kernel._clients import updates_here
 from monarch_kernel.kernel._progress import EVERY, Bar, answer_prompts, say_what_it_waits_for
 from monarch_kernel.kernel._router import Captured, bridged
 
@@ -31,11 +34,13 @@ _DONE = object()
 BLOCKS_UP_TO = 8
 
 
-def output_mode(group: str, nranks: int) -> str:
-    """The output mode of a cell on ``nranks`` ranks asked for ``group``."""
-    if group != "auto":
-        return group
-    return "rank" if nranks <= BLOCKS_UP_TO else "merge"
+def output_mode(group: str, nranks: int, live: bool = True) -> str:
+    """The output mode of a cell on ``nranks`` ranks asked for ``group``, for a client
+    that shows displays updated in place (``live``) or not (CLIENTS-1: one block per
+    rank would show its first lines only; its lines go as ``order``'s stream)."""
+    if group == "auto":
+        group = "rank" if nranks <= BLOCKS_UP_TO else "merge"
+    return "order" if group == "rank" and not live else group
 
 
 def ranks_span(ranks: Any) -> str:
@@ -57,16 +62,23 @@ def ranks_span(ranks: Any) -> str:
 
 
 class MeshCellError(MonarchKernelError):
-    """Ranks raised in a ``%%mesh`` cell; shows their remote tracebacks."""
+    """Ranks raised in a ``%%mesh`` cell; shows their remote tracebacks (the first
+    ``SHOW_TRACEBACKS``), as a cell's error and as its text (``print(e)`` of an error
+    caught from ``run_cell_magic``, which is how a notebook shows one and runs on)."""
 
     def __init__(self, failures: list[tuple[int, ActorError]], total: int) -> None:
         self.failures = failures
         first = failures[0][1]
         exc = first.exception
         what = f"{type(exc).__name__}: {exc}" if exc is not None else first.message
-        super().__init__(f"{len(failures)} of {total} ranks failed; rank {failures[0][0]}: {what}")
+        #: One line: how many ranks failed, and the first one's error.
+        self.summary = f"{len(failures)} of {total} ranks failed; rank {failures[0][0]}: {what}"
+        super().__init__(self.summary)
 
-    def _render_traceback_(self) -> list[str]:
+    def __str__(self) -> str:
+        return "\n".join([self.summary, *self._tracebacks()])
+
+    def _tracebacks(self) -> list[str]:
         lines = []
         for rank, err in self.failures[:SHOW_TRACEBACKS]:
             lines.append(f"--- rank {rank} ---")
@@ -75,8 +87,10 @@ class MeshCellError(MonarchKernelError):
         if more > 0:
             ranks = ", ".join(str(r) for r, _ in self.failures[SHOW_TRACEBACKS:])
             lines.append(f"... and {more} more ranks failed the same way or otherwise (ranks {ranks})")
-        lines.append(str(self))
         return lines
+
+    def _render_traceback_(self) -> list[str]:
+        return [*self._tracebacks(), self.summary]
 
 
 class MeshCellRun:
@@ -138,9 +152,10 @@ class MeshCellRun:
         cell is quick; a second into the wait, the progress bar and the debugger
         prompts are looked at every ``Bar`` step."""
         run = self
-        mode = output_mode(group, len(run.ranks))
+        live = updates_here()  # CLIENTS-1
+        mode = output_mode(group, len(run.ranks), live)
         kind = _Merged if mode == "merge" else _Blocks
-        blocks = kind(run.ranks, mode, self.session.token, self.mesh)
+        blocks = kind(run.ranks, mode, self.session.token, self.mesh, live)
         wake: Any = q if q is not None else queue.SimpleQueue()
         for f in run.futures:
             for c in f._calls:
@@ -165,7 +180,7 @@ class MeshCellRun:
                 if time.monotonic() - started < 1.0:
                     continue
                 if bar is None:
-                    bar = Bar(len(run.ranks), f"%%mesh on {run.mesh}")
+                    bar = Bar(len(run.ranks), f"%%mesh on {run.mesh}", live)
                 bar.update(sum(f.done() for f in run.futures))
                 if not said and time.monotonic() - started > 2.0:
                     said = True
@@ -179,7 +194,12 @@ class MeshCellRun:
         except KeyboardInterrupt:
             run.cancel()
             blocks.drain(q, force=True)
+            blocks.finish()  # (merged lines: shown however the cell ends)
             raise run.interrupted() from None
+        except TimeoutError:
+            blocks.drain(q, force=True)
+            blocks.finish()
+            raise
         finally:
             if bar is not None:
                 bar.close()
@@ -314,7 +334,10 @@ class _Blocks:
     that go on in a new block ("[rank R] (continued)"), and the old block stays as it
     was last shown; so does a block that reaches ``BLOCK_CHARS``. What a cell sends
     is then about what it prints, however few lines each tick of the kernel brings
-    (a loaded machine wakes it for a few at a time), and every line is kept, once."""
+    (a loaded machine wakes it for a few at a time), and every line is kept, once.
+
+    Not ``live`` (CLIENTS-1: a client that shows each display once, as it comes), a
+    worker's display update shows as a new display and nothing is cleared."""
 
     BLOCK_CHARS = 16 * 1024
     #: Blocks that change are shown again at most this often (and at the end).
@@ -326,9 +349,13 @@ class _Blocks:
     #: Lines that waited this long for their block to be shown go on in a new one.
     MAX_WAIT_S = 1.0
 
-    def __init__(self, ranks: list[int], group: str, token: str | None = None, mesh: str = "") -> None:
+    def __init__(
+        self, ranks: list[int], group: str, token: str | None = None, mesh: str = "", live: bool = True
+    ) -> None:
         self.group = group
         self.mesh = mesh
+        #: Whether the client shows a display updated in place (CLIENTS-1).
+        self.live = live
         #: The mesh's token: large display bundles are pulled with it (DISPLAY-1).
         self.token = token
         #: Kernel display ids of each rank's rich outputs, and its display ids by the
@@ -530,10 +557,12 @@ class _Blocks:
         wid = msg.display_id
         kid = self.ids.get((rank, wid)) if wid else None
         data, metadata = msg.data(bridged), msg.metadata
-        if msg.update:
+        if msg.update and (kid is None or self.live):
             if kid is not None:
                 update_display(data, display_id=kid, metadata=metadata, raw=True)
             return
+        if msg.update:  # CLIENTS-1: a client that shows no update gets the new state anew
+            kid = None
         if self.group == "order":
             print(f"[rank {rank}]")
         else:
@@ -554,9 +583,11 @@ class _Blocks:
             self.past.setdefault(rank, []).append(h)
 
     def _clear(self, rank: int) -> None:
-        """``clear_output()`` on ``rank``: its blocks and its rich outputs, only its."""
+        """``clear_output()`` on ``rank``: its blocks and its rich outputs, only its
+        (where the client shows a display updated in place: CLIENTS-1)."""
         for kid in self.rich.pop(rank, []):
-            update_display({"text/plain": ""}, display_id=kid, raw=True)
+            if self.live:
+                update_display({"text/plain": ""}, display_id=kid, raw=True)
         for h in self.past.pop(rank, []):
             h.update(_Text(""))
         self.text[rank], self.size[rank] = [], 0
@@ -578,13 +609,16 @@ class _Merged(_Blocks):
     rank's last such line, as a terminal shows it. Values merge the same way. When
     the cell ends, the display also holds each rank's own output, folded (HTML
     ``<details>``; plain-text clients get the merged lines). Rich outputs are shown
-    as ``order`` shows them: the rank's label, then the output."""
+    as ``order`` shows them: the rank's label, then the output. Not ``live``
+    (CLIENTS-1), the merged display is shown once, as the cell ends."""
 
     #: The merged display is shown again at most this often while the cell runs.
     MERGED_EVERY_S = 0.25
 
-    def __init__(self, ranks: list[int], group: str, token: str | None = None, mesh: str = "") -> None:
-        super().__init__(ranks, "order", token, mesh)  # (rich outputs: as ``order``)
+    def __init__(
+        self, ranks: list[int], group: str, token: str | None = None, mesh: str = "", live: bool = True
+    ) -> None:
+        super().__init__(ranks, "order", token, mesh, live)  # (rich outputs: as ``order``)
         self.ranks = ranks
         #: Each distinct (text, copy) in the order it first came, with its ranks.
         self.merged: dict[tuple[str, int], set[int]] = {}
@@ -641,17 +675,18 @@ class _Merged(_Blocks):
         self.own[rank] = []
         self.last_cr.pop(rank, None)
         for kid in self.rich.pop(rank, []):
-            update_display({"text/plain": ""}, display_id=kid, raw=True)
+            if self.live:
+                update_display({"text/plain": ""}, display_id=kid, raw=True)
         self.dirty = True
 
     @property
     def behind(self) -> bool:
-        return self.dirty
+        return self.dirty and self.live
 
     def drain(self, q: Any, force: bool = False) -> int:
         count = self._take(q)
         now = time.monotonic()
-        if self.dirty and (force or now - self.merged_at >= self.MERGED_EVERY_S):
+        if self.live and self.dirty and (force or now - self.merged_at >= self.MERGED_EVERY_S):
             self._show_merged(final=False)
             self.merged_at = now
         return count

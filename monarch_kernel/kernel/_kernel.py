@@ -24,6 +24,7 @@ from ipykernel.ipkernel import IPythonKernel
 
 from monarch_kernel import _origin, controller
 from monarch_kernel.controller import DisplayMessage
+from monarch_kernel.kernel._clients import updates_in_place
 from monarch_kernel.kernel._magics import MeshMagics
 from monarch_kernel.kernel._progress import bar_here, slow_wait
 from monarch_kernel.kernel._router import Router, bridged, format_failure
@@ -139,8 +140,9 @@ class MonarchKernel(IPythonKernel):
 
     def _send_display(self, parent: dict[str, Any], msg: DisplayMessage) -> None:
         """A worker's bundle as a display message of the cell ``parent`` (DISPLAY-1):
-        its updates update it; a clear is not passed on (it would clear the cell's
-        other output too)."""
+        its updates update it (or, for a client that shows no display updated in
+        place, show as a new display: CLIENTS-1); a clear is not passed on (it would
+        clear the cell's other output too)."""
         assert self.session is not None
         if msg.comm is not None:
             self.send_bridged(parent, msg)
@@ -151,7 +153,8 @@ class MonarchKernel(IPythonKernel):
         wid = msg.display_id
         if wid:
             transient["display_id"] = f"{msg.label}{wid}"
-        kind = "update_display_data" if msg.update and wid else "display_data"
+        live = updates_in_place(parent)
+        kind = "update_display_data" if msg.update and wid and live else "display_data"
         content = {"data": msg.data(bridged), "metadata": msg.metadata, "transient": transient}
         self.session.send(self.iopub_socket, kind, content, parent=parent, ident=self._topic(kind))
 

@@ -1,7 +1,9 @@
 """Progress of long waits in the notebook: a wait that lasts more than a second
 (a blocking ``.get()``, a spawn, a ``%%mesh`` cell) shows a progress bar, updated in
 place, and removes it when done; short waits show nothing. Plain HTML ``<progress>``
-(no widget front end needed), so it also renders in nbconvert output."""
+(no widget front end needed), so it also renders in nbconvert output, with its words
+as ``text/plain``; a client that shows displays once, as text (CLIENTS-1), gets that
+line once, never redrawn or removed."""
 
 from __future__ import annotations
 
@@ -9,12 +11,14 @@ import html
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from IPython.display import HTML, display
+from IPython.display import display, update_display
 
 from monarch_kernel import _native, controller
+from monarch_kernel.kernel._clients import updates_here
 
 #: Seconds between updates.
 EVERY = 0.25
@@ -24,31 +28,39 @@ SAY_WAIT_S = 1.0
 
 
 class Bar:
-    """A progress bar shown in the running cell."""
+    """A progress bar shown in the running cell (``live``: redrawn in place, by
+    default as the cell's client can show it, CLIENTS-1)."""
 
-    def __init__(self, total: int, what: str) -> None:
+    def __init__(self, total: int, what: str, live: bool | None = None) -> None:
         self.total, self.what, self.start = total, what, time.monotonic()
-        first = self._html(0)
-        self.shown = first.data
-        self.handle = display(first, display_id=True)
+        self.live = updates_here() if live is None else live
+        first = self._bundle(0)
+        self.shown = first["text/html"]
+        self.display_id = uuid.uuid4().hex
+        display(first, raw=True, display_id=self.display_id)
 
-    def _html(self, done: int) -> HTML:
+    def _bundle(self, done: int) -> dict[str, str]:
+        """The bar as HTML, and its words as text for clients that show only text."""
         secs = time.monotonic() - self.start + 1.0
-        return HTML(
-            f"<progress value='{done}' max='{self.total}' style='width: 16em'></progress> "
-            f"<span>{html.escape(self.what)}: {done}/{self.total} done, {secs:.0f} s</span>"
-        )
+        words = f"{self.what}: {done}/{self.total} done, {secs:.0f} s"
+        return {
+            "text/html": f"<progress value='{done}' max='{self.total}' style='width: 16em'></progress> "
+            f"<span>{html.escape(words)}</span>",
+            "text/plain": words,
+        }
 
     def update(self, done: int) -> None:
         """Redraws the bar if what it says changed (at most once a second, or a step)."""
-        html_now = self._html(done)
-        if self.handle is not None and html_now.data != self.shown:
-            self.shown = html_now.data
-            self.handle.update(html_now)
+        if not self.live:
+            return
+        now = self._bundle(done)
+        if now["text/html"] != self.shown:
+            self.shown = now["text/html"]
+            update_display(now, display_id=self.display_id, raw=True)
 
     def close(self) -> None:
-        if self.handle is not None:
-            self.handle.update(HTML(""))
+        if self.live:
+            update_display({"text/html": "", "text/plain": ""}, display_id=self.display_id, raw=True)
 
 
 def bar_here(total: int, what: str) -> Bar | None:

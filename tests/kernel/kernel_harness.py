@@ -101,6 +101,11 @@ def start(env: dict[str, str] | None = None) -> Kernel:
     """A monarch kernel; ``env``: added to its environment."""
     extra = {} if env is None else {"env": {**os.environ, **env}}
     km, kc = start_new_kernel(kernel_name="monarch", startup_timeout=TIMEOUT, **extra)
+    # Speak as JupyterLab does: its requests name the cell, and the kernel shows such
+    # a client live displays, updated in place (CLIENTS-1). Without it this client
+    # looks like jupyter console, which gets each output once, as text
+    # (tests/kernel/test_console.py).
+    kc.session.metadata["cellId"] = "kernel-tests"
     return Kernel(km, kc)
 
 
