@@ -6,20 +6,23 @@ to an actor (or returned from one), it travels as a small descriptor; the receiv
 then pulls the bytes with ``read_into(dst)`` or pushes with ``write_from(src)``,
 through the transfer engine, with the GIL released. The owner keeps the memory
 registered until it calls ``drop()`` (or the handle is garbage collected there).
+
+XFER-6: a handle is a capability. Its registration is made under a token of its own
+(random, not the mesh's), which travels with the descriptor: whoever holds the
+handle, in any mesh of the controller's tree or in the controller, can read, write
+and drop that one buffer, and nothing else of its owner.
 """
 
 from __future__ import annotations
 
+import secrets
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from monarch_kernel import _native
-from monarch_kernel.errors import SerializationError
 from monarch_kernel.mesh import _buffers
-from monarch_kernel.mesh._buffers import token_of as _token_of
 from monarch_kernel.mesh._future import Future
-from monarch_kernel.mesh._role import here
 from monarch_kernel.mesh._shape import Point, Shape
 from monarch_kernel.mesh._value_mesh import ValueMesh
 
@@ -83,12 +86,14 @@ class _ThreadFuture(Future[Any]):
 
 
 class TransferBuffer:
-    """A handle on ``data`` (a contiguous tensor or buffer) that other processes of
-    the mesh can read from and write into."""
+    """A handle on ``data`` (a contiguous tensor or buffer) that any process it is
+    sent to (an actor of any mesh, the controller) can read from and write into."""
 
     def __init__(self, data: Any) -> None:
         self._view, self._keep = _byte_view(data)
-        self._descs: dict[str, _native.Descriptor] = {}
+        #: XFER-6: this buffer's own token; registered on the first send.
+        self._cap = secrets.token_urlsafe(32)
+        self._desc: _native.Descriptor | None = None
         self._remote: _native.Descriptor | None = None
         self._dropped = False
 
@@ -105,18 +110,17 @@ class TransferBuffer:
     def __reduce__(self) -> Any:
         self._check()
         if self._remote is not None:
-            return (_remote, (self._remote,))
-        token = _buffers.current_token.get() or here.token
-        if token is None:
-            raise SerializationError(
-                "a TransferBuffer can only be sent in a call to a mesh (or from an actor)"
+            return (_remote, (self._remote, self._cap))
+        if self._desc is None:
+            self._desc = _native.xfer_register(
+                self._view,
+                self._cap,
+                _native.XFER_HANDLE,
+                None,
+                writable=not self._view.readonly,
+                own_token=True,
             )
-        desc = self._descs.get(token)
-        if desc is None:
-            desc = self._descs[token] = _native.xfer_register(
-                self._view, token, _native.XFER_HANDLE, None, writable=not self._view.readonly
-            )
-        return (_remote, (desc,))
+        return (_remote, (self._desc, self._cap))
 
     def read_into(self, dst: Any) -> Future[None]:
         """Copies the whole buffer into ``dst`` (a contiguous tensor or buffer of the
@@ -128,8 +132,8 @@ class TransferBuffer:
         if self._remote is None:
             src = self._view
             return _ThreadFuture(lambda: view.__setitem__(slice(None), src))
-        desc, token = self._remote, _token_of(self._remote)
-        return _ThreadFuture(lambda: desc.fetch(token, view, _buffers.STREAMS, handle=True))
+        desc, cap = self._remote, self._cap
+        return _ThreadFuture(lambda: desc.fetch(cap, view, _buffers.STREAMS, handle=True))
 
     def write_from(self, src: Any) -> Future[None]:
         """Copies ``src`` (same byte size) into the buffer, wherever it lives."""
@@ -140,8 +144,8 @@ class TransferBuffer:
         if self._remote is None:
             dst = self._view
             return _ThreadFuture(lambda: dst.__setitem__(slice(None), view))
-        desc, token = self._remote, _token_of(self._remote)
-        return _ThreadFuture(lambda: desc.write(token, view, 0))
+        desc, cap = self._remote, self._cap
+        return _ThreadFuture(lambda: desc.write(cap, view, 0))
 
     def drop(self) -> Future[None]:
         """Ends the registration, from the owner or from any holder of the handle: the
@@ -149,10 +153,10 @@ class TransferBuffer:
         Without ``drop()``, a registration lasts as long as its owner process."""
         if not self._dropped:
             if self._remote is None:
-                for desc in self._descs.values():
-                    _native.xfer_drop(desc.id)
+                if self._desc is not None:
+                    _native.xfer_drop(self._desc.id)
             else:
-                self._remote.release(_token_of(self._remote))
+                self._remote.release(self._cap)
         self._dropped = True
         return Future._resolved(None)
 
@@ -161,9 +165,9 @@ class TransferBuffer:
         return f"<TransferBuffer {self.nbytes:,} bytes, {where}>"
 
 
-def _remote(desc: _native.Descriptor) -> TransferBuffer:
+def _remote(desc: _native.Descriptor, cap: str) -> TransferBuffer:
     b = TransferBuffer.__new__(TransferBuffer)
-    b._view, b._keep, b._descs, b._remote, b._dropped = memoryview(b""), None, {}, desc, False
+    b._view, b._keep, b._cap, b._desc, b._remote, b._dropped = memoryview(b""), None, cap, None, desc, False
     return b
 
 

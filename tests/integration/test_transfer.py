@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 import warnings
+from typing import Any
 
 import numpy as np
 import pytest
@@ -365,6 +366,35 @@ def test_transfer_buffers_read_and_write_across_processes(store):
     buf.drop()
     with pytest.raises(RuntimeError, match="dropped"):
         buf.read_into(torch.empty(BIG))
+
+
+class Trainer(Actor):
+    """Reads weights from a parameter server on another mesh (Monarch's getting-started
+    "Point-to-Point RDMA" section)."""
+
+    @endpoint
+    def pull(self, server: Any, n: int) -> float:
+        buf = server.make_buffer.call_one(n).get(timeout=TIMEOUT)  # made on the other mesh
+        dst = torch.empty(n, dtype=torch.float32)
+        buf.read_into(dst).get(timeout=TIMEOUT)
+        return float(dst.sum())
+
+
+def test_a_transfer_buffer_is_read_and_written_from_another_mesh(store, fresh_procs1):
+    # XFER-6: the handle is the permission, not membership of the owner's mesh.
+    one = _one(store)
+    other = fresh_procs1.spawn("other", Store)
+    remote = one.make_buffer.call_one(BIG).get(timeout=TIMEOUT)  # owned by a proc of the first mesh
+    assert other.read_from.call_one(remote).get(timeout=TIMEOUT) == float(sum(range(BIG)))
+    other.write_to.call_one(remote, 5.0).get(timeout=TIMEOUT)
+    assert one.kept_sum.call_one().get(timeout=TIMEOUT) == 5.0 * BIG
+    remote.drop()
+    trainer = fresh_procs1.spawn("trainer", Trainer)
+    assert trainer.pull.call_one(one, 1000).get(timeout=TIMEOUT) == float(sum(range(1000)))
+    mine = TransferBuffer(torch.ones(10, dtype=torch.float32))  # the controller's, read by both meshes
+    assert other.read_from.call_one(mine).get(timeout=TIMEOUT) == 10.0
+    assert one.read_from.call_one(mine).get(timeout=TIMEOUT) == 10.0
+    mine.drop()
 
 
 def test_gather_and_scatter(store):

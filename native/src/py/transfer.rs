@@ -33,14 +33,17 @@ fn seconds(s: Option<f64>) -> Option<Duration> {
 /// Registers `obj`'s memory (any C-contiguous buffer) under the mesh `token`;
 /// returns its descriptor. It stays registered (and `obj` alive) until `readers`
 /// releases (0: until `xfer_drop`), or `ttl` seconds (None: no limit).
+/// `own_token`: `token` is this registration's alone (a handle's capability,
+/// XFER-6), forgotten when it ends.
 #[pyfunction]
-#[pyo3(signature = (obj, token, readers=1, ttl=Some(300.0), writable=false))]
+#[pyo3(signature = (obj, token, readers=1, ttl=Some(300.0), writable=false, own_token=false))]
 fn xfer_register(
     obj: &Bound<'_, PyAny>,
     token: &str,
     readers: u32,
     ttl: Option<f64>,
     writable: bool,
+    own_token: bool,
 ) -> PyResult<PyDescriptor> {
     let buf = PyBuffer::<u8>::get(obj)?;
     if !buf.is_c_contiguous() {
@@ -63,6 +66,7 @@ fn xfer_register(
             len,
             writable,
             token.as_bytes(),
+            own_token,
             readers,
             seconds(ttl),
             Box::new(buf),

@@ -21,6 +21,8 @@ pub(super) struct Entry {
     pub len: usize,
     pub writable: bool,
     token_id: [u8; MAC_LEN],
+    /// Its token is its own (a handle's capability, XFER-6): forgotten with it.
+    own_token: bool,
     /// Releases still expected; 0 means "until dropped".
     readers: AtomicU32,
     expires: Option<Instant>,
@@ -62,6 +64,8 @@ impl Engine {
     /// # Safety
     /// `ptr..ptr+len` must stay valid (and, if `writable`, writable) while `keep`
     /// lives.
+    /// `own_token`: `token` is this registration's alone (a handle's capability,
+    /// XFER-6), and the engine forgets it when the registration ends.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn register(
         &self,
@@ -69,6 +73,7 @@ impl Engine {
         len: usize,
         writable: bool,
         token: &[u8],
+        own_token: bool,
         readers: u32,
         ttl: Option<Duration>,
         keep: Box<dyn Send + Sync>,
@@ -84,6 +89,7 @@ impl Engine {
             len,
             writable,
             token_id: tid,
+            own_token,
             readers: AtomicU32::new(readers),
             expires: ttl.map(|t| Instant::now() + t),
             _keep: keep,
@@ -105,7 +111,17 @@ impl Engine {
     pub fn drop_id(&self, id: u64) -> bool {
         let e = lock(&self.table).remove(&id);
         self.ended.notify_all();
+        if let Some(e) = &e {
+            self.forget_own_token(e);
+        }
         e.is_some() // dropped here, outside the lock
+    }
+
+    /// Forgets the token of an ended registration whose token was its own.
+    fn forget_own_token(&self, e: &Entry) {
+        if e.own_token {
+            lock(&self.tokens).remove(&e.token_id);
+        }
     }
 
     /// Waits until none of `ids` is registered (each was read by all its readers,
@@ -168,6 +184,9 @@ impl Engine {
         if !gone.is_empty() {
             self.ended.notify_all();
         }
+        for e in &gone {
+            self.forget_own_token(e);
+        }
         drop(gone);
     }
 
@@ -190,6 +209,7 @@ impl Engine {
                     Some(gone) => {
                         drop(t);
                         self.ended.notify_all();
+                        self.forget_own_token(&gone);
                         drop(gone);
                         Status::Ok
                     }
@@ -202,6 +222,9 @@ impl Engine {
             t.remove(&id)
         };
         self.ended.notify_all();
+        if let Some(e) = &gone {
+            self.forget_own_token(e);
+        }
         drop(gone); // the keep-alive goes outside the lock (it may take the GIL)
         Status::Ok
     }
@@ -228,9 +251,16 @@ pub(super) fn register_vec(data: Vec<u8>, token: &[u8], readers: u32) -> Descrip
     let (ptr, len) = (data.as_ptr() as usize, data.len());
     // SAFETY: the Vec is moved into the keep-alive; its heap buffer does not move.
     unsafe {
-        super::engine()
-            .unwrap()
-            .register(ptr, len, false, token, readers, None, Box::new(data))
+        super::engine().unwrap().register(
+            ptr,
+            len,
+            false,
+            token,
+            false,
+            readers,
+            None,
+            Box::new(data),
+        )
     }
 }
 
@@ -263,5 +293,47 @@ mod tests {
         assert!(e.drop_id(d.id));
         assert_eq!(waiter.join().unwrap(), Waited::Gone);
         assert!(e.wait_gone(&[d.id], Duration::ZERO));
+    }
+
+    fn register_own(token: &[u8]) -> Descriptor {
+        let data = vec![7u8; 8];
+        let (ptr, len) = (data.as_ptr() as usize, data.len());
+        // SAFETY: the Vec is moved into the keep-alive; its heap buffer does not move.
+        unsafe {
+            super::super::engine().unwrap().register(
+                ptr,
+                len,
+                false,
+                token,
+                true,
+                HANDLE,
+                None,
+                Box::new(data),
+            )
+        }
+    }
+
+    #[test]
+    fn a_handles_own_token_is_forgotten_when_it_ends_and_a_meshs_is_kept() {
+        let e = super::super::engine().unwrap();
+        let mesh = register_vec(vec![0; 8], b"tok-mesh-kept", 0);
+        assert!(e.drop_id(mesh.id));
+        assert!(
+            e.token(&mesh.token_id).is_some(),
+            "a mesh's token outlives its registrations"
+        );
+        let dropped = register_own(b"cap-dropped");
+        assert_eq!(
+            e.token(&dropped.token_id).as_deref(),
+            Some(&b"cap-dropped"[..])
+        );
+        assert!(e.drop_id(dropped.id));
+        assert!(e.token(&dropped.token_id).is_none(), "dropped by its owner");
+        let released = register_own(b"cap-released");
+        assert_eq!(e.release(released.id, &released.token_id), Status::Ok);
+        assert!(
+            e.token(&released.token_id).is_none(),
+            "released by a holder"
+        );
     }
 }
