@@ -35,6 +35,11 @@ Line magic, one subcommand each (``%mesh?`` shows this text):
     %mesh push NAME=EXPR ...       Evaluate EXPR here, set NAME in every worker's
                                    %%mesh namespace.
     values = %mesh pull NAME       NAME from every worker's namespace, as a ValueMesh.
+    %mesh run [--mesh NAME] SCRIPT.py [ARGS ...] | -m MODULE [ARGS ...]
+                                   Run a torchrun-style script on every proc (RANK,
+                                   WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, ... set); its
+                                   output shows under each rank. Again after an edit,
+                                   on the same procs (monarch_kernel.spmd).
 
 Cell magic: run the cell on every worker (SPMD), in its persistent namespace:
 
@@ -70,7 +75,7 @@ from monarch_kernel.kernel._cells import run_cell, select_ranks
 
 _HELP = __doc__
 _SUBCOMMANDS = (
-    "up, attach, ls, down, use, status, respawn, logs, stacks, debug, activate, deactivate, push, pull"
+    "up, attach, ls, down, use, status, respawn, logs, stacks, debug, activate, deactivate, push, pull, run"
 )
 
 
@@ -385,6 +390,22 @@ class MeshMagics(Magics):
         """NAME from every worker's namespace, as a ValueMesh."""
         args = parse_argstring(self._mesh_pull, rest)
         return controller.spmd_actors(self._session(None)).pull.call(args.name).get()
+
+    def _mesh_run(self, rest: str) -> None:
+        """A torchrun-style script on every proc of the mesh (``run_spmd``)."""
+        usage = (
+            "%mesh run [--mesh NAME] SCRIPT.py [ARGS ...]  or  %mesh run [--mesh NAME] -m MODULE [ARGS ...]"
+        )
+        words, name = shlex.split(rest), None
+        if words[:1] == ["--mesh"]:
+            if len(words) < 2:
+                raise UsageError(f"--mesh needs a name: {usage}")
+            name, words = words[1], words[2:]
+        if not words or (words[0] == "-m" and len(words) < 2):
+            raise UsageError(f"%mesh run needs a script or a module: {usage}")
+        from monarch_kernel.spmd import run_spmd
+
+        run_spmd(self._procs(name), words).get()
 
     # -- %%mesh ------------------------------------------------------------------------
 

@@ -291,3 +291,20 @@ def test_what_a_background_thread_of_a_worker_displays_reaches_the_running_cell(
     )
     assert out.error is None, out.traceback
     assert any(c.get("data", {}).get("text/html") == "<u>from a thread</u>" for _t, c in _outputs(out))
+
+
+def test_mesh_run_runs_a_torchrun_script_on_every_rank_and_again_after_an_edit(kernel, mesh, tmp_path):
+    script = tmp_path / "hello_spmd.py"
+    script.write_text(
+        "import os, sys\nprint('hello from', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], *sys.argv[1:])\n"
+    )
+    out = kernel.run(f"%mesh run {script} --lr 0.1")
+    assert out.error is None, out.traceback
+    shown = out.stdout + "".join(text for _, text, _ in out.displays) + "".join(out.html)
+    assert "hello from 0 of 2 --lr 0.1" in shown and "hello from 1 of 2 --lr 0.1" in shown, out
+    script.write_text("print('edited')\n")
+    out = kernel.run(f"%mesh run {script}")
+    assert out.error is None, out.traceback
+    assert (out.stdout + "".join(out.html)).count("edited") >= 2, out
+    out = kernel.run("%mesh run")
+    assert "needs a script or a module" in out.stderr  # a UsageError, as IPython shows one

@@ -43,6 +43,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "monarch_kernel.job",
             "monarch_kernel.rdma",
             "monarch_kernel.config",
+            "monarch_kernel.spmd",
             "monarch_kernel",
         ],
     ),
@@ -124,6 +125,7 @@ def test_a_module_imports_nothing_from_a_higher_layer(module):
 KERNEL_MAY_IMPORT = {
     "monarch_kernel",
     "monarch_kernel.job",
+    "monarch_kernel.spmd",
     "monarch_kernel.controller",
     "monarch_kernel.errors",
     "monarch_kernel._lazy",
