@@ -14,6 +14,7 @@ from monarch_kernel.control._agent_client import (
 )
 from monarch_kernel.control._events import ActorFailure, DisplayMessage, LineKind, Prompt
 from monarch_kernel.control._group import AgentGroup, HostLink
+from monarch_kernel.control._window import LineWindow, MergedLine, ranks_label
 
 __all__ = [
     "MAX_TAIL",
@@ -25,10 +26,13 @@ __all__ = [
     "HostLink",
     "DisplayMessage",
     "LineKind",
+    "LineWindow",
+    "MergedLine",
     "Prompt",
     "agent_client",
     "check_tail",
     "has_exited",
+    "ranks_label",
     "set_kernel_id",
     "worker_dict",
 ]

@@ -24,7 +24,7 @@ CONTROL-1: importing this package installs it as this process's controller
 
 from __future__ import annotations
 
-from monarch_kernel.control import DisplayMessage, LineKind, Prompt
+from monarch_kernel.control import DisplayMessage, LineKind, MergedLine, Prompt
 from monarch_kernel.controller._admin import (
     all_names,
     down,
@@ -75,6 +75,7 @@ def sessions() -> list[MeshSession]:
 __all__ = [
     "CELLS_ACTOR",
     "DisplayMessage",
+    "MergedLine",
     "Frontend",
     "HostMesh",
     "LineKind",

@@ -25,6 +25,9 @@ class Frontend:
     #: A line of worker output: ``(session, line)``, the line being the agent's
     #: ``LogLine`` (rank, stream, text, origin). None: printed as ``[mesh rank] text``.
     on_line: Callable[[MeshSession, Any], None] | None = None
+    #: Lines merged over ``logging_option``'s window: ``(session, MergedLine)``.
+    #: None: printed as ``[mesh ranks 0-7] [8 similar log lines] text``.
+    on_merged: Callable[[MeshSession, Any], None] | None = None
     #: A failure that no ``on_failure`` callback or ``__supervise__`` hook handled.
     #: None: one line on stderr.
     on_failure: Callable[[MeshFailure], None] | None = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from monarch_kernel.control import LineWindow
     from monarch_kernel.mesh import Future, ProcMesh
 
 
@@ -23,6 +24,9 @@ class MeshSession(Protocol):
     sizes: dict[str, int]
     #: The actor meshes spawned on it, by name (what a reattach respawns).
     records: dict[str, tuple[bytes, list[bytes], bytes]]
+    #: ``logging_option(aggregate_window_sec=)``: where text lines are held to be
+    #: merged (they come back through the front end's ``on_merged``); None: no window.
+    window: LineWindow | None
 
     @property
     def nprocs(self) -> int: ...

@@ -27,6 +27,8 @@ from monarch_kernel.control import (
     DisplayMessage,
     HostLink,
     LineKind,
+    LineWindow,
+    MergedLine,
     check_tail,
     has_exited,
 )
@@ -59,6 +61,14 @@ from monarch_kernel.torch import setup as torch_setup
 
 def _forward_output() -> bool:
     return os.environ.get("MONARCH_FORWARD_OUTPUT", "1") != "0"
+
+
+def _print_line(stream: str, text: str) -> None:
+    """A worker's line in a script: on this process's stdout or stderr, in one write
+    (lines of several threads stay whole)."""
+    out = sys.stderr if stream == "stderr" else sys.stdout
+    out.write(text)
+    out.flush()
 
 
 class Session:
@@ -103,6 +113,8 @@ class Session:
         self.callbacks: list[Callable[[MeshFailure], Any]] = []
         #: Whether worker lines are shown here as they come (``logging_option``).
         self.show_output = True
+        #: ``logging_option(aggregate_window_sec=)``: text lines merged over a window.
+        self.window: LineWindow | None = None
         self.closed = False
         self.stopping = False
         #: Serializes respawns.
@@ -170,14 +182,24 @@ class Session:
             # come (a breakpoint outside a notebook cell is skipped), nor is a mark shown.
             if not _forward_output() or kind not in (LineKind.TEXT, LineKind.DISPLAY):
                 return
+            if kind == LineKind.TEXT and self.window is not None:
+                self.window.add(line)  # (out through show_merged)
+                return
             text = (
                 line.text
                 if kind == LineKind.TEXT
                 else DisplayMessage.of(self.name, line, self.token).as_text()
             )
-            out = sys.stderr if line.stream == "stderr" else sys.stdout
-            out.write(f"[{self.name} {line.rank}] {text}\n")  # one write: lines stay whole
-            out.flush()
+            _print_line(line.stream, f"[{self.name} {line.rank}] {text}\n")
+
+    def show_merged(self, merged: MergedLine) -> None:
+        """A line of the window (``logging_option(aggregate_window_sec=)``): to the
+        front end, or printed with the ranks that wrote it."""
+        on_merged = frontend().on_merged
+        if on_merged is not None:
+            on_merged(self, merged)
+        else:
+            _print_line(merged.stream, f"[{self.name} {merged.label}] {merged.shown}\n")
 
     def _cancel_watch(self) -> None:
         for cancel in list(self._cancels.values()):
@@ -334,6 +356,7 @@ class Session:
         self.closed = True
         sessions.pop(self.name, None)
         self._cancel_watch()
+        self._flush_window()
         # Calls still waiting on a host the stop could not reach fail now (RESUME-1
         # would have them wait for it).
         self.state.ref.abandon_calls(f"mesh {self.name!r} was stopped")
@@ -411,6 +434,13 @@ class Session:
         if sessions.get(self.name) is self:
             sessions.pop(self.name, None)
         self._cancel_watch()
+        self._flush_window()
+
+    def _flush_window(self) -> None:
+        """What the window holds is let out as the session ends: no line is lost."""
+        window, self.window = self.window, None
+        if window is not None:
+            window.flush()
 
     def flush(self, origin: str, timeout: float = 5.0) -> list[int]:
         """Asks every live worker to write a flush marker tagged ``origin`` on stdout
@@ -451,10 +481,16 @@ class Session:
             target=self.supervisor.notify, args=(failure,), name="monarch-report", daemon=True
         ).start()
 
-    def logging_option(self, stream_to_client: bool, level: int, timeout: float = 10.0) -> None:
-        """``ProcMesh.logging_option``: whether worker lines are shown here, and the
+    def logging_option(
+        self, stream_to_client: bool, level: int, window: float | None = None, timeout: float = 10.0
+    ) -> None:
+        """``ProcMesh.logging_option``: whether worker lines are shown here, over what
+        window identical lines from many ranks are merged (None or 0: none), and the
         workers' root logger level."""
         self.show_output = bool(stream_to_client)
+        old, self.window = self.window, LineWindow(window, self.show_merged) if window else None
+        if old is not None:
+            old.flush()
         live = [r for r in range(self.nprocs) if r not in self.state.dead]
         if live and not self.closed and self.state.lost is None:
             _native.wait_all(self._builtin(live, "log_level", int(level)), timeout)

@@ -98,6 +98,7 @@ class MonarchKernel(IPythonKernel):
         controller.set_frontend(
             controller.Frontend(
                 on_line=self.router.on_line,
+                on_merged=self.router.on_merged,
                 on_failure=self.router.on_failure,
                 on_notice=self.router.on_notice,
                 slow_wait=slow_wait,

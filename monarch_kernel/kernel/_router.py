@@ -21,7 +21,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from monarch_kernel.controller import DisplayMessage, LineKind, MeshSession, Prompt
+from monarch_kernel.controller import DisplayMessage, LineKind, MergedLine, MeshSession, Prompt
 
 # Cells of this kernel, remembered: output of another origin is not ours (ROUTE-4).
 _MAX_PARENTS = 1000
@@ -160,6 +160,10 @@ class Router:
             # (`%mesh debug --rank R`: the attached rank's output comes to the running cell.)
             if (mesh, line.rank) not in self._attached and origin and origin not in self._parents:
                 return  # another controller's call (or a cell long gone): not ours to show
+            window = session.window
+            if window is not None and kind == LineKind.TEXT and (mesh, line.rank) not in self._attached:
+                window.add(line)  # shown once the window ends (on_merged)
+                return
             # To the running cell: its own output, output with no origin or whose cell has
             # ended (ROUTE-4).
             self._lines_seen += 1  # (a flush waiting for its marks sees output still comes)
@@ -170,6 +174,16 @@ class Router:
             parent = self._running_or_keep(stream, text)
         if parent is not None:
             self._send(parent, stream, text)
+
+    def on_merged(self, session: MeshSession, merged: MergedLine) -> None:
+        """Lines merged over ``logging_option``'s window, from the ranks that wrote
+        them: to the running cell, as any call's output (ROUTE-4)."""
+        text = f"[{session.name} {merged.label}] {merged.shown}\n"
+        with self._lock:
+            self._lines_seen += 1
+            parent = self._running_or_keep(merged.stream, text)
+        if parent is not None:
+            self._send(parent, merged.stream, text)
 
     def _running_or_keep(self, stream: str, text: str | DisplayMessage) -> dict[str, Any] | None:
         """The request of the cell running now; while none runs, ``text`` waits for

@@ -223,10 +223,13 @@ class ProcMesh(MeshTrait):
     def logging_option(
         self, stream_to_client: bool = True, aggregate_window_sec: float | None = 3, level: int = logging.INFO
     ) -> Future[None]:
-        """Monarch's: whether the workers' output is shown here as it comes
-        (``stream_to_client``; ``logs()`` keeps every line either way), and the level
-        of the workers' root logger. ``aggregate_window_sec`` is accepted: lines are
-        never merged here, each shows with its rank."""
+        """Monarch's: whether the workers' output is shown here (``stream_to_client``;
+        ``logs()`` keeps every line either way); ``aggregate_window_sec``: the lines
+        that come within that many seconds are shown once each, with the ranks that
+        wrote them and a count (``[mesh ranks 0-7] [8 similar log lines] loss 0.31``;
+        None or 0: each line as it comes); and the level of the workers' root logger.
+        A ``%%mesh`` cell's own output keeps its view (its blocks, or its merged
+        lines)."""
         if aggregate_window_sec is not None and (
             not isinstance(aggregate_window_sec, (int, float)) or aggregate_window_sec < 0
         ):
@@ -235,7 +238,7 @@ class ProcMesh(MeshTrait):
             )
         if not isinstance(level, int):
             raise ValueError(f"level must be a logging level (logging.INFO, ...), not {level!r}")
-        self._session("logging_option()").logging_option(stream_to_client, level)
+        self._session("logging_option()").logging_option(stream_to_client, level, aggregate_window_sec)
         return Done(None)  # done already; Monarch's is async: its code awaits it, or asyncio.run()s it
 
     def stop(self) -> Future[None]:

@@ -174,3 +174,50 @@ def test_a_plain_script_prints_worker_output_with_mesh_and_rank(state_home):
     assert "ranks [0, 1]" in done.stderr
     assert f"[{name} 1] worker says hi" in out, done.stdout
     assert not any(ln.startswith(f"[{name} 0]") and "worker says hi" in ln for ln in out)
+
+
+def test_a_script_with_a_logging_window_shows_identical_lines_once_with_their_ranks(state_home):
+    # logging_option(aggregate_window_sec=...), as Monarch's getting-started uses it:
+    # the same line from four ranks shows once, with the ranks and a count; a line of
+    # one rank shows with its rank; none is lost when the mesh stops within the window.
+    script = textwrap.dedent(
+        """
+        from monarch_kernel import Actor, current_rank, endpoint, this_host
+
+        class Trainer(Actor):
+            @endpoint
+            def step(self):
+                print("loss 0.31", flush=True)
+                if current_rank()["procs"] == 2:
+                    print("rank two is special", flush=True)
+
+        procs = this_host().spawn_procs(per_host={"procs": 4})
+        try:
+            print("mesh", procs.name, flush=True)
+            procs.logging_option(stream_to_client=True, aggregate_window_sec=0.5)
+            procs.spawn("trainer", Trainer).step.call().get(timeout=30)
+            procs.spawn("late", Trainer).step.call().get(timeout=30)
+        finally:
+            procs.stop()  # within the window: what it holds is shown now
+        """
+    )
+    env = dict(os.environ)
+    env.pop("MONARCH_FORWARD_OUTPUT", None)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.splitlines()
+    name = next(ln.split()[1] for ln in out if ln.startswith("mesh "))
+    merged = [ln for ln in out if "loss 0.31" in ln]
+    assert merged and all(ln.startswith(f"[{name} ranks 0-3] [") for ln in merged), done.stdout
+    assert sum(_count(ln) for ln in merged) == 8, done.stdout  # 2 calls x 4 ranks
+    special = [ln for ln in out if "rank two is special" in ln]
+    assert all(ln.startswith(f"[{name} 2] ") for ln in special), done.stdout  # one rank: its own label
+    assert sum(_count(ln) for ln in special) == 2, done.stdout
+
+
+def _count(line: str) -> int:
+    """How many lines a shown line stands for (``[N similar log lines]``, else 1)."""
+    rest = line.split("] ", 1)[1]
+    return int(rest[1:].split()[0]) if rest.startswith("[") and "similar log lines]" in rest else 1

@@ -244,6 +244,19 @@ def test_what_an_endpoint_prints_shows_in_the_cell_that_called_it(kernel, mesh):
     assert not late  # nothing went to the first cell's request
 
 
+def test_a_logging_window_shows_a_calls_identical_lines_once_with_their_ranks(kernel, mesh):
+    define = kernel.run(TALKER + "talker = procs.spawn('talker', Talker)")
+    assert define.error is None, define.traceback
+    try:
+        assert kernel.run("procs.logging_option(aggregate_window_sec=0.3)").error is None
+        out = kernel.run("talker.say.call('in step').get(); import time; time.sleep(2.5)")
+        assert out.error is None, out.traceback
+        assert f"[{mesh} ranks 0-1] [2 similar log lines] in step" in out.stdout, out.stdout
+        assert out.stdout.count("in step") == 1
+    finally:
+        kernel.run("procs.logging_option(aggregate_window_sec=None)")
+
+
 def test_output_printed_while_the_kernel_is_idle_shows_in_the_next_cell(kernel, mesh):
     define = kernel.run(
         "from monarch_kernel import Actor, endpoint\n"
