@@ -1,10 +1,14 @@
 """The ``monarch-kernel`` command: ``ls``, ``respawn`` and ``down`` for persistent
-meshes, and ``install`` for the Jupyter kernelspec.
+meshes, ``debug`` for ranks waiting in pdb, and ``install`` for the Jupyter
+kernelspec.
 
 ``monarch-kernel ls`` lists the running meshes of this user (from their state files,
 checked against their host agents); ``monarch-kernel respawn NAME`` restarts the
 dead ranks of a mesh no controller holds; ``monarch-kernel down NAME...`` or
 ``--all`` stops meshes as an administrator, whichever controller holds them.
+``monarch-kernel debug`` lists the ranks waiting in pdb (a ``breakpoint()`` in a
+script's call); ``debug NAME --rank R`` debugs one from this terminal, and
+``debug NAME --ranks 0-3 --cmd c`` sends one pdb command to many (DEBUG-3).
 """
 
 from __future__ import annotations
@@ -71,6 +75,35 @@ def _respawn(args: argparse.Namespace) -> int:
     return 0
 
 
+def _debug(args: argparse.Namespace) -> int:
+    from monarch_kernel.controller import attach_debugger, cast_to_debuggers, mesh_size, parked, parse_ranks
+    from monarch_kernel.errors import MonarchKernelError
+
+    try:
+        if args.rank is not None:
+            attach_debugger(args.name, args.rank, input, print)
+            return 0
+        if args.cmd:
+            if args.name is None:
+                print("monarch-kernel debug: name the mesh to send a command to", file=sys.stderr)
+                return 2
+            ranks = None if args.ranks is None else parse_ranks(args.ranks, mesh_size(args.name))
+            took = cast_to_debuggers(args.name, ranks, " ".join(args.cmd))
+            print(f"{args.name}: sent to rank(s) {took}" if took else f"{args.name}: no rank took it")
+            return 0 if took else 1
+        waiting = parked(args.name)
+    except MonarchKernelError as e:
+        print(f"monarch-kernel debug: {e}", file=sys.stderr)
+        return 1
+    if not waiting:
+        print("no rank is waiting in pdb")
+    for mesh, rank, where in waiting:
+        print(
+            f"[{mesh} {rank}] waiting in pdb at {where}; monarch-kernel debug {mesh} --rank {rank} attaches"
+        )
+    return 0
+
+
 def _confirm(question: str) -> bool:
     """Asks on a terminal; never where no one can answer (a script, CI)."""
     if not sys.stdin.isatty():
@@ -109,6 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     down.add_argument("--force", action="store_true", help="with --all: also meshes a controller uses")
     down.add_argument("--yes", action="store_true", help="with --all: do not ask")
     down.set_defaults(run=_down)
+    dbg = sub.add_parser("debug", help="ranks waiting in pdb: list them, debug one, or send them a command")
+    dbg.add_argument("name", metavar="NAME", nargs="?", help="the mesh (default: every mesh)")
+    dbg.add_argument(
+        "--cmd", nargs="+", metavar="COMMAND", help="a pdb command for every waiting rank (e.g. c)"
+    )
+    dbg.add_argument("--rank", type=int, help="debug this rank from this terminal")
+    dbg.add_argument("--ranks", help="with --cmd: only these ranks, e.g. 0,2-3 (default: every waiting rank)")
+    dbg.set_defaults(run=_debug)
     inst = sub.add_parser("install", help="install the Jupyter kernelspec 'monarch'")
     where = inst.add_mutually_exclusive_group()
     where.add_argument("--user", action="store_true", help="for this user (~/.local/share/jupyter)")

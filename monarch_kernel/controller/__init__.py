@@ -36,6 +36,9 @@ from monarch_kernel.controller._admin import (
     respawn,
 )
 from monarch_kernel.controller._cells import CELLS_ACTOR, run_cell, spmd_actors
+from monarch_kernel.controller._debugger import attach as attach_debugger
+from monarch_kernel.controller._debugger import cast as cast_to_debuggers
+from monarch_kernel.controller._debugger import mesh_size, parked, parse_ranks
 from monarch_kernel.controller._frontend import Frontend, frontend, set_frontend
 from monarch_kernel.controller._host_mesh import HostMesh, attach, list_meshes, this_host, this_proc
 from monarch_kernel.controller._lifecycle import session_for, stop_all_ephemeral, stop_record
@@ -87,6 +90,8 @@ __all__ = [
     "all_names",
     "ask_workers",
     "attach",
+    "attach_debugger",
+    "cast_to_debuggers",
     "calls_of",
     "describe_wait",
     "down",
@@ -97,6 +102,9 @@ __all__ = [
     "interrupt",
     "left_running",
     "list_meshes",
+    "mesh_size",
+    "parked",
+    "parse_ranks",
     "mesh_table",
     "meshes_view",
     "owner_text",

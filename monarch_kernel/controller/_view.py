@@ -50,17 +50,19 @@ def _answer(call: Any) -> Any:
     return None
 
 
-def ask_workers(rec: MeshRecord, workers: list[dict[str, Any]], method: str, timeout: float) -> list[Any]:
+def ask_workers(
+    rec: MeshRecord, workers: list[dict[str, Any]], method: str, timeout: float, *args: Any
+) -> list[Any]:
     """What the built-in actor of each of ``workers`` (running, as the agents list
-    them) answers to ``method``, as an administrator (no controller needed); None for
-    a worker that does not answer within ``timeout``."""
+    them) answers to ``method(*args)``, as an administrator (no controller needed;
+    nothing is fenced); None for a worker that does not answer within ``timeout``."""
     if rec.ca:
         _native.set_mesh_ca(rec.token, rec.ca)
     if not workers:
         return []
     try:
         conns = [_native.WorkerConn(w["addr"], rec.token) for w in workers]
-        calls = call_builtin(conns, list(range(len(conns))), method)
+        calls = call_builtin(conns, list(range(len(conns))), method, *args)
     except Exception:
         return [None] * len(workers)
     try:

@@ -19,7 +19,13 @@ from IPython.display import display, update_display
 
 from monarch_kernel import Shape, _origin, controller
 from monarch_kernel.controller import DisplayMessage
-from monarch_kernel.errors import FULL_TRACEBACK_ENV, ActorError, MonarchKernelError, SupervisionError
+from monarch_kernel.errors import (
+    FULL_TRACEBACK_ENV,
+    ActorError,
+    MeshSpecError,
+    MonarchKernelError,
+    SupervisionError,
+)
 from monarch_kernel.kernel._clients import updates_here
 from monarch_kernel.kernel._progress import EVERY, Bar, answer_prompts, say_what_it_waits_for
 from monarch_kernel.kernel._router import Captured, bridged
@@ -247,21 +253,10 @@ def _ranks_text(ranks: list[int]) -> str:
 
 
 def _parse_ranks(spec: str, n: int) -> list[int]:
-    ranks: list[int] = []
     try:
-        for part in spec.split(","):
-            part = part.strip()
-            if "-" in part:
-                lo, hi = part.split("-", 1)
-                ranks.extend(range(int(lo), int(hi) + 1))
-            elif part:
-                ranks.append(int(part))
-    except ValueError:
-        raise UsageError(f"--ranks {spec!r}: give ranks like 0,2-3") from None
-    bad = [r for r in ranks if not 0 <= r < n]
-    if bad or not ranks:
-        raise UsageError(f"--ranks {spec!r}: the mesh has ranks 0 to {n - 1}")
-    return sorted(set(ranks))
+        return controller.parse_ranks(spec, n)
+    except MeshSpecError as e:
+        raise UsageError(f"--{e}") from None
 
 
 def select_ranks(session: controller.MeshSession, ranks: str | None, slice_: str | None) -> list[int]:

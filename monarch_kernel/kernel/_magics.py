@@ -24,10 +24,10 @@ Line magic, one subcommand each (``%mesh?`` shows this text):
                                    rank: in the order printed, labelled [rank N]).
     %mesh stacks [NAME] [--rank R] The Python stack of every thread of the workers,
                                    even while they are busy.
-    %mesh debug [--rank R | --post-mortem R]
+    %mesh debug [--rank R | --post-mortem R | [--ranks SPEC] --cmd COMMAND]
                                    Ranks waiting in pdb (breakpoint() in a call nobody
-                                   waits for); attach to one; or debug a rank's last
-                                   exception.
+                                   waits for); attach to one; send one pdb command to
+                                   many (--cmd c); or debug a rank's last exception.
     %mesh activate [NAME]          Run the torch code of the following cells on the
                                    mesh (distributed tensors), as inside
                                    ``with procs.activate():``, until
@@ -346,9 +346,13 @@ class MeshMagics(Magics):
     @magic_arguments()
     @argument("name", nargs="?")
     @argument("--rank", type=int, help="attach to the debugger waiting on this rank")
+    @argument("--ranks", help="with COMMAND: only these ranks, e.g. 0,2-3 (default: every waiting rank)")
     @argument("--post-mortem", type=int, metavar="RANK", help="debug the last exception of RANK")
+    @argument("--cmd", nargs="+", metavar="COMMAND", help="a pdb command for every waiting rank (e.g. c)")
     def _mesh_debug(self, rest: str) -> None:
-        """List ranks waiting in pdb; attach to one; or debug a rank's last exception."""
+        """List ranks waiting in pdb; attach to one; send one pdb command to many
+        (``--cmd c``, with ``--ranks``: Monarch's ``cast``); or debug a rank's last
+        exception."""
         args = parse_argstring(self._mesh_debug, rest)
         router = getattr(getattr(self.shell, "kernel", None), "router", None)
         if args.post_mortem is not None:
@@ -360,6 +364,19 @@ class MeshMagics(Magics):
             return
         if router is None:
             raise UsageError("%mesh debug needs the monarch kernel")
+        if args.cmd:
+            ranks = None
+            if args.ranks is not None:
+                try:
+                    ranks = controller.parse_ranks(args.ranks, self._session(args.name).nprocs)
+                except MeshSpecError as e:
+                    raise UsageError(f"%mesh debug --ranks: {e}") from None
+            sent = router.cast(args.name or self.default, ranks, " ".join(args.cmd))
+            if not sent:
+                print("no rank took it: none of them waits in pdb")
+            for mesh, rank in sent:
+                print(f"[{mesh} {rank}] {' '.join(args.cmd)}")
+            return
         parked = router.parked()
         if args.rank is None:
             if not parked:

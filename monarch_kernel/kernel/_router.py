@@ -268,6 +268,19 @@ class Router:
             self.prompts.put(it)
         return items
 
+    def cast(self, mesh: str | None, ranks: list[int] | None, line: str) -> list[tuple[str, int]]:
+        """Sends pdb command ``line`` to every rank waiting in pdb that no cell answers
+        (of ``mesh`` and in ``ranks`` when given: Monarch's ``cast``); the (mesh,
+        rank) that took it. A rank that stops again is parked again."""
+        sent = []
+        for session, rank, origin in self._take_all():
+            if (mesh is None or session.name == mesh) and (ranks is None or rank in ranks):
+                session.pdb_input(rank, line)
+                sent.append((session.name, rank))
+            else:
+                self.prompts.put((session, rank, origin))
+        return sent
+
     def parked(self) -> list[tuple[str, int]]:
         """(mesh, rank) of the debuggers waiting for a line that no cell answers."""
         return [(s.name, r) for s, r, _o in self._peek()]

@@ -52,6 +52,12 @@ class WorkerBuiltin(Actor):
         return _debug.feed(line)
 
     @endpoint
+    def debug_waiting(self) -> list[str]:
+        """Where each debugger of this worker that waits for a line stands
+        (``file:line``), longest first: ``monarch-kernel debug`` lists them."""
+        return _debug.waiting()
+
+    @endpoint
     def post_mortem(self) -> bool:
         """pdb on this worker's last exception; answers when the session ends."""
         return _debug.post_mortem()

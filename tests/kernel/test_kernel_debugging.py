@@ -361,6 +361,36 @@ def test_post_mortem_and_parked_breakpoints(kernel, mesh):
     assert "no rank is waiting" in kernel.run("%mesh debug").stdout
 
 
+def test_one_pdb_command_reaches_many_parked_ranks(kernel, mesh):
+    # DEBUG-3: Monarch's cast, from the notebook: both ranks parked at breakpoint()
+    # (a call nobody waits for), one command continues them all.
+    define = kernel.run(
+        "from monarch_kernel import Actor, endpoint\n"
+        "class Stopper(Actor):\n"
+        "    @endpoint\n"
+        "    def stop_here(self):\n"
+        "        breakpoint()\n"
+        "        print('went on')\n"
+        "stoppers = procs.spawn('stoppers', Stopper)\n"
+        "stoppers.stop_here.broadcast()"
+    )
+    assert define.error is None, define.traceback
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        listed = kernel.run("%mesh debug").stdout
+        if f"[{mesh} 0] waiting" in listed and f"[{mesh} 1] waiting" in listed:
+            break
+        time.sleep(0.2)
+    assert f"[{mesh} 0] waiting" in listed and f"[{mesh} 1] waiting" in listed, listed
+    sent = kernel.run("%mesh debug --ranks 0-1 --cmd c")
+    assert sent.error is None, sent.traceback
+    assert f"[{mesh} 0] c" in sent.stdout and f"[{mesh} 1] c" in sent.stdout, sent.stdout
+    shown = sent.stdout + kernel.run("import time; time.sleep(1.5)").stdout  # (ROUTE-4: the running cell's)
+    assert shown.count("went on") == 2, shown
+    assert "no rank is waiting" in kernel.run("%mesh debug").stdout
+    assert "none of them waits" in kernel.run("%mesh debug --cmd c").stdout
+
+
 def _widget_states(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The widget states sent in comm_open and comm_msg updates, in order."""
     out = []

@@ -48,6 +48,7 @@ def test_the_builtin_actor_has_the_endpoints_the_docs_list():
     assert ENDPOINTS == {
         "busy",
         "comm_msg",
+        "debug_waiting",
         "flush",
         "log_level",
         "pdb_input",
