@@ -34,6 +34,8 @@ from typing import Any
 
 from monarch_kernel._compat import _unsupported
 from monarch_kernel._job_commands import exec_command
+from monarch_kernel._port_forward import PortForwarder
+from monarch_kernel._shell import shell
 from monarch_kernel.controller import HostMesh, this_host
 from monarch_kernel.errors import MeshSpecError
 from monarch_kernel.hosts import SlurmHosts, SSHHosts
@@ -66,12 +68,25 @@ class JobTrait(ABC):
         self._tag = uuid.uuid4().hex
 
     @property
+    def apply_id(self) -> str | None:
+        """The id of this application of the job (it marks the meshes spawned from
+        it, for ``kill()``); None until it is applied."""
+        return self._tag if self._applied else None
+
+    @property
     def active(self) -> bool:
         """Whether the job has been applied (and not killed)."""
         return self._applied
 
-    def apply(self) -> None:
-        """Brings the job into existence; a no-op if it already is."""
+    def apply(self, client_script: str | None = None) -> None:
+        """Brings the job into existence; a no-op if it already is. Monarch's
+        ``client_script`` (run the controller inside the allocation) is refused: this
+        process is the controller; run it where the job's hosts can be reached."""
+        if client_script is not None:
+            raise MeshSpecError(
+                f"apply(client_script={client_script!r}): this process is the controller; run the "
+                "script itself (python script.py) on a host that reaches the job's hosts (a login node)"
+            )
         if not self._applied:
             self._create()
             self._applied = True
@@ -425,12 +440,6 @@ MeshAdminConfig = _unsupported(
 TelemetryConfig = _unsupported(
     "TelemetryConfig",
     "procs.status(), the usage figures of the Meshes panel, and span / traced for your own spans",
-)
-PortForwarder = _unsupported(
-    "PortForwarder", "not yet: reach a port on a rank with ssh -L to its host (procs.status() names the host)"
-)
-shell = _unsupported(
-    "shell", "not yet: ssh to the host (SSHJob), or srun --jobid=JOB --pty bash for a SLURM mesh"
 )
 
 

@@ -14,7 +14,7 @@ from monarch_kernel.controller._this_proc import this_proc
 from monarch_kernel.errors import MeshSpecError
 from monarch_kernel.hosts import HOSTS_DIM, Allocator, LocalHost, MeshInfo
 from monarch_kernel.hosts import list_meshes as _mesh_infos
-from monarch_kernel.mesh import Extent, MeshTrait, ProcMesh, Shape, actor_context, adopt, root_context
+from monarch_kernel.mesh import Extent, Future, MeshTrait, ProcMesh, Shape, actor_context, adopt, root_context
 
 
 def _check_per_host(per_host: Mapping[str, int] | None) -> dict[str, int]:
@@ -38,6 +38,8 @@ class HostMesh(MeshTrait):
     def __init__(self, allocator: Allocator | None = None) -> None:
         #: Where its hosts' agents come from (``LocalHost()``: this machine).
         self._allocator: Allocator = allocator or LocalHost()
+        #: The proc meshes spawned from it in this process (``stop()``).
+        self._spawned: list[ProcMesh] = []
         n = self._allocator.nhosts
         self._shape = Shape(Extent([], [])) if n is None else Shape.of({HOSTS_DIM: n})
 
@@ -46,23 +48,42 @@ class HostMesh(MeshTrait):
             return self
         return HostMesh(self._allocator.picked(list(shape.ranks)))
 
-    def with_python_executable(self, python: str) -> HostMesh:
-        """These hosts, whose procs run with interpreter ``python`` (which must have
-        monarch-kernel installed). On a job's hosts it runs their agents too."""
-        if not isinstance(python, str) or not python:
+    def with_python_executable(self, python_executable: str) -> HostMesh:
+        """These hosts, whose procs run with interpreter ``python_executable`` (which
+        must have monarch-kernel installed). On a job's hosts it runs their agents too."""
+        if not isinstance(python_executable, str) or not python_executable:
             raise MeshSpecError(
-                f"with_python_executable needs the path of a Python interpreter, not {python!r}"
+                f"with_python_executable needs the path of a Python interpreter, not {python_executable!r}"
             )
-        return HostMesh(self._allocator.with_python(python))
+        return HostMesh(self._allocator.with_python(python_executable))
 
     def __repr__(self) -> str:
         return f"<HostMesh: {self._allocator.describe()}>"
+
+    @property
+    def initialized(self) -> Future[bool]:
+        """Done: a host mesh here is a description, its hosts are reached on spawn."""
+        return Future._resolved(True)
+
+    def stop(self) -> Future[None]:
+        """Stops every proc mesh spawned from this host mesh by this process (the
+        hosts' agents go with them); Monarch's ``HostMesh.shutdown``."""
+        for procs in self._spawned:
+            st = procs._proc.state()
+            if not (st.stopped or st.fenced):
+                procs.stop("its host mesh was stopped")
+        self._spawned.clear()
+        return Future._resolved(None)
+
+    shutdown = stop
 
     def spawn_procs(
         self,
         per_host: Mapping[str, int] | None = None,
         bootstrap: Any = None,
         name: str | None = None,
+        proc_bind: Any = None,
+        bootstrap_command: Any = None,
         *,
         env: Mapping[str, str] | None = None,
         replace: bool = False,
@@ -79,7 +100,12 @@ class HostMesh(MeshTrait):
         seconds (default 24 h) with no controller attached. A different spec under a
         running name is an error unless ``replace=True``. Unnamed meshes, and those
         with ``ephemeral=True``, stop when this process exits.
+
+        Monarch's ``proc_bind`` (CPU and NUMA binding per proc) and
+        ``bootstrap_command`` (a command that starts each proc) are refused with what
+        to do instead: the host agent starts every proc (docs/monarch-compat.md).
         """
+        _refuse_proc_options(proc_bind, bootstrap_command)
         if bootstrap is not None and not callable(bootstrap):
             raise MeshSpecError(
                 f"bootstrap must be a function (sync or async) to run on each proc, not {bootstrap!r}"
@@ -102,6 +128,8 @@ class HostMesh(MeshTrait):
         if session.rec.ephemeral:  # OWN-1: made by an actor, it is that actor's
             adopt(session.name, lambda: session.stop(timeout=10))
         procs = ProcMesh(session.ref, Shape.of(session.sizes))
+        procs._host_mesh = self
+        self._spawned.append(procs)
         if bootstrap is not None:
             try:
                 _bootstrap(procs, bootstrap)
@@ -109,6 +137,20 @@ class HostMesh(MeshTrait):
                 procs.stop()  # a mesh whose set-up failed is not left running
                 raise
         return procs
+
+
+def _refuse_proc_options(proc_bind: Any, bootstrap_command: Any) -> None:
+    if proc_bind is not None:
+        raise MeshSpecError(
+            "spawn_procs(proc_bind=...): procs are not bound to CPUs here; bind each one from "
+            "spawn_procs(bootstrap=fn), e.g. os.sched_setaffinity(0, cpus) by current_rank()"
+        )
+    if bootstrap_command is not None:
+        raise MeshSpecError(
+            "spawn_procs(bootstrap_command=...): the host agent starts every proc with the mesh's "
+            "Python; choose it with HostMesh.with_python_executable(path), set its environment "
+            "with env=, and run code first with bootstrap=fn"
+        )
 
 
 class _Bootstrap(Actor):

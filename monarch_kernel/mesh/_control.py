@@ -46,6 +46,11 @@ class MeshFailure:
     signal: int | None = None
     log_tail: list[str] = field(default_factory=list)
 
+    @property
+    def mesh_name(self) -> str:
+        """The name of the mesh that failed (``mesh``)."""
+        return self.mesh
+
     def __str__(self) -> str:
         rank = "" if self.rank is None else f", rank={self.rank}"
         return f"MeshFailure(mesh={self.mesh!r}{rank}, kind={self.kind!r}): {self.message}"

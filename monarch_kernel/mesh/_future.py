@@ -285,6 +285,16 @@ class Future(Generic[R]):
 
     result = get
 
+    def as_asyncio(self) -> Any:
+        """This Future as an ``asyncio.Future`` of the running event loop (for
+        ``asyncio.gather``, ``asyncio.wait_for`` and the like)."""
+        import asyncio
+
+        async def value() -> R:
+            return await self
+
+        return asyncio.ensure_future(value())
+
     def _cancel_remote(self) -> None:
         """Asks the workers to interrupt the calls that have not replied yet (see
         :func:`cancel_calls`)."""

@@ -60,6 +60,8 @@ class ProcMesh(MeshTrait):
     def __init__(self, proc: ProcRef, shape: Shape) -> None:
         self._proc = proc
         self._shape = shape
+        #: The HostMesh it was spawned from (``host_mesh``); None when found otherwise.
+        self._host_mesh: Any = None
 
     def _new_with_shape(self, shape: Shape) -> ProcMesh:
         return ProcMesh(self._proc, shape)
@@ -111,8 +113,8 @@ class ProcMesh(MeshTrait):
         actor state of those procs start afresh; other procs are untouched."""
         return self._session("respawn()").respawn(timeout)
 
-    def spawn(self, name: str, cls: type[T], *args: Any, **kwargs: Any) -> Any:
-        """Creates actor ``cls(*args, **kwargs)`` on every proc, under ``name``.
+    def spawn(self, name: str, Class: type[T], *args: Any, **kwargs: Any) -> Any:  # noqa: N803 (Monarch's name)
+        """Creates actor ``Class(*args, **kwargs)`` on every proc, under ``name``.
 
         Returns an ``ActorMesh`` once every constructor has returned; a constructor that
         raises goes to supervision (Monarch's meaning), and calls to its rank raise its
@@ -124,13 +126,13 @@ class ProcMesh(MeshTrait):
             raise MeshSpecError(f"spawn() needs a non-empty actor name, not {name!r}")
         if _current.get().actor_instance.name != "root" and _control.has_dispatcher():
             name = f"{name}-{uuid.uuid4().hex[:12]}"  # OWN-1: spawned by an actor
-        is_async_actor(cls)
-        check_endpoint_names(cls)
+        is_async_actor(Class)
+        check_endpoint_names(Class)
         what = f"class and constructor arguments of actor {name!r}"
         ranks = list(self._shape.ranks)
         conns = self._proc.conns(ranks)  # first: a dead rank fails before anything is registered
         regs: list[int] = []
-        payload, buffers = dumps((cls, args, kwargs), what, self._proc.token, len(ranks), regs)
+        payload, buffers = dumps((Class, args, kwargs), what, self._proc.token, len(ranks), regs)
         origin = _origin.current()
         if origin:
             _origin.touched.add(self._proc.name)
@@ -141,7 +143,7 @@ class ProcMesh(MeshTrait):
             raise
         drop_when_done(calls, regs)
         replies = wait_calls(calls, SPAWN_TIMEOUT, f"spawn of {name} on {len(calls)} procs")
-        failed = f"Actor {name} ({cls.__qualname__}) failed in __init__."
+        failed = f"Actor {name} ({Class.__qualname__}) failed in __init__."
         points = [self._proc.point(base) for base in ranks]
         session = session_for(self._proc)
         init_errors: dict[int, ActorError] = {}
@@ -155,11 +157,11 @@ class ProcMesh(MeshTrait):
             init_errors = self._init_failures(name, replies, ranks, points, failed, session)
         if session is not None:  # so that attach() and respawn() find it
             if payload[:4] == HEADER:  # the record keeps its own copy, for later controllers
-                payload, buffers = dumps((cls, args, kwargs), what)
+                payload, buffers = dumps((Class, args, kwargs), what)
             session.record_actor(
-                name, payload, buffers, pickle.dumps(self._shape), hasattr(cls, "__supervise__")
+                name, payload, buffers, pickle.dumps(self._shape), hasattr(Class, "__supervise__")
             )
-        mesh: ActorMesh[Any] = ActorMesh(name, cls, self._proc, self._shape)
+        mesh: ActorMesh[Any] = ActorMesh(name, Class, self._proc, self._shape)
         mesh._init_errors = init_errors
         owner = _current.get().actor_instance.name
         if owner != "root" and _control.has_dispatcher():  # OWN-1: an actor spawned them
@@ -241,10 +243,11 @@ class ProcMesh(MeshTrait):
         self._session("logging_option()").logging_option(stream_to_client, level, aggregate_window_sec)
         return Done(None)  # done already; Monarch's is async: its code awaits it, or asyncio.run()s it
 
-    def stop(self) -> Future[None]:
+    def stop(self, reason: str = "stopped by the user") -> Future[None]:
         """Stops every worker and the host agent, and forgets the mesh's name. Later
-        calls raise MeshStoppedError."""
+        calls raise MeshStoppedError, which gives ``reason``."""
         st = self._proc.state()
+        st.stop_reason = str(reason)
         session = session_for(self._proc)
         if session is not None:
             session.stop(timeout=10)
@@ -267,6 +270,12 @@ class ProcMesh(MeshTrait):
     @property
     def initialized(self) -> Future[bool]:
         return Future._resolved(True)
+
+    @property
+    def host_mesh(self) -> Any:
+        """The ``HostMesh`` these procs were spawned from; None for a mesh found
+        with ``attach`` (its state file says where it runs: ``list_meshes()``)."""
+        return self._host_mesh
 
     def logs(self, rank: int | None = None, tail: int = 100, labelled: bool = False) -> list[str]:
         """The last ``tail`` lines the workers printed (of one rank, or of each rank),

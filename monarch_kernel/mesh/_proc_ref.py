@@ -33,6 +33,8 @@ class MeshState:
     dead: dict[int, SupervisionError] = field(default_factory=dict)
     unresponsive: set[int] = field(default_factory=set)
     stopped: bool = False
+    #: Why it was stopped, as ``ProcMesh.stop(reason)`` said.
+    stop_reason: str | None = None
     #: Another controller attached after this process's session (it was let go).
     fenced: bool = False
     lost: SupervisionError | None = None
@@ -123,7 +125,8 @@ class ProcRef:
         st = self.state()
         if st.stopped:
             raise MeshStoppedError(
-                f"proc mesh {self.name!r} has been stopped; spawn a new one with this_host().spawn_procs(...)",
+                f"proc mesh {self.name!r} has been stopped{_why(st)}; spawn a new one with "
+                "this_host().spawn_procs(...)",
                 mesh=self.name,
             )
         if st.lost is not None:
@@ -168,7 +171,7 @@ class ProcRef:
         st = self.state()
         if st.stopped:
             return MeshStoppedError(
-                f"{what} failed: proc mesh {self.name!r} has been stopped", mesh=self.name
+                f"{what} failed: proc mesh {self.name!r} has been stopped{_why(st)}", mesh=self.name
             )
         if st.lost is not None:
             return st.lost
@@ -195,6 +198,10 @@ class ProcRef:
         return MeshStoppedError(
             f"{what} on rank {rank} of mesh {self.name!r}: {message}", mesh=self.name, rank=rank
         )
+
+
+def _why(st: MeshState) -> str:
+    return f" ({st.stop_reason})" if st.stop_reason else ""
 
 
 def worker_report(client: Any, rank: int, wait_exit: float) -> dict[str, Any] | None:

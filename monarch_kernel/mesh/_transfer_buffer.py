@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import secrets
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -49,13 +50,15 @@ def _byte_view(data: Any) -> tuple[memoryview, Any]:
 
 class _ThreadFuture(Future[Any]):
     """A Future whose value comes from ``fn()`` run on a thread (the native part
-    releases the GIL)."""
+    releases the GIL); with ``timeout``, one not done that many seconds after it
+    started is a ``TimeoutError``."""
 
-    __slots__ = ("_done",)
+    __slots__ = ("_done", "_deadline")
 
-    def __init__(self, fn: Callable[[], Any]) -> None:
+    def __init__(self, fn: Callable[[], Any], timeout: float | None = None) -> None:
         super().__init__(_calls=[], _finish=lambda _: None)
         self._done = threading.Event()
+        self._deadline = None if timeout is None else time.monotonic() + timeout
 
         def run() -> None:
             try:
@@ -71,8 +74,11 @@ class _ThreadFuture(Future[Any]):
         return self._done.is_set()
 
     def get(self, timeout: float | None = None) -> Any:
+        if self._deadline is not None:
+            left = max(0.0, self._deadline - time.monotonic())
+            timeout = left if timeout is None else min(timeout, left)
         if not self._done.wait(timeout):
-            raise TimeoutError(f"the transfer did not finish within {timeout} s")
+            raise TimeoutError(f"the transfer did not finish within {timeout:g} s")
         if self._error is not None:
             raise self._error
         return self._value
@@ -103,6 +109,17 @@ class TransferBuffer:
 
     size = nbytes
 
+    @property
+    def backend(self) -> str:
+        """What moves the bytes: ``"tcp"``, the native transfer engine (Monarch's
+        ``RDMABuffer.backend``; there is no RDMA path here)."""
+        return "tcp"
+
+    @property
+    def owner(self) -> str:
+        """Where the memory lives: ``"here"``, or the owner's transfer-engine address."""
+        return "here" if self._remote is None else self._remote.addr
+
     def _check(self) -> None:
         if self._dropped:
             raise RuntimeError("this TransferBuffer was dropped")
@@ -122,30 +139,32 @@ class TransferBuffer:
             )
         return (_remote, (self._desc, self._cap))
 
-    def read_into(self, dst: Any) -> Future[None]:
+    def read_into(self, dst: Any, *, timeout: float | None = None) -> Future[None]:
         """Copies the whole buffer into ``dst`` (a contiguous tensor or buffer of the
-        same byte size); ``.get()`` or ``await`` the result."""
+        same byte size); ``.get()`` or ``await`` the result. With ``timeout``, a copy
+        not done that many seconds after it started is a ``TimeoutError``."""
         self._check()
         view, _keep = _byte_view(dst)
         if view.nbytes != self.nbytes:
             raise ValueError(f"read_into: destination has {view.nbytes} bytes, the buffer {self.nbytes}")
         if self._remote is None:
             src = self._view
-            return _ThreadFuture(lambda: view.__setitem__(slice(None), src))
+            return _ThreadFuture(lambda: view.__setitem__(slice(None), src), timeout)
         desc, cap = self._remote, self._cap
-        return _ThreadFuture(lambda: desc.fetch(cap, view, _buffers.STREAMS, handle=True))
+        return _ThreadFuture(lambda: desc.fetch(cap, view, _buffers.STREAMS, handle=True), timeout)
 
-    def write_from(self, src: Any) -> Future[None]:
-        """Copies ``src`` (same byte size) into the buffer, wherever it lives."""
+    def write_from(self, src: Any, *, timeout: float | None = None) -> Future[None]:
+        """Copies ``src`` (same byte size) into the buffer, wherever it lives (with
+        ``timeout``: as ``read_into``)."""
         self._check()
         view, _keep = _byte_view(src)
         if view.nbytes != self.nbytes:
             raise ValueError(f"write_from: source has {view.nbytes} bytes, the buffer {self.nbytes}")
         if self._remote is None:
             dst = self._view
-            return _ThreadFuture(lambda: dst.__setitem__(slice(None), view))
+            return _ThreadFuture(lambda: dst.__setitem__(slice(None), view), timeout)
         desc, cap = self._remote, self._cap
-        return _ThreadFuture(lambda: desc.write(cap, view, 0))
+        return _ThreadFuture(lambda: desc.write(cap, view, 0), timeout)
 
     def drop(self) -> Future[None]:
         """Ends the registration, from the owner or from any holder of the handle: the

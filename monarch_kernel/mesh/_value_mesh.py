@@ -31,8 +31,9 @@ class ValueMesh(MeshTrait, Generic[R]):
         """The values in rank order."""
         return list(self._values)
 
-    def get(self, i: int) -> R:
-        return self._values[i]
+    def get(self, rank: int) -> R:
+        """The value of the proc at flat index ``rank`` of this mesh."""
+        return self._values[rank]
 
     def items(self) -> Iterator[tuple[Point, R]]:
         """``(Point, value)`` pairs in rank order."""

@@ -61,6 +61,12 @@ def _table_names(section: str) -> dict[str, str]:
     return dict(rows)
 
 
+def _table_notes(section: str) -> dict[str, str]:
+    """``name -> notes`` of a section's table rows."""
+    rows = re.findall(r"^\| `([A-Za-z_][A-Za-z_0-9]*)` \| [a-z ]+? \| (.*) \|$", section, re.MULTILINE)
+    return dict(rows)
+
+
 def _mentioned(section: str) -> set[str]:
     return set(re.findall(r"`([A-Za-z_][A-Za-z_0-9]*)`", section))
 
@@ -151,6 +157,56 @@ def test_a_name_listed_same_takes_monarchs_parameters(module, name):
             continue
         wrong = _signature_differences(theirs, _ours_params(ours))
         assert wrong == [], f"{module}.{name} of Monarch {version}: {wrong} (list it as different, with why)"
+
+
+def _classes_here() -> list[tuple[str, str]]:
+    return [
+        (module, name)
+        for module, (_, title) in sorted(MODULES.items())
+        for name, status in sorted(_table_names(_section(title)).items())
+        if status != "not here"
+        and any(e["kind"] == "class" and e["methods"] for _, e in _monarch_names(module).get(name, []))
+    ]
+
+
+@pytest.mark.parametrize(("module", "name"), _classes_here())
+def test_each_method_of_a_monarch_class_is_here_or_its_row_says_why_not(module, name):
+    # A method Monarch's class has (its own or inherited, in either version) exists
+    # here with Monarch's parameters, or the class's row names it (`method`) and says
+    # how it differs.
+    ours_module, title = MODULES[module]
+    ours = getattr(importlib.import_module(ours_module), name)
+    notes = _table_notes(_section("`monarch.actor`")) | _table_notes(_section(title))
+    # (what a base class's row says holds for its subclasses: an actor's, Actor's)
+    rows = [notes.get(k.__name__, "") for k in inspect.getmro(ours)]
+    noted = set(re.findall(r"`\.?([A-Za-z_][A-Za-z_0-9]*)", " ".join(rows)))
+    declared = {a for k in inspect.getmro(ours) for a in getattr(k, "__annotations__", {})}
+    unexplained = []
+    for version, entry in _monarch_names(module)[name]:
+        for method, m in sorted(entry.get("methods", {}).items()):
+            if method in noted:
+                continue
+            mine = inspect.getattr_static(ours, method, None)
+            if mine is None and method in declared:  # an attribute of each instance
+                continue
+            if mine is None:
+                unexplained.append(f"{method} (missing; Monarch {version})")
+                continue
+            if m["kind"] == "property" or isinstance(mine, property) or not callable(getattr(ours, method)):
+                continue
+            try:
+                params = list(inspect.signature(getattr(ours, method)).parameters.values())
+            except (TypeError, ValueError):
+                continue
+            if params and params[0].name in ("self", "cls"):
+                params = params[1:]
+            wrong = _signature_differences(m["params"], params)
+            if wrong:
+                unexplained.append(f"{method} ({'; '.join(wrong)}; Monarch {version})")
+    assert sorted(set(unexplained)) == [], (
+        f"{module}.{name}: add these to {ours_module}.{name}, or name them in its row of "
+        "docs/monarch-compat.md with why"
+    )
 
 
 def test_every_tensor_engine_name_of_monarch_is_listed_with_a_status():
