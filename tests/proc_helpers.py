@@ -145,3 +145,54 @@ def mesh_of_another_host(procs: int = 2) -> Iterator[tuple[str, subprocess.Popen
         _registry.discard(name)
         sleeper.kill()
         sleeper.wait()
+
+
+class Terminal:
+    """A program in a terminal of its own (a pty of ``rows`` x ``cols``), whose screen
+    is read and typed to with pexpect (``screen``).
+
+    The program is started by ``subprocess`` (vfork and exec), not ``pexpect.spawn``:
+    a plain fork of a process that uses grpc runs grpc's fork handlers, whose poller
+    thread in the child can abort it before its exec (the child's closing of its
+    descriptors takes the poller's epoll away: grpc/grpc#43055)."""
+
+    def __init__(
+        self,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        timeout: float = 60.0,
+        rows: int = 24,
+        cols: int = 80,
+    ) -> None:
+        import fcntl
+        import pty
+        import struct
+        import termios
+
+        from pexpect.fdpexpect import fdspawn
+
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+        try:
+            self.proc = subprocess.Popen(
+                argv, stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True
+            )
+        finally:
+            os.close(slave)
+        self.master = master
+        self.screen = fdspawn(master, timeout=timeout, encoding="utf-8")
+
+    def close(self, sig: int = signal.SIGTERM, within: float = 60.0) -> int | None:
+        """Ends the program if it still runs (``sig``, then SIGKILL), and the terminal;
+        its exit status."""
+        try:
+            if self.proc.poll() is None:
+                self.proc.send_signal(sig)
+                try:
+                    self.proc.wait(within)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait(within)
+        finally:
+            os.close(self.master)
+        return self.proc.returncode

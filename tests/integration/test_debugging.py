@@ -11,8 +11,7 @@ import textwrap
 import uuid
 from pathlib import Path
 
-import pexpect
-from proc_helpers import wait_for
+from proc_helpers import Terminal, wait_for
 
 TIMEOUT = 60
 
@@ -89,22 +88,20 @@ def test_a_scripts_breakpoint_waits_and_a_terminal_debugs_it_while_the_script_ke
         listed = _waiting(name, [1])
         assert "script.py:" in listed and f"monarch-kernel debug {name} --rank 1" in listed
         assert f"[{name} 0]" not in listed
-        term = pexpect.spawn(
-            sys.executable,
-            ["-m", "monarch_kernel", "debug", name, "--rank", "1"],
-            encoding="utf-8",
-            timeout=TIMEOUT,
+        term = Terminal(
+            [sys.executable, "-m", "monarch_kernel", "debug", name, "--rank", "1"], timeout=TIMEOUT
         )
         try:
-            term.expect(rf"\[{name} 1\] \(Pdb\) ")
-            term.sendline("p x * 10")
-            term.expect("420")
-            term.expect(rf"\[{name} 1\] \(Pdb\) ")
-            term.sendline("c")
-            term.expect("runs on")
-            term.expect(pexpect.EOF)
+            screen = term.screen
+            screen.expect(rf"\[{name} 1\] \(Pdb\) ")
+            screen.sendline("p x * 10")
+            screen.expect("420")
+            screen.expect(rf"\[{name} 1\] \(Pdb\) ")
+            screen.sendline("c")
+            screen.expect("runs on")
+            assert term.proc.wait(TIMEOUT) == 0
         finally:
-            term.close(force=True)
+            term.close()
         out, err = script.communicate(timeout=TIMEOUT)
         assert script.returncode == 0, err
         assert "got [42, 43, 44]" in out

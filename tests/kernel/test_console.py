@@ -9,14 +9,15 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import pexpect
 import pytest
 from kernel_harness import TALKER
+from proc_helpers import Terminal
 
 from monarch_kernel.controller import stop_record
 from monarch_kernel.hosts import _registry
@@ -38,9 +39,8 @@ class Console:
         args = ["console", "--kernel", "monarch", "--simple-prompt"]
         args += [f"--ZMQTerminalInteractiveShell.kernel_timeout={TIMEOUT}"]
         env = {**os.environ, "TERM": "dumb"}
-        self.child = pexpect.spawn(
-            jupyter, args, env=env, encoding="utf-8", timeout=TIMEOUT, dimensions=(50, 1000)
-        )
+        self.term = Terminal([jupyter, *args], env=env, timeout=TIMEOUT, rows=50, cols=1000)
+        self.child = self.term.screen
         self.child.expect(PROMPT)
         self.kernel_pid: int | None = None
 
@@ -56,13 +56,13 @@ class Console:
         """Exits the console, which shuts its kernel down; a console or kernel that
         does not go is killed."""
         try:
-            if self.child.isalive():
+            if self.term.proc.poll() is None:
                 self.child.sendline("exit")
-                self.child.expect(pexpect.EOF, timeout=60)
-        except (pexpect.TIMEOUT, pexpect.EOF, OSError):
+                self.term.proc.wait(60)
+        except (subprocess.TimeoutExpired, OSError):
             pass
         finally:
-            self.child.close(force=True)
+            self.term.close(signal.SIGKILL)
             if self.kernel_pid is not None:
                 try:
                     os.kill(self.kernel_pid, signal.SIGKILL)

@@ -40,6 +40,8 @@ LAYERS: list[tuple[str, list[str]]] = [
         [
             "monarch_kernel._compat",
             "monarch_kernel._job_commands",
+            "monarch_kernel._port_forward",
+            "monarch_kernel._shell",
             "monarch_kernel.job",
             "monarch_kernel.rdma",
             "monarch_kernel.config",
