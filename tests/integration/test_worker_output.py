@@ -162,14 +162,7 @@ def test_a_plain_script_prints_worker_output_with_mesh_and_rank(state_home):
             procs.stop()
         """
     )
-    env = dict(os.environ)
-    env.pop("MONARCH_FORWARD_OUTPUT", None)
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env
-    )
-    assert done.returncode == 0, done.stderr
-    out = done.stdout.splitlines()
-    name = next(ln.split()[1] for ln in out if ln.startswith("mesh "))
+    done, out, name = _run_script(script)
     assert name.startswith("anon-")
     assert "ranks [0, 1]" in done.stderr
     assert f"[{name} 1] worker says hi" in out, done.stdout
@@ -201,6 +194,18 @@ def test_a_script_with_a_logging_window_shows_identical_lines_once_with_their_ra
             procs.stop()  # within the window: what it holds is shown now
         """
     )
+    done, out, name = _run_script(script)
+    merged = [ln for ln in out if "loss 0.31" in ln]
+    assert merged and all(ln.startswith(f"[{name} ranks 0-3] [") for ln in merged), done.stdout
+    assert sum(_count(ln) for ln in merged) == 8, done.stdout  # 2 calls x 4 ranks
+    special = [ln for ln in out if "rank two is special" in ln]
+    assert all(ln.startswith(f"[{name} 2] ") for ln in special), done.stdout  # one rank: its own label
+    assert sum(_count(ln) for ln in special) == 2, done.stdout
+
+
+def _run_script(script: str) -> tuple[subprocess.CompletedProcess[str], list[str], str]:
+    """Runs ``script`` (which prints ``mesh NAME`` first) as a plain script that
+    forwards its workers' output: how it ended, its stdout lines, its mesh's name."""
     env = dict(os.environ)
     env.pop("MONARCH_FORWARD_OUTPUT", None)
     done = subprocess.run(
@@ -208,13 +213,7 @@ def test_a_script_with_a_logging_window_shows_identical_lines_once_with_their_ra
     )
     assert done.returncode == 0, done.stderr
     out = done.stdout.splitlines()
-    name = next(ln.split()[1] for ln in out if ln.startswith("mesh "))
-    merged = [ln for ln in out if "loss 0.31" in ln]
-    assert merged and all(ln.startswith(f"[{name} ranks 0-3] [") for ln in merged), done.stdout
-    assert sum(_count(ln) for ln in merged) == 8, done.stdout  # 2 calls x 4 ranks
-    special = [ln for ln in out if "rank two is special" in ln]
-    assert all(ln.startswith(f"[{name} 2] ") for ln in special), done.stdout  # one rank: its own label
-    assert sum(_count(ln) for ln in special) == 2, done.stdout
+    return done, out, next(ln.split()[1] for ln in out if ln.startswith("mesh "))
 
 
 def _count(line: str) -> int:

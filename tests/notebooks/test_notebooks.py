@@ -9,6 +9,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from notebook_text import cell_text
 
 from demo.run_notebook import execute  # nbclient answering pdb prompts from cell metadata
 
@@ -21,18 +22,6 @@ def _execute(path: Path) -> nbformat.NotebookNode:
     return execute(str(path), cwd=str(ROOT))
 
 
-def _text(cell: nbformat.NotebookNode) -> str:
-    parts = []
-    for out in cell.get("outputs", []):
-        if out["output_type"] == "stream":
-            parts.append(out["text"])
-        elif out["output_type"] in ("execute_result", "display_data"):
-            parts.append(out["data"].get("text/plain", ""))
-        elif out["output_type"] == "error":
-            parts.append("\n".join(out["traceback"]))
-    return "\n".join(parts)
-
-
 def test_there_are_notebooks():
     assert any(p.name == "quickstart.ipynb" for p in NOTEBOOKS)
 
@@ -42,12 +31,12 @@ def test_the_notebook_executes_through_the_monarch_kernel(jupyter_path, path):
     nb = _execute(path)
     for cell in nb.cells:
         if cell.cell_type == "code" and "raises-exception" not in cell.metadata.get("tags", []):
-            assert not any(o["output_type"] == "error" for o in cell.outputs), _text(cell)
+            assert not any(o["output_type"] == "error" for o in cell.outputs), cell_text(cell)
 
 
 def test_the_quickstart_shows_calls_spmd_errors_and_a_mesh_outliving_its_controller(jupyter_path):
     nb = _execute(ROOT / "notebooks" / "quickstart.ipynb")
-    text = [_text(c) for c in nb.cells if c.cell_type == "code"]
+    text = [cell_text(c) for c in nb.cells if c.cell_type == "code"]
     everything = "\n".join(text)
     assert "mesh 'quickstart' up: 4 procs" in text[0]
     assert "[quickstart 1] rank 1 is at 12" in text[1]  # worker output in the calling cell
@@ -71,7 +60,7 @@ def test_the_script_tour_runs():
 def test_the_debugging_notebook_shows_the_inspector_stacks_and_remote_pdb(jupyter_path):
     nb = _execute(ROOT / "notebooks" / "debugging.ipynb")
     code = [c for c in nb.cells if c.cell_type == "code"]
-    text = [_text(c) for c in code]
+    text = [cell_text(c) for c in code]
     widget = "application/vnd.jupyter.widget-view+json"
     assert any(widget in o.get("data", {}) for o in code[0].outputs)  # the inspector
     assert "=== rank 0 ===" in text[1] and "in crunch" in text[1]  # the busy function
@@ -93,7 +82,7 @@ def test_the_debugging_notebook_shows_the_inspector_stacks_and_remote_pdb(jupyte
 def test_the_ddp_notebook_trains_changes_code_and_trains_on_the_same_processes(jupyter_path):
     nb = _execute(ROOT / "notebooks" / "train_ddp.ipynb")
     code = [c for c in nb.cells if c.cell_type == "code"]
-    text = [_text(c) for c in code]
+    text = [cell_text(c) for c in code]
     assert "torch.distributed set up: gloo, world size 4" in text[0] or "nccl, world size 4" in text[0]
     assert all(f"rank {r} of 4" in text[1] for r in range(4))
     first = [float(line.split("Out: ")[1]) for line in text[2].splitlines() if line.startswith("Out: ")]
@@ -121,7 +110,7 @@ def test_the_ddp_notebook_trains_changes_code_and_trains_on_the_same_processes(j
 
 def test_the_distributed_tensors_notebook_recovers_reduces_pipelines_and_trains(jupyter_path):
     nb = _execute(ROOT / "notebooks" / "distributed_tensors.ipynb")
-    everything = "\n".join(_text(c) for c in nb.cells if c.cell_type == "code")
+    everything = "\n".join(cell_text(c) for c in nb.cells if c.cell_type == "code")
     assert "monarch_kernel.Tensor(shape=(3, 4), dtype=float32, device=cpu" in everything  # a repr, no fetch
     assert "RemoteException" in everything and "aten::rand failed on rank 0" in everything
     assert "RECOVERED!" in everything

@@ -13,25 +13,13 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from notebook_text import cell_text
 
 from monarch_kernel.controller import stop_record
 from monarch_kernel.hosts import _registry
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "notebooks" / "quickstart.ipynb"
-
-
-def _text(cell: nbformat.NotebookNode) -> str:
-    """What a cell's outputs say, as text."""
-    parts = []
-    for out in cell.get("outputs", []):
-        if out["output_type"] == "stream":
-            parts.append(out["text"])
-        elif out["output_type"] in ("execute_result", "display_data"):
-            parts.append(out["data"].get("text/plain", ""))
-        elif out["output_type"] == "error":
-            parts.append("\n".join(out["traceback"]))
-    return "\n".join(parts)
 
 
 @pytest.fixture
@@ -61,12 +49,12 @@ def test_papermill_runs_the_quickstart_to_its_end_and_its_error_cells_show_their
     nb = nbformat.read(out, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert not [o for c in code for o in c.outputs if o["output_type"] == "error"]
-    assert "stopped quickstart" in _text(code[-1])  # it ran to its end
+    assert "stopped quickstart" in cell_text(code[-1])  # it ran to its end
 
-    call = _text(next(c for c in code if "class Fragile" in c.source))
+    call = cell_text(next(c for c in code if "class Fragile" in c.source))
     assert "Traceback of where the remote call failed" in call, call
     assert "return 100 / x" in call and "ZeroDivisionError" in call, call  # the worker's source line
 
-    cell = _text(next(c for c in code if "undefined_name + 1" in c.source))
+    cell = cell_text(next(c for c in code if "undefined_name + 1" in c.source))
     assert "1 of 1 ranks failed; rank 3: NameError" in cell, cell
     assert "--- rank 3 ---" in cell and "undefined_name + 1" in cell, cell
