@@ -651,3 +651,55 @@ def test_monarchs_slurm_job_arguments_reach_slurm(controllers, cluster, state_ho
     assert all(p.read_text().count("MONARCH_AGENT_READY") == 2 for p in kept), [p.read_text() for p in kept]
     c.run("job.kill()")
     assert _wait_gone(cluster), _ours_on_hosts(cluster)
+
+
+JOB_TOOLS_SETUP = """
+import http.server, os, sys, threading, urllib.request
+from monarch_kernel import this_proc
+from monarch_kernel.job import PortForwarder, exec_command, hosts_from_config, set_current_job
+
+class Site(Actor):
+    @endpoint
+    def serve(self):
+        page = f"hello from {socket.gethostname()}".encode()
+
+        class Page(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(page)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.HTTPServer(("127.0.0.1", 0), Page)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self.server.server_address[1]
+"""
+
+
+def test_monarchs_job_tools_work_across_the_clusters_hosts(controllers, cluster, state_home, tmp_path):
+    # Monarch's monarch.job as its getting-started uses it: the project's current job
+    # gives hosts_from_config's host mesh; exec_command runs on every host (or one);
+    # PortForwarder brings a web server on h2's loopback to the controller's.
+    (tmp_path / "jobs.py").write_text(
+        "from monarch_kernel.job import SSHJob\n"
+        f"job = SSHJob(hosts=['h1', 'h2'], ssh_args=['-F', {str(cluster.ssh_config)!r}])\n"
+    )
+    c = _new(controllers, cluster, state_home)
+    c.run(JOB_TOOLS_SETUP)
+    c.run(f"os.chdir({str(tmp_path)!r}); sys.path.insert(0, {str(tmp_path)!r}); set_current_job('jobs.job')")
+    c.run("hosts = hosts_from_config('hosts')")
+    assert c.eval("hosts.sizes") == {"hosts": 2}
+    exits_5_on_h2 = "['sh', '-c', 'test \"$(hostname)\" = h2 && exit 5; exit 0']"
+    assert c.eval(f"exec_command(hosts, {exits_5_on_h2}).get(timeout=120)") == 5
+    assert c.eval(f"exec_command(hosts, {exits_5_on_h2}, rank=0).get(timeout=120)") == 0
+    c.run("procs = hosts.spawn_procs(per_host={'procs': 1})")
+    c.run("port = procs.slice(hosts=1).spawn('site', Site).serve.call_one().get(timeout=30)")
+    c.run("fwd = this_proc().spawn('fwd', PortForwarder)")
+    c.run(
+        "addrs = fwd.forward.call_one(procs.slice(hosts=1), port, this_proc(), '127.0.0.1:0').get(timeout=60)"
+    )
+    got = c.eval("urllib.request.urlopen('http://' + addrs[0], timeout=30).read().decode()")
+    assert got == "hello from h2"
+    c.run("fwd.stop(); procs.stop()")
