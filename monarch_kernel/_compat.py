@@ -61,9 +61,14 @@ def send(
 ) -> None:
     """Fire-and-forget ``endpoint(*args, **kwargs)`` to every actor (``"all"``) or one
     (``"choose"``). With ``port``, each actor's answer is sent on it (from the actor's
-    rank: a ranked receiver tells them apart); without, an exception goes to supervision."""
+    rank: a ranked receiver tells them apart); without, an exception goes to supervision.
+    ``endpoint`` may be a ``remote`` function: it runs on every proc of the active mesh."""
     if selection not in ("all", "choose"):
         raise ValueError(f"selection must be 'all' or 'choose', not {selection!r}")
+    free = getattr(endpoint, "free_function_endpoint", None)
+    if free is not None:  # a remote function: on every proc of the active mesh
+        fn = getattr(endpoint, "fn")  # noqa: B009 (a Remote's function)
+        endpoint, args, kwargs = free("send"), (fn, tuple(args), dict(kwargs)), {}
     if port is None:
         if selection == "all":
             endpoint.broadcast(*args, **kwargs)

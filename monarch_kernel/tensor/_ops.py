@@ -266,6 +266,41 @@ class Remote:
     def _what(self) -> str:
         return self.fn if isinstance(self.fn, str) else getattr(self.fn, "__qualname__", repr(self.fn))
 
+    # -- as an endpoint: Monarch's free remote functions ---------------------------------
+
+    def free_function_endpoint(self, adverb: str = "call") -> Any:
+        """The endpoint that runs this function as a free function on every proc of
+        the active mesh (``monarch_kernel.tensor._free``)."""
+        from monarch_kernel.tensor._free import run_endpoint
+
+        mesh = active_mesh()
+        if mesh is None:
+            raise MeshTensorError(
+                f"remote {self._what()}.{adverb}(): no mesh is active; call it under `with procs.activate():`"
+            )
+        return run_endpoint(mesh)
+
+    def call(self, *args: Any, **kwargs: Any) -> Future[Any]:
+        """Runs the function on every proc of the active mesh: a ``ValueMesh`` of what
+        each returned (as an endpoint's ``call``)."""
+        return self.free_function_endpoint("call").call(self.fn, args, kwargs)
+
+    def call_one(self, *args: Any, **kwargs: Any) -> Future[Any]:
+        """As ``call``, on an active mesh of one proc: its value."""
+        return self.free_function_endpoint("call_one").call_one(self.fn, args, kwargs)
+
+    def choose(self, *args: Any, **kwargs: Any) -> Future[Any]:
+        """As ``call``, on one proc of the active mesh: its value."""
+        return self.free_function_endpoint("choose").choose(self.fn, args, kwargs)
+
+    def broadcast(self, *args: Any, **kwargs: Any) -> None:
+        """Runs the function on every proc of the active mesh; no answer."""
+        self.free_function_endpoint("broadcast").broadcast(self.fn, args, kwargs)
+
+    def stream(self, *args: Any, **kwargs: Any) -> Any:
+        """As ``call``, each proc's value as it comes."""
+        return self.free_function_endpoint("stream").stream(self.fn, args, kwargs)
+
     def _leaves(self, client: TensorClient, mesh: ProcMesh, metas: list[Any]) -> tuple[list[Any], list[Any]]:
         leaves: list[Any] = []
         outs: list[Any] = []

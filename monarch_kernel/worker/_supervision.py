@@ -15,7 +15,7 @@ import traceback
 from typing import TYPE_CHECKING, Any
 
 from monarch_kernel._wire import ACTOR_FAILURE_MARK
-from monarch_kernel.mesh import MeshFailure, actor_context, escalates
+from monarch_kernel.mesh import MeshFailure, actor_context, escalates, user_fault_hook
 
 if TYPE_CHECKING:
     from monarch_kernel.worker._state import DispatcherLike
@@ -27,7 +27,8 @@ _MESH = os.environ.get("MONARCH_MESH", "mesh")
 def actor_failed(d: DispatcherLike, actor: str, message: str) -> None:
     """Supervision of a failure of ``actor`` (OWN-1): to the actor that spawned it
     (the port it gave, ``supervise``), else to this worker's controller, else (the
-    controller's own ``this_proc()``) on stderr."""
+    controller's own ``this_proc()``, whose owner is the client itself) to the user's
+    ``unhandled_fault_hook``, as Monarch delivers it, or on stderr."""
     sup = d._supervisors.get(actor)
     if sup is not None:
         owner, port = sup
@@ -39,7 +40,7 @@ def actor_failed(d: DispatcherLike, actor: str, message: str) -> None:
             print(f"monarch: the owner of actor {actor!r} did not get its failure: {e}", file=sys.stderr)
     if escalates():
         report_failure(actor, message)
-    else:
+    elif not user_fault_hook(MeshFailure("this_proc", "actor_failed", message, None)):
         print(f"monarch: {message}", file=sys.stderr, flush=True)
 
 

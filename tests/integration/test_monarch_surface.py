@@ -77,3 +77,26 @@ def test_a_jobs_apply_id_and_refused_options_say_what_to_do(state_home):
         this_host().spawn_procs(per_host={"procs": 1}, proc_bind=[{"cpunodebind": "0"}])
     with pytest.raises(MeshSpecError, match="with_python_executable"):
         this_host().spawn_procs(per_host={"procs": 1}, bootstrap_command=["python", "-m", "x"])
+
+
+def _rank_and_pid() -> tuple[int, int]:
+    import os
+
+    from monarch_kernel import current_rank
+
+    return current_rank().rank, os.getpid()
+
+
+def test_a_remote_function_answers_as_an_endpoint_on_the_active_mesh(fresh_procs2):
+    from monarch_kernel import MeshTensorError, remote
+
+    who = remote(_rank_and_pid)
+    with pytest.raises(MeshTensorError, match="no mesh is active"):
+        who.call()
+    with fresh_procs2.activate():
+        ranks = [rank for rank, _pid in who.call().get(timeout=TIMEOUT).values()]
+        one = who.choose().get(timeout=TIMEOUT)
+        who.broadcast()
+    with fresh_procs2.slice(procs=1).activate():
+        assert who.call_one().get(timeout=TIMEOUT)[0] == 0  # (its rank within the slice)
+    assert ranks == [0, 1] and one[0] in (0, 1)

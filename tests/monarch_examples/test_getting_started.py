@@ -208,12 +208,6 @@ def test_a_broadcast_that_raises_reaches_the_unhandled_fault_hook(monkeypatch):
     assert all("I don't want to" in f.message for f in hook.got), hook.got
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="a broadcast that raises on an actor of this_proc() is printed on stderr; "
-    "unhandled_fault_hook never gets it (worker/_supervision.py actor_failed)",
-)
 def test_a_broadcast_that_raises_on_this_proc_reaches_the_unhandled_fault_hook(monkeypatch):
     """Section "Broadcasting Without Response", as the guide writes it (under ``if
     False`` there): ``e`` on ``this_proc()``; the error "will be delivered to the
@@ -369,11 +363,6 @@ def test_context_gives_the_actors_rank_and_the_rank_within_the_message():
 # -- Free Remote Functions ---------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AttributeError,
-    reason="not here: a remote function has no adverbs (check_memory.call()); it runs as a tensor op",
-)
 def test_a_remote_function_runs_on_every_proc_of_the_active_mesh():
     """Section "Free Remote Functions": ``check_memory.call()`` under
     ``trainer_procs.activate()`` gives each proc's memory info."""
@@ -400,9 +389,8 @@ def test_a_channel_carries_what_its_port_is_sent_to_its_receiver():
 
 def test_send_delivers_the_answer_of_every_actor_to_a_port():
     """Section "Channels and Low-level messaging": ``send(endpoint, args, kwargs,
-    port=port)`` sends each actor's response to the port: four procs, four answers.
-    (The guide sends a remote function, which this project's ``send`` does not take:
-    see the xfail test below; an endpoint here.)"""
+    port=port)`` sends each actor's response to the port: four procs, four answers
+    (an endpoint here; the guide's remote function: the next test)."""
     trainer_procs = this_host().spawn_procs(per_host={"gpus": 4})
     counters = trainer_procs.spawn("counters", Counter, 7)
     port, recv = Channel.open()
@@ -412,11 +400,6 @@ def test_send_delivers_the_answer_of_every_actor_to_a_port():
     assert [recv.recv().get(timeout=WAIT) for _ in range(4)] == [7, 7, 7, 7]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AttributeError,
-    reason="not here: send() takes an actor endpoint, not a remote function",
-)
 def test_send_delivers_what_a_remote_function_returns_on_every_proc_to_a_port():
     """Section "Channels and Low-level messaging", as the guide writes it:
     ``send(check_memory, args=(), kwargs={}, port=port)`` under ``activate()``."""
