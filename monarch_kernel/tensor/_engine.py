@@ -20,6 +20,7 @@ import traceback
 from typing import Any
 
 from monarch_kernel.actor import Actor, endpoint
+from monarch_kernel.errors import MeshTensorError, RemoteException
 from monarch_kernel.mesh import Extent, Point, Shape
 from monarch_kernel.tensor import _commands as C
 
@@ -89,6 +90,24 @@ def _take(transfer_id: str, timeout: float) -> Any:
                     break
                 raise TimeoutError(f"nothing arrived for transfer {transfer_id} within {timeout:.0f} s")
         return _arrived.pop(transfer_id)
+
+
+def shard_here(ref: int, mesh: str) -> Any:
+    """The value, on this proc, of mesh tensor ``ref`` of mesh ``mesh``: what an actor
+    of the tensor's own mesh gets for a mesh tensor among its call's arguments (its
+    proc's shard, as in Monarch). The caller had every proc run the commands that make
+    it before the call was sent (``Tensor.__reduce_ex__``)."""
+    engine = _current
+    v = engine.table.get(ref, _MISSING) if engine is not None else _MISSING
+    if v is _MISSING:
+        raise MeshTensorError(
+            f"a mesh tensor of mesh {mesh!r} was passed to an actor on rank {_me()}, which holds no shard "
+            "of it (the tensor lives on a slice of the mesh that leaves this rank out): call the actors "
+            "of that slice"
+        )
+    if isinstance(v, Failure):
+        raise RemoteException(v.op, v.rank, v.message, v.trace, mesh)
+    return v
 
 
 def held() -> dict[str, int] | None:

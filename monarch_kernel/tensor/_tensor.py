@@ -124,7 +124,19 @@ class Tensor(torch.Tensor):
         return c
 
     def __reduce_ex__(self, protocol: Any) -> Any:  # type: ignore[override]
-        raise self._held_elsewhere("pickling a mesh tensor (an actor call's argument, say)")
+        """A call to actors of this tensor's own mesh gives each its proc's shard (as in
+        Monarch): every proc first runs the commands that make it (one round trip),
+        then the tensor travels as its ref. Anywhere else its values are not here."""
+        from monarch_kernel.mesh import _buffers
+        from monarch_kernel.tensor._engine import shard_here
+
+        if _buffers.current_token.get() != self._mesh._proc.token:
+            raise self._held_elsewhere(
+                "pickling a mesh tensor for a process that is not one of its mesh's procs"
+            )
+        self._client.flush()
+        self._client.engine_at(self._mesh._shape).memory.call().get()  # (ordered after every command)
+        return (shard_here, (int(self._ref), self._mesh.name))
 
     def _fake(self) -> Any:
         f = self._fake_t

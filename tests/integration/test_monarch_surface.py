@@ -6,6 +6,7 @@ job's ``apply_id``, and the options that are refused with what to do instead."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import numpy as np
 import pytest
@@ -100,3 +101,26 @@ def test_a_remote_function_answers_as_an_endpoint_on_the_active_mesh(fresh_procs
     with fresh_procs2.slice(procs=1).activate():
         assert who.call_one().get(timeout=TIMEOUT)[0] == 0  # (its rank within the slice)
     assert ranks == [0, 1] and one[0] in (0, 1)
+
+
+class ShardReader(Actor):
+    @endpoint
+    def first(self, t: Any) -> float:
+        return float(t[0])
+
+
+def test_a_mesh_tensor_passed_to_actors_of_its_mesh_gives_each_its_shard(fresh_procs2, state_home):
+    import torch
+
+    from monarch_kernel.errors import SerializationError
+
+    readers = fresh_procs2.spawn("readers", ShardReader)
+    with fresh_procs2.activate():
+        t = torch.ones(3) * (fresh_procs2.rank_tensor("procs") + 1)
+    assert readers.first.call(t).get(timeout=TIMEOUT).values() == [1.0, 2.0]
+    other = this_host().spawn_procs(per_host={"procs": 1})
+    try:
+        with pytest.raises(SerializationError, match="not one of its mesh's procs"):
+            other.spawn("readers", ShardReader).first.call(t).get(timeout=TIMEOUT)
+    finally:
+        other.stop()

@@ -46,7 +46,6 @@ from monarch_kernel import (
     this_host,
     this_proc,
 )
-from monarch_kernel.errors import SerializationError
 
 pytestmark = pytest.mark.filterwarnings("ignore:per_host=.* asks for .* GPU procs:UserWarning")
 
@@ -296,11 +295,6 @@ def test_distributed_tensors_live_one_per_proc_and_compute_there(tmp_path, monke
 
 
 @pytest.mark.slow  # the workers import torch
-@pytest.mark.xfail(
-    strict=True,
-    raises=SerializationError,
-    reason="not here: a mesh tensor cannot be an actor call's argument (MeshTensorError while pickling)",
-)
 def test_actors_given_a_distributed_tensor_each_get_the_shard_of_their_proc(tmp_path, monkeypatch):
     """Section "Distributed Tensors": ``dtrainers.step.call(dist_compute[0])``: each
     trainer gets the shard of the proc it lives on."""
