@@ -15,8 +15,8 @@ from monarch_kernel._lazy import lazy_getattr
 if TYPE_CHECKING:
     from monarch_kernel.actor import _ROOT as root_context
     from monarch_kernel.actor import _current as actor_context
-    from monarch_kernel.mesh._actor_mesh import ActorMesh, Endpoint, NotAnEndpoint, decode_reply
-    from monarch_kernel.mesh._buffers import know_token, prefer_huge_pages, wait_read
+    from monarch_kernel.mesh._actor_mesh import ActorMesh, Endpoint, NotAnEndpoint, decode_reply, set_rref
+    from monarch_kernel.mesh._buffers import calling_token, know_token, prefer_huge_pages, wait_read
     from monarch_kernel.mesh._builtin import call_builtin
     from monarch_kernel.mesh._control import (
         MeshControl,
@@ -64,6 +64,7 @@ _LAZY: dict[str, str] = {
     "dumps": "monarch_kernel.mesh._serial",
     "dumps_exception": "monarch_kernel.mesh._serial",
     "Endpoint": "monarch_kernel.mesh._actor_mesh",
+    "set_rref": "monarch_kernel.mesh._actor_mesh",
     "escalate": "monarch_kernel.mesh._control",
     "escalate_interrupted": "monarch_kernel.mesh._future",
     "escalates": "monarch_kernel.mesh._control",
@@ -76,6 +77,7 @@ _LAZY: dict[str, str] = {
     "install_worker": "monarch_kernel.mesh._role",
     "interrupt": "monarch_kernel.mesh._future",
     "know_token": "monarch_kernel.mesh._buffers",
+    "calling_token": "monarch_kernel.mesh._buffers",
     "loads": "monarch_kernel.mesh._serial",
     "local_address": "monarch_kernel.mesh._port",
     "MeshControl": "monarch_kernel.mesh._control",
@@ -122,6 +124,7 @@ __all__ = [
     "dumps",
     "dumps_exception",
     "Endpoint",
+    "set_rref",
     "escalate",
     "escalate_interrupted",
     "escalates",
@@ -134,6 +137,7 @@ __all__ = [
     "install_worker",
     "interrupt",
     "know_token",
+    "calling_token",
     "loads",
     "local_address",
     "MeshControl",

@@ -21,6 +21,7 @@ from monarch_kernel.errors import (
     ActorError,
     MeshIndexError,
     MeshSpecError,
+    MeshTensorError,
     SerializationError,
     SupervisionError,
     UnknownEndpointError,
@@ -141,6 +142,16 @@ def _plain_values(replies: list[Any]) -> list[Any] | None:
 def _finish_one(proc: ProcRef, base_rank: int, point: Point, what: str) -> Callable[[list[Any]], Any]:
     """Turns the one reply of a single-rank Future into its value."""
     return lambda replies: decode_reply(replies[0], proc, base_rank, point, what)
+
+
+#: The tensor engine's ``rref`` (``monarch_kernel.tensor`` sets it as it loads, so
+#: that this layer, below the tensor engine, need not import it).
+_rref: list[Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]] = []
+
+
+def set_rref(fn: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]) -> None:
+    """Installs the tensor engine's ``Endpoint.rref``."""
+    _rref[:] = [fn]
 
 
 class Endpoint(Generic[R]):
@@ -295,6 +306,16 @@ class Endpoint(Generic[R]):
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[R]]:
         """Calls every actor; yields one Future per actor, in rank order."""
         yield from self._each(list(range(len(self._mesh._shape))), args, kwargs)
+
+    def rref(self, *args: Any, **kwargs: Any) -> Any:
+        """Monarch's: runs the endpoint on every proc of the active mesh, in order with
+        its tensor ops, mesh tensors among the arguments given as each proc's shard,
+        and keeps what each returns there: a mesh tensor (``monarch_kernel.tensor``)."""
+        if not _rref:
+            raise MeshTensorError(
+                f"{self._what}.rref() makes a distributed tensor: call it under `with procs.activate():`"
+            )
+        return _rref[0](self, args, kwargs)
 
     def _each(self, local: list[int], args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Future[R]]:
         """Calls the actors at ``local`` (indices into this mesh) in one native call;

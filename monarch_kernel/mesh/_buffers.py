@@ -35,6 +35,13 @@ HEADER = _native.MESSAGE_HEADER
 
 #: The mesh token of the message being pickled (TransferBuffer registers under it).
 current_token: ContextVar[str | None] = ContextVar("monarch_current_token", default=None)
+
+
+def calling_token() -> str | None:
+    """The token of the mesh whose call is being pickled now (None outside one)."""
+    return current_token.get()
+
+
 #: How many receivers the message being pickled has, and where the ids of what its
 #: reducers register go (so that they end with the call, XFER-1).
 current_readers: ContextVar[tuple[int, list[int] | None]] = ContextVar(
@@ -342,6 +349,7 @@ __all__ = [
     "HEADER",
     "STREAMS",
     "THRESHOLD",
+    "calling_token",
     "current_token",
     "is_tensor",
     "receive_remote",

@@ -40,6 +40,9 @@ class ActorHost(Protocol):
     def instance_ends(self, name: str, reason: str | None, failed: bool) -> None:
         """``Instance.abort(reason)`` (``failed``) or ``.stop(reason)`` of actor ``name``."""
 
+    def instance_of(self, name: str) -> Any:
+        """The instance of actor ``name`` in this process (None if none has that name)."""
+
 
 @dataclass
 class Here:

@@ -13,9 +13,10 @@ See ``docs/architecture.md`` ("Distributed tensors") for how it works.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from monarch_kernel._lazy import lazy_getattr
+from monarch_kernel.mesh import set_rref
 
 if TYPE_CHECKING:
     from monarch_kernel.errors import MeshTensorError, RemoteException
@@ -81,3 +82,12 @@ __all__ = [
 ]
 
 __getattr__ = lazy_getattr(__name__, _LAZY)
+
+
+def _rref(endpoint: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    from monarch_kernel.tensor._ops import rref
+
+    return rref(endpoint, args, kwargs)
+
+
+set_rref(_rref)  # Endpoint.rref: the mesh layer's hook (it cannot import this package)

@@ -8,10 +8,12 @@ its results stay on the procs as mesh tensors.)"""
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any
 
 from monarch_kernel.actor import Actor, endpoint
-from monarch_kernel.mesh import ProcMesh
+from monarch_kernel.errors import MeshTensorError
+from monarch_kernel.mesh import ProcMesh, here
 
 #: The name of the actor mesh that runs free functions on a mesh's procs.
 FREE_FUNCTIONS = "__monarch_remote_functions__"
@@ -40,4 +42,20 @@ def run_endpoint(mesh: ProcMesh) -> Any:
     return actors.run
 
 
-__all__ = ["FREE_FUNCTIONS", "FreeFunctions", "run_endpoint"]
+def invoke_local_actor(actor: str, method: str, *args: Any, **kwargs: Any) -> Any:
+    """Runs endpoint ``method`` of this proc's actor ``actor`` here, on the tensor
+    engine's stream (``Endpoint.rref``); what it returns stays on the proc."""
+    host = here.actors
+    instance = host.instance_of(actor) if host is not None else None
+    if instance is None:
+        raise MeshTensorError(f"rref(): there is no actor {actor!r} on this proc")
+    result = getattr(instance, method)(*args, **kwargs)
+    if inspect.iscoroutine(result):
+        result.close()
+        raise MeshTensorError(
+            f"rref() of {actor}.{method}: an async endpoint cannot run on the tensor stream"
+        )
+    return result
+
+
+__all__ = ["FREE_FUNCTIONS", "FreeFunctions", "invoke_local_actor", "run_endpoint"]

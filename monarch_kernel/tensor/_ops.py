@@ -336,6 +336,38 @@ class Remote:
         return pytree.tree_unflatten(out_leaves, spec)
 
 
+def rref(endpoint: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``Endpoint.rref``: the endpoint run on every proc of the active mesh, in order
+    with its tensor ops; what each proc's actor returns, as a mesh tensor. Its
+    ``@endpoint(propagate=fn)`` says what it returns without waiting for the procs,
+    as in Monarch (an error then poisons the result, raised where it is used);
+    without one, the first proc is asked once. The actors must be on exactly the
+    active mesh's procs."""
+    from monarch_kernel.tensor._free import invoke_local_actor
+
+    mesh, actors = active_mesh(), endpoint._mesh
+    if (
+        mesh is None
+        or mesh._proc.token != actors._proc.token
+        or tuple(mesh._shape.ranks) != tuple(actors._shape.ranks)
+    ):
+        raise MeshTensorError(
+            f"{actors._name}.{endpoint._name}.rref(): call it under `with procs.activate():` of the procs "
+            "its actors are on (the same mesh or slice)"
+        )
+    propagate = endpoint._prop._propagator
+    if callable(propagate):
+        invoke = Remote(invoke_local_actor, lambda _actor, _method, *a, **k: propagate(*a, **k))
+    else:
+        invoke = _invokes.setdefault((actors._name, endpoint._name), Remote(invoke_local_actor, None))
+    return invoke(actors._name, endpoint._name, *args, **kwargs)
+
+
+#: ``invoke_local_actor`` as a tensor op, by (actor, endpoint): what it returns is
+#: asked of the first proc once per kind of arguments.
+_invokes: dict[tuple[str, str], Any] = {}
+
+
 def remote(function: Any = None, *, propagate: Any = None) -> Any:
     """Makes ``function`` (or "module.function") run on the procs: ``propagate`` says
     what it returns without running it here: a function computing the result from

@@ -127,10 +127,10 @@ class Tensor(torch.Tensor):
         """A call to actors of this tensor's own mesh gives each its proc's shard (as in
         Monarch): every proc first runs the commands that make it (one round trip),
         then the tensor travels as its ref. Anywhere else its values are not here."""
-        from monarch_kernel.mesh import _buffers
+        from monarch_kernel.mesh import calling_token
         from monarch_kernel.tensor._engine import shard_here
 
-        if _buffers.current_token.get() != self._mesh._proc.token:
+        if calling_token() != self._mesh._proc.token:
             raise self._held_elsewhere(
                 "pickling a mesh tensor for a process that is not one of its mesh's procs"
             )

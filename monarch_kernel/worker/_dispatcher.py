@@ -125,6 +125,11 @@ class Dispatcher:
     instance_ends = _actor_failure.instance_ends
     _actor_failed = _supervision.actor_failed
     supervise_owner = _supervision.supervise_owner
+
+    def instance_of(self, name: str) -> Any:
+        a = self.actors.get(name)
+        return None if a is None else a.instance
+
     send_up = _supervision.send_up
     _reply = _replies.reply
     _reply_exception = _replies.reply_exception

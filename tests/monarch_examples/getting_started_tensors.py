@@ -67,6 +67,10 @@ class LinearActor(Actor):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return input @ self.w
 
+    @endpoint
+    def weights(self) -> torch.Tensor:  # (for the test to check rref's values)
+        return self.w
+
 
 # -- Free Remote Functions ------------------------------------------------------------
 
