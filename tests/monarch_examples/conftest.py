@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_helpers import HERE, down_all
+from cluster_helpers import HERE
 from proc_helpers import wait_for
 
 from monarch_kernel import shutdown_context
+from tests.multihost.cluster_checks import down_all
 from tests.multihost.controller import Controller
 from tools.testcluster import Cluster, unavailable
 

@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cluster_checks import down_all as _down_all
+from cluster_checks import ours_on_hosts as _ours_on_hosts
 from controller import Controller, ControllerError
 
 from tools.testcluster import Cluster
@@ -82,42 +84,8 @@ def controllers(cluster: Cluster, state_home: Path) -> Iterator[list[Controller]
     _down_all(cluster, state_home)
 
 
-def _down_all(cluster: Cluster, state_home: Path) -> None:
-    """Stops every mesh of ``state_home`` from the login host; fails the test if a
-    process of ours is then left on any host (killing it first)."""
-    cluster.run_in_login(
-        [*_venv_cli(), "down", "--all", "--yes", "--force"],
-        env={**os.environ, **cluster.env(), "XDG_STATE_HOME": str(state_home)},
-        capture_output=True,
-        timeout=60,
-    )
-    left = _ours_on_hosts(cluster)
-    deadline = time.monotonic() + 10
-    while left and time.monotonic() < deadline:
-        time.sleep(0.2)
-        left = _ours_on_hosts(cluster)
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-    assert not left, f"left running on the hosts: {left}"
-
-
 def _venv_cli() -> list[str]:
     return [sys.executable, "-m", "monarch_kernel"]
-
-
-def _ours_on_hosts(cluster: Cluster) -> list[int]:
-    """Pids of monarch agents and workers in the hosts' namespaces."""
-    pids = []
-    for host in cluster.hosts:
-        out = subprocess.run(["ip", "netns", "pids", host.ns], capture_output=True, text=True).stdout
-        for pid in map(int, out.split()):
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"monarch_kernel" in cmd:
-                pids.append(pid)
-    return pids
 
 
 def _new(controllers: list[Controller], cluster: Cluster, state_home: Path) -> Controller:
