@@ -21,6 +21,7 @@ import pytest
 from cluster_checks import down_all as _down_all
 from cluster_checks import ours_on_hosts as _ours_on_hosts
 from controller import Controller, ControllerError
+from proc_helpers import Terminal
 
 from tools.testcluster import Cluster
 
@@ -671,3 +672,29 @@ def test_monarchs_job_tools_work_across_the_clusters_hosts(controllers, cluster,
     got = c.eval("urllib.request.urlopen('http://' + addrs[0], timeout=30).read().decode()")
     assert got == "hello from h2"
     c.run("fwd.stop(); procs.stop()")
+
+
+SHELL_SCRIPT = """
+import sys
+from monarch_kernel.job import SSHJob, shell
+
+hosts = SSHJob(hosts=["h2"], ssh_args=["-F", {ssh_config!r}]).state(cached_path=None).hosts
+sys.exit(shell(hosts, env={{"SHELL": "/bin/sh", "PS1": "on-h2$ "}}))
+"""
+
+
+def test_shell_opens_a_shell_on_a_host_of_the_cluster(cluster, state_home, tmp_path):
+    # monarch.job's shell from a terminal on the login host, to h2 over ssh: what is
+    # typed runs there, and its exit status comes back.
+    script = tmp_path / "shell_h2.py"
+    script.write_text(SHELL_SCRIPT.format(ssh_config=str(cluster.ssh_config)))
+    env = {**os.environ, **cluster.env(), "XDG_STATE_HOME": str(state_home), "MONARCH_FORWARD_OUTPUT": "0"}
+    term = Terminal(cluster.login_cmd([sys.executable, str(script)]), env=env, timeout=120)
+    try:
+        term.screen.expect_exact("on-h2$ ")
+        term.screen.sendline("hostname; exit 4")
+        term.screen.expect("\r\nh2\r\n")
+        assert term.proc.wait(120) == 4
+    finally:
+        term.close()
+    assert _wait_gone(cluster), _ours_on_hosts(cluster)
