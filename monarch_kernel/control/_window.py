@@ -11,22 +11,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from monarch_kernel._ranks import rank_runs
 from monarch_kernel.control._events import LineKind
 
 
 def ranks_label(ranks: tuple[int, ...]) -> str:
     """``3``, or ``ranks 0-3,8`` for several."""
-    if len(ranks) == 1:
-        return str(ranks[0])
-    spans: list[str] = []
-    start = prev = ranks[0]
-    for r in ranks[1:] + (-2,):
-        if r == prev + 1:
-            prev = r
-            continue
-        spans.append(str(start) if start == prev else f"{start}-{prev}")
-        start = prev = r
-    return "ranks " + ",".join(spans)
+    return str(ranks[0]) if len(ranks) == 1 else "ranks " + ",".join(rank_runs(ranks))
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from IPython.core.error import UsageError
 from IPython.display import display, update_display
 
 from monarch_kernel import Shape, _origin, controller
+from monarch_kernel._ranks import rank_runs
 from monarch_kernel.controller import DisplayMessage
 from monarch_kernel.errors import (
     FULL_TRACEBACK_ENV,
@@ -52,19 +53,8 @@ def output_mode(group: str, nranks: int, live: bool = True) -> str:
 def ranks_span(ranks: Any) -> str:
     """``rank 3``, or ``ranks 0-3, 8, 10-11``: ``ranks`` (any iterable of ints) as
     runs, sorted."""
-    got = sorted(set(ranks))
-    if len(got) == 1:
-        return f"rank {got[0]}"
-    runs: list[str] = []
-    start = prev = got[0]
-    for r in [*got[1:], None]:
-        if r is not None and r == prev + 1:
-            prev = r
-            continue
-        runs.append(str(start) if start == prev else f"{start}-{prev}")
-        if r is not None:
-            start = prev = r
-    return "ranks " + ", ".join(runs)
+    got = set(ranks)
+    return f"rank {next(iter(got))}" if len(got) == 1 else "ranks " + ", ".join(rank_runs(got))
 
 
 class MeshCellError(MonarchKernelError):

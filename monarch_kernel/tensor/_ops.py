@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from monarch_kernel._ranks import rank_runs
 from monarch_kernel.errors import MeshTensorError, RemoteException
 from monarch_kernel.mesh import Future, ProcMesh
 from monarch_kernel.tensor import _commands as C
@@ -143,7 +144,7 @@ class TensorView:
         self.tensor, self.rows = tensor, rows
 
     def _label(self, ranks: list[int]) -> str:
-        return "rank " + str(ranks[0]) if len(ranks) == 1 else f"ranks {_spans(ranks)}"
+        return "rank " + str(ranks[0]) if len(ranks) == 1 else f"ranks {', '.join(rank_runs(ranks))}"
 
     def __repr__(self) -> str:
         head = repr(self.tensor)
@@ -158,18 +159,6 @@ class TensorView:
             for r, v in self.rows
         )
         return f"<div><code>{html.escape(repr(self.tensor))}</code><table>{rows}</table></div>"
-
-
-def _spans(ranks: list[int]) -> str:
-    out, start, prev = [], ranks[0], ranks[0]
-    for r in [*ranks[1:], None]:
-        if r is not None and r == prev + 1:
-            prev = r
-            continue
-        out.append(str(start) if start == prev else f"{start}-{prev}")
-        if r is not None:
-            start = prev = r
-    return ", ".join(out)
 
 
 def show(obj: Any, shard: dict[str, int] | None = None, **kwargs: int) -> Any:

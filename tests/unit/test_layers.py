@@ -24,6 +24,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "monarch_kernel._native",
             "monarch_kernel._origin",
             "monarch_kernel._lazy",
+            "monarch_kernel._ranks",
             "monarch_kernel._wire",
             "monarch_kernel.v1",
         ],
@@ -133,6 +134,7 @@ KERNEL_MAY_IMPORT = {
     "monarch_kernel._lazy",
     "monarch_kernel._native",
     "monarch_kernel._origin",
+    "monarch_kernel._ranks",
     "monarch_kernel._wire",
 }
 
