@@ -16,31 +16,16 @@ from __future__ import annotations
 import math
 import os
 import runpy
-import socket
 import sys
 from typing import Any
 
 from monarch_kernel.actor import Actor, current_rank, current_size, endpoint
 from monarch_kernel.errors import MeshSpecError
-from monarch_kernel.mesh import Future, ProcMesh, current_proc
+from monarch_kernel.mesh import Future, ProcMesh
+from monarch_kernel.torch import master_address
 
 #: The name of the actor mesh ``setup_torch_elastic_env`` and ``run_spmd`` spawn.
 SPMD_ACTOR = "_SPMDActor"
-
-
-def _reachable_host() -> str:
-    """An address of this proc's host that the mesh's other procs can reach: the one
-    its worker listens on."""
-    me = current_proc()
-    if me is None:  # (not a worker: this process's host name)
-        return socket.gethostname()
-    return str(me._proc.addrs[0].rsplit(":", 1)[0].strip("[]"))
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 class SPMDActor(Actor):
@@ -81,8 +66,7 @@ class SPMDActor(Actor):
         """An address of this host the other procs reach (the one its worker listens
         on, whatever ``use_ipaddr`` asks: a host name may not resolve everywhere), and
         a free port on it."""
-        host = _reachable_host()
-        return host, _free_port(host)
+        return master_address()
 
     @endpoint
     def setup_env(self, master_addr: str, master_port: int) -> None:

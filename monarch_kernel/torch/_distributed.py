@@ -33,18 +33,25 @@ DIST_ACTOR = "__torch_dist__"
 BACKENDS = ("gloo", "nccl", "auto")
 
 
+def master_address() -> tuple[str, int]:
+    """An address of this host that the mesh's other procs can reach (on a worker, the
+    one it listens on; elsewhere, the host's name) and a free port on it, for a
+    rendezvous (DIST-1, and torchrun's ``MASTER_ADDR``/``MASTER_PORT`` in
+    ``monarch_kernel.spmd``)."""
+    me = current_proc()  # a worker knows itself from its start
+    host = socket.gethostname() if me is None else me._proc.addrs[0].rsplit(":", 1)[0].strip("[]")
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return host, int(s.getsockname()[1])
+
+
 class TorchDistributed(Actor):
     """Runs on every proc of a mesh whose torch.distributed the controller sets up."""
 
     @endpoint
     def master(self) -> tuple[str, int]:
         """An address of this host the other procs can reach, and a free port on it."""
-        me = current_proc()  # a worker knows itself from its start
-        assert me is not None, "TorchDistributed runs on workers"
-        host = me._proc.addrs[0].rsplit(":", 1)[0].strip("[]")
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-            s.bind((host, 0))
-            return host, int(s.getsockname()[1])
+        return master_address()
 
     @endpoint
     def state(self) -> dict[str, Any] | None:
