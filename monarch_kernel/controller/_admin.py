@@ -11,7 +11,7 @@ from monarch_kernel.controller._lifecycle import attach_session, stop_record
 from monarch_kernel.controller._session import sessions
 from monarch_kernel.controller._view import mesh_view
 from monarch_kernel.errors import MeshNotFoundError, MeshOwnershipError, MeshUnreachableError
-from monarch_kernel.hosts import MeshInfo, list_meshes, mesh_info, registry
+from monarch_kernel.hosts import MeshInfo, MeshRecord, list_meshes, mesh_info, registry
 from monarch_kernel.mesh import SPAWN_TIMEOUT
 
 _COLUMNS = ("NAME", "PROCS", "ALIVE", "CONTROLLER", "EPOCH", "IDLE TIMEOUT", "AGE", "AGENT PID", "HOSTS")
@@ -97,13 +97,19 @@ def mesh_table(meshes: list[MeshInfo] | None = None) -> list[str]:
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
 
 
+def running_record(name: str) -> MeshRecord:
+    """The state file of the running mesh ``name``; ``MeshNotFoundError`` if none."""
+    rec = registry.read(name)
+    if rec is None:
+        raise MeshNotFoundError(f"no mesh named {name!r} is running (see monarch-kernel ls)")
+    return rec
+
+
 def down_one(name: str) -> str:
     """Stops the mesh ``name`` as an administrator; what happened. Raises
     ``MeshNotFoundError`` when it does not run, and ``MeshUnreachableError`` when its
     agents cannot be reached from here (it is left running, with its state file)."""
-    rec = registry.read(name)
-    if rec is None:
-        raise MeshNotFoundError(f"no mesh named {name!r} is running (see monarch-kernel ls)")
+    rec = running_record(name)
     if stop_record(rec):
         return f"stopped {name}"
     return f"{name} was not running (its host agent was gone); removed its state file"

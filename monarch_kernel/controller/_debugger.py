@@ -19,9 +19,10 @@ from collections.abc import Callable
 from typing import Any
 
 from monarch_kernel.control import LineKind
+from monarch_kernel.controller._admin import running_record
 from monarch_kernel.controller._session import sizes_of
 from monarch_kernel.controller._view import ask_workers
-from monarch_kernel.errors import MeshNotFoundError, MeshSpecError
+from monarch_kernel.errors import MeshSpecError
 from monarch_kernel.hosts import MeshRecord, group_of, registry
 
 #: pdb commands after which the rank runs on (it may stop again at another breakpoint).
@@ -50,16 +51,9 @@ def parse_ranks(spec: str, n: int) -> list[int]:
     return sorted(set(ranks))
 
 
-def _record(name: str) -> MeshRecord:
-    rec = registry.read(name)
-    if rec is None:
-        raise MeshNotFoundError(f"no mesh named {name!r} is running (see monarch-kernel ls)")
-    return rec
-
-
 def mesh_size(name: str) -> int:
     """How many procs the running mesh ``name`` has."""
-    return math.prod(sizes_of(_record(name).spec).values())
+    return math.prod(sizes_of(running_record(name).spec).values())
 
 
 def _running(rec: MeshRecord) -> list[dict[str, Any]]:
@@ -93,7 +87,7 @@ def parked(name: str | None = None) -> list[tuple[str, int, str]]:
 def cast(name: str, ranks: list[int] | None, line: str) -> list[int]:
     """Sends pdb command ``line`` to the debugger waiting longest on each of ``ranks``
     (every waiting rank when None) of mesh ``name``; the ranks that took it."""
-    rec = _record(name)
+    rec = running_record(name)
     workers = {int(w["rank"]): w for w in _running(rec)}
     picked = [workers[r] for r in (sorted(workers) if ranks is None else ranks) if r in workers]
     took = ask_workers(rec, picked, "pdb_input", ANSWER_S, line)
@@ -105,7 +99,7 @@ def attach(name: str, rank: int, ask: Callable[[str], str], show: Callable[[str]
     each line (``ask(label)``; ``EOFError`` detaches, leaving the rank waiting) and
     sends it, until a command lets the rank run on and it does not stop again within
     ``STAY_S``."""
-    rec = _record(name)
+    rec = running_record(name)
     waiting = waiting_in(rec)
     if rank not in waiting:
         raise MeshSpecError(
