@@ -567,12 +567,17 @@ class _Blocks:
         if h is not None:
             self.past.setdefault(rank, []).append(h)
 
-    def _clear(self, rank: int) -> None:
-        """``clear_output()`` on ``rank``: its blocks and its rich outputs, only its
-        (where the client shows a display updated in place: CLIENTS-1)."""
+    def _clear_rich(self, rank: int) -> None:
+        """Empties ``rank``'s rich outputs (where the client shows a display updated
+        in place: CLIENTS-1) and forgets them."""
         for kid in self.rich.pop(rank, []):
             if self.live:
                 update_display({"text/plain": ""}, display_id=kid, raw=True)
+
+    def _clear(self, rank: int) -> None:
+        """``clear_output()`` on ``rank``: its blocks and its rich outputs, only its
+        (where the client shows a display updated in place: CLIENTS-1)."""
+        self._clear_rich(rank)
         for h in self.past.pop(rank, []):
             h.update(_Text(""))
         self.text[rank], self.size[rank] = [], 0
@@ -659,9 +664,7 @@ class _Merged(_Blocks):
             self._drop(rank, key)
         self.own[rank] = []
         self.last_cr.pop(rank, None)
-        for kid in self.rich.pop(rank, []):
-            if self.live:
-                update_display({"text/plain": ""}, display_id=kid, raw=True)
+        self._clear_rich(rank)
         self.dirty = True
 
     @property
