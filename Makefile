@@ -70,7 +70,7 @@ $(STAMPS)/browser: | $(STAMPS)/deps
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
 	@touch $@
 
-test: setup $(STAMPS)/browser $(STAMPS)/cluster test-rust test-extension test-python ## Set up, then run every test (Rust, the panel's TypeScript and Python; browser tests in Debian's chromium)
+test: setup $(STAMPS)/browser $(STAMPS)/cluster k8s-bed test-rust test-extension test-python ## Set up, then run every test (Rust, the panel's TypeScript and Python; browser tests in Debian's chromium)
 
 test-rust: ## cargo test of the native core (no Python needed)
 	cargo test -q --manifest-path native/Cargo.toml
@@ -85,7 +85,7 @@ test-unit: $(STAMPS)/native ## The unit tests only (no workers, hosts or browser
 test-fast: setup ## Every test but the slow, browser and multi-host ones (their markers)
 	$(PY) -m pytest -q -m "not slow and not browser and not multihost"
 
-test-python: setup $(STAMPS)/browser $(STAMPS)/cluster ## pytest: unit and integration tests against real agents and workers
+test-python: setup $(STAMPS)/browser $(STAMPS)/cluster k8s-bed ## pytest: unit and integration tests against real agents and workers
 	$(PY) -m pytest -q
 
 bench: setup ## Print this project's figures beside baselines measured in the same run (AB=COMMIT: the call rows of this checkout and of COMMIT's build, run alternately)
@@ -117,7 +117,7 @@ clean: ## Remove the venv and build outputs
 # (tools/testcluster): hosts in network namespaces with sshd and SLURM. Services of the
 # packages installed here are stopped and disabled: the tests run their own daemons,
 # inside the namespaces only.
-.PHONY: cluster-up cluster-down
+.PHONY: cluster-up cluster-down k8s-bed
 $(STAMPS)/cluster: | $(STAMPS)/deps
 	@export PATH="$$PATH:/usr/sbin:/sbin"; \
 	command -v slurmctld >/dev/null && command -v sshd >/dev/null && command -v munged >/dev/null || { \
@@ -135,3 +135,9 @@ cluster-up: $(STAMPS)/cluster ## Bring up a test cluster: hosts in network names
 
 cluster-down: | $(PY) ## Remove every test cluster this machine has
 	$(PY) -m tools.testcluster down --all
+
+# The Kubernetes tests (tests/k8s) run a real control plane built from Go modules:
+# about 30 minutes the first time, cached outside the repository after that
+# (tools/k8s/build.sh; $$MONARCH_K8S_CACHE, default ~/.cache/monarch-kernel/k8s).
+k8s-bed: ## Build the k8s test bed's binaries (kube-apiserver, etcd, ...) if they are not cached
+	@tools/k8s/build.sh >/dev/null

@@ -14,6 +14,8 @@ host agent on every host and the procs under them::
 - ``SlurmJob``: nodes from SLURM. Each mesh spawned on one of its host meshes is a
   SLURM job of its own (one ``srun``), which ends with the mesh (``stop()``,
   ``monarch-kernel down``, the idle timeout) or at the time limit.
+- ``KubernetesJob``: pods from Kubernetes. Each mesh spawned on one of its host
+  meshes is a Kubernetes Job of its own (a pod per host), deleted with the mesh.
 
 ``job.kill()`` stops every mesh spawned from the job, whichever process controls it.
 
@@ -29,6 +31,7 @@ import sys
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -309,6 +312,163 @@ class SlurmJob(JobTrait):
         return (self._meshes, self._python, self._srun_args, self._log_dir, self._start_timeout)
 
 
+@dataclass(frozen=True)
+class ImageSpec:
+    """Monarch's container image of a mesh's pods, with resource requests and limits
+    (e.g. ``{"nvidia.com/gpu": 8}``); the image must have monarch-kernel installed."""
+
+    image: str
+    resources: dict[str, str | int] | None = None
+
+
+@dataclass(frozen=True)
+class KubeConfig:
+    """Monarch's way to name the cluster: ``KubeConfig.from_path(path)``, or
+    ``KubeConfig()`` for the user's kubeconfig, else the in-cluster service account."""
+
+    local: str | None = None
+
+    @classmethod
+    def from_path(cls, path: str) -> KubeConfig:
+        return cls(local=os.path.expanduser(path))
+
+    @classmethod
+    def from_config(cls, config: Any) -> KubeConfig:
+        raise MeshSpecError(
+            "KubeConfig.from_config: give the cluster as a kubeconfig file instead "
+            "(KubeConfig.from_path(path)); the job is saved as plain data (dump(), job_load())"
+        )
+
+    @property
+    def out_of_cluster(self) -> bool:
+        return self.local is not None
+
+
+class KubernetesJob(JobTrait):
+    """Pods from Kubernetes: each mesh spawned on one of its host meshes is a
+    Kubernetes Job of its own (a pod per host, an agent in each), deleted with the
+    mesh (``stop()``, ``monarch-kernel down``, ``kill()``) or by Kubernetes after the
+    agents' idle timeout::
+
+        job = KubernetesJob(namespace="research", meshes={"trainers": 4}, image="registry/team/train:latest",
+                            gpus_per_pod=8, labels={"team": "nlp"})
+        procs = job.state().trainers.spawn_procs(per_host={"gpus": 8}, name="train")
+
+    Monarch's form works as well: ``KubernetesJob(namespace)`` then
+    ``add_mesh(name, num_replicas, image_spec=ImageSpec(image, resources))``.
+    ``kubeconfig`` (a path or ``KubeConfig``) names the cluster (default: the user's
+    kubeconfig, else the in-cluster service account); ``timeout`` bounds the wait for
+    the pods to be Ready (None: no bound); ``python`` is the interpreter in the image
+    that has monarch-kernel (default ``python``). The account needs to create and
+    delete Jobs, Secrets and Pods in the namespace (README: Kubernetes)."""
+
+    def __init__(
+        self,
+        namespace: str,
+        timeout: int | None = None,
+        kubeconfig: KubeConfig | str | None = None,
+        attach_to: str | None = None,
+        *,
+        meshes: Mapping[str, int] | None = None,
+        image: str | None = None,
+        gpus_per_pod: int | None = None,
+        labels: Mapping[str, str] | None = None,
+        python: str = "python",
+    ) -> None:
+        super().__init__()
+        if attach_to is not None:
+            raise MeshSpecError(
+                f"KubernetesJob(attach_to={attach_to!r}): this controller talks to each pod's agent "
+                "directly; run it where the pods' addresses can be reached (inside the cluster, or on a "
+                "network routed to the pods)"
+            )
+        if isinstance(kubeconfig, KubeConfig):
+            kubeconfig = kubeconfig.local
+        self._namespace = namespace
+        self._timeout = timeout
+        self._kubeconfig = os.path.abspath(os.path.expanduser(kubeconfig)) if kubeconfig else None
+        self._python = python
+        self._meshes: dict[str, dict[str, Any]] = {}
+        self._defaults: dict[str, Any] = {
+            "image": image,
+            "gpus_per_pod": gpus_per_pod,
+            "labels": dict(labels or {}),
+        }
+        for name, n in (meshes or {}).items():
+            self.add_mesh(name, n)
+
+    def add_mesh(
+        self,
+        name: str,
+        num_replicas: int,
+        label_selector: str | None = None,
+        pod_rank_label: str = "apps.kubernetes.io/pod-index",
+        image_spec: ImageSpec | None = None,
+        port: int = 26600,
+        pod_template: Any = None,
+        labels: Mapping[str, str] | None = None,
+        annotations: Mapping[str, str] | None = None,
+    ) -> None:
+        """Adds host mesh ``name`` of ``num_replicas`` pods, of ``image_spec`` (or the
+        job's ``image``). Monarch's attach-only form (``label_selector`` of pods
+        someone else made) and ``pod_template`` are refused with why."""
+        if not isinstance(num_replicas, int) or isinstance(num_replicas, bool) or num_replicas < 1:
+            raise MeshSpecError(
+                f"KubernetesJob mesh {name!r} needs a positive number of pods, not {num_replicas!r}"
+            )
+        if label_selector is not None or pod_template is not None:
+            raise MeshSpecError(
+                f"KubernetesJob.add_mesh({name!r}, label_selector=/pod_template=): pods made elsewhere "
+                "and pod templates are not supported yet; give image_spec=ImageSpec(image) and the job "
+                "makes the pods"
+            )
+        image = image_spec.image if image_spec is not None else self._defaults["image"]
+        if not image:
+            raise MeshSpecError(
+                f"KubernetesJob mesh {name!r} needs an image with monarch-kernel installed: "
+                "KubernetesJob(..., image='registry/team/train:latest') or add_mesh(..., image_spec=ImageSpec(image))"
+            )
+        resources = {
+            str(k): str(v) for k, v in ((image_spec.resources if image_spec else None) or {}).items()
+        }
+        gpus = resources.pop("nvidia.com/gpu", None) or self._defaults["gpus_per_pod"]
+        self._meshes[name] = {
+            "pods": num_replicas,
+            "image": image,
+            "gpus_per_pod": int(gpus) if gpus else None,
+            "resources": resources,
+            "labels": {**self._defaults["labels"], **dict(labels or {})},
+            "port": port,
+        }
+
+    def _state(self) -> JobState:
+        from monarch_kernel.hosts import KubernetesPods
+
+        return JobState(
+            {
+                name: HostMesh(
+                    KubernetesPods(
+                        m["pods"],
+                        self._namespace,
+                        m["image"],
+                        python=self._python,
+                        gpus_per_pod=m["gpus_per_pod"],
+                        labels=m["labels"],
+                        kubeconfig=self._kubeconfig,
+                        port=m["port"],
+                        resources=m["resources"],
+                        timeout=self._timeout,
+                        tag=self._tag,
+                    )
+                )
+                for name, m in self._meshes.items()
+            }
+        )
+
+    def _spec(self) -> Any:
+        return (self._namespace, self._meshes, self._kubeconfig, self._python, self._timeout)
+
+
 def _refuse_slurm_options(
     monarch_port: int | None,
     ntasks_per_node: int,
@@ -445,8 +605,11 @@ TelemetryConfig = _unsupported(
 
 __all__ = [
     "DEFAULT_JOB_PATH",
+    "ImageSpec",
     "JobState",
     "JobTrait",
+    "KubeConfig",
+    "KubernetesJob",
     "LocalJob",
     "MeshAdminConfig",
     "PortForwarder",

@@ -14,7 +14,17 @@ from monarch_kernel.controller._this_proc import this_proc
 from monarch_kernel.errors import MeshSpecError
 from monarch_kernel.hosts import HOSTS_DIM, Allocator, LocalHost, MeshInfo
 from monarch_kernel.hosts import list_meshes as _mesh_infos
-from monarch_kernel.mesh import Extent, Future, MeshTrait, ProcMesh, Shape, actor_context, adopt, root_context
+from monarch_kernel.mesh import (
+    Done,
+    Extent,
+    Future,
+    MeshTrait,
+    ProcMesh,
+    Shape,
+    actor_context,
+    adopt,
+    root_context,
+)
 
 
 def _check_per_host(per_host: Mapping[str, int] | None) -> dict[str, int]:
@@ -64,6 +74,19 @@ class HostMesh(MeshTrait):
     def initialized(self) -> Future[bool]:
         """Done: a host mesh here is a description, its hosts are reached on spawn."""
         return Future._resolved(True)
+
+    def sync_workspace(
+        self, workspace: Any = None, conda: bool = False, auto_reload: bool = False
+    ) -> Future[Any]:
+        """``ProcMesh.sync_workspace`` of every running proc mesh spawned from this host
+        mesh by this process (Monarch syncs a host mesh's hosts); the results, in
+        spawn order."""
+        live = [p for p in self._spawned if not (p._proc.state().stopped or p._proc.state().fenced)]
+        if not live:
+            raise MeshSpecError(
+                "sync_workspace: no proc mesh of this host mesh runs here; spawn_procs first, then sync"
+            )
+        return Done([p.sync_workspace(workspace, conda, auto_reload).get() for p in live])
 
     def stop(self) -> Future[None]:
         """Stops every proc mesh spawned from this host mesh by this process (the

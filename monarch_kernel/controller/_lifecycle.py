@@ -233,6 +233,7 @@ def create(
         f"starting mesh {mesh_name!r}{where}, procs started",
         allocation.process,
         undo=undo,
+        cwd=os.getcwd() if allocator.shares_files else "",
     )
 
 
@@ -244,6 +245,7 @@ def _bring_up(
     what: str,
     agent: AgentProcess | None,
     undo: Callable[[], None],
+    cwd: str,
 ) -> Session:
     """Lists the mesh (its state file), becomes the controller of its new agents,
     starts their workers (showing progress) and writes the state file again with its
@@ -258,7 +260,7 @@ def _bring_up(
             nprocs,
             what,
             lambda: client.spawn_workers_raw(
-                python, ["-m", "monarch_kernel.worker"], worker_env, os.getcwd(), epoch=epoch
+                python, ["-m", "monarch_kernel.worker"], worker_env, cwd, epoch=epoch
             ),
         )
         rec = dataclasses.replace(rec, epoch=epoch)

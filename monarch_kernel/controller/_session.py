@@ -38,6 +38,7 @@ from monarch_kernel.errors import (
     ActorError,
     MeshIndexError,
     MeshOwnershipError,
+    MeshSpecError,
     MonarchKernelError,
     SupervisionError,
 )
@@ -247,10 +248,11 @@ class Session:
         """The index of the host that runs ``rank``."""
         return self.client.link_of(rank).index
 
-    def explain_host_loss(self, wait: float = 0.0) -> str | None:
-        """Why the hosts' agents went away, when the allocator knows (a SLURM job that
-        ended: its state and reason, given ``wait`` s to be recorded); None otherwise."""
-        return end_reason(self.rec.job, wait)
+    def explain_host_loss(self, wait: float = 0.0, host: str | None = None) -> str | None:
+        """Why the hosts' agents (or host ``host``'s) went away, when the allocator
+        knows (a SLURM job that ended, a Kubernetes pod deleted or OOM-killed: its
+        state and reason, given ``wait`` s to be recorded); None otherwise."""
+        return end_reason(self.rec.job, wait, host)
 
     def forget_record(self) -> None:
         """Removes the mesh's state file, if it is still this mesh's."""
@@ -494,6 +496,66 @@ class Session:
         live = [r for r in range(self.nprocs) if r not in self.state.dead]
         if live and not self.closed and self.state.lost is None:
             _native.wait_all(self._builtin(live, "log_level", int(level)), timeout)
+
+    def sync_workspace(
+        self, ranks: list[int], workspace: Any, auto_reload: bool, timeout: float = 600.0
+    ) -> Any:
+        """Sends ``workspace`` (``_workspace.folders_of``) to the hosts of ``ranks``,
+        what changed only, once per host (its first live proc writes the host's
+        copy), then has every rank of ``ranks`` import from it and, with
+        ``auto_reload``, reload the modules whose files changed. A ``SyncResult``."""
+        from monarch_kernel.controller import _workspace as ws
+        from monarch_kernel.mesh import TransferBuffer
+
+        folders = ws.folders_of(workspace)
+        files, skipped = ws.scan(folders)
+        dirs = sorted(set(folders.values()))
+        manifest = {rel: h for rel, (_, h, _) in files.items()}
+        live = [r for r in ranks if r not in self.state.dead]
+        if not live or self.closed or self.state.lost is not None:
+            raise MeshSpecError(f"sync_workspace: mesh {self.name!r} has no live proc among those given")
+        heads: dict[int, int] = {}
+        for r in live:
+            heads.setdefault(self.client.link_of(r).index, r)
+        first = list(heads.values())
+        ref = self.state.ref
+
+        def answers(calls: list[Any], on: list[int], what: str) -> list[Any]:
+            return [decode_reply(c.wait(timeout), ref, r, ref.point(r), what) for r, c in zip(on, calls)]
+
+        plans = answers(self._builtin(first, "workspace_plan", self.name, manifest), first, "sync_workspace")
+        wanted = set().union(*map(set, plans))
+        blob, index = ws.pack(files, wanted)
+        buffer = TransferBuffer(blob) if index else None
+        try:
+            applied = [
+                self._builtin(
+                    [r], "workspace_apply", self.name, manifest, buffer, [i for i in index if i[0] in set(p)]
+                )
+                for r, p in zip(first, plans)
+            ]
+            removed = answers([c for (c,) in applied], first, "sync_workspace")
+        finally:
+            if buffer is not None:
+                buffer.drop()
+        used = answers(
+            self._builtin(live, "workspace_use", self.name, dirs, sorted(wanted), bool(auto_reload)),
+            live,
+            "sync_workspace",
+        )
+        reloaded: dict[str, list[int]] = {}
+        for r, names in zip(live, used):
+            for m in names:
+                reloaded.setdefault(m, []).append(r)
+        return ws.SyncResult(
+            files=len(wanted),
+            nbytes=len(blob),
+            hosts=len(first),
+            removed=max(removed, default=0),
+            unchanged=len(files) - len(wanted),
+            reloaded=reloaded,
+            skipped=skipped,
+        )
 
     def post_mortem(self, rank: int) -> Future[None]:
         """Starts pdb on worker ``rank``'s last exception; the Future completes when

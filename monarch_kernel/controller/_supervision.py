@@ -173,7 +173,7 @@ class Supervisor:
         if not others:
             self.agent_lost(err)
             return
-        why = s.explain_host_loss() or f"its agent at {link.addr} went away ({err})"
+        why = s.explain_host_loss(host=link.host) or f"its agent at {link.addr} went away ({err})"
         message = (
             f"host {link.host!r} of mesh {s.name!r} is lost: {why}; its ranks {_span(link)} are gone "
             "with it. The other hosts go on; calls that need those ranks fail."

@@ -1,5 +1,5 @@
 """Where meshes live: the allocators that start their host agents (``Allocator``:
-``LocalHost``, ``SSHHosts``, ``SlurmHosts``; see ``_allocator``), their state files
+``LocalHost``, ``SSHHosts``, ``SlurmHosts``, ``KubernetesPods``; see ``_allocator``), their state files
 (``_registry``), GPU placement (``_placement``), and administering a running mesh
 through its agents without being its controller (``_admin``).
 
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         release,
     )
     from monarch_kernel.hosts._host_id import host_id
+    from monarch_kernel.hosts._k8s import KubernetesPods
     from monarch_kernel.hosts._local import LocalHost, start_local_agent, state_dir
     from monarch_kernel.hosts._placement import GPUS_ENV, HOSTS_DIM, apply_in_worker
     from monarch_kernel.hosts._registry import MeshRecord
@@ -52,6 +53,7 @@ _LAZY: dict[str, str] = {
     "group_of": "monarch_kernel.hosts._admin",
     "host_id": "monarch_kernel.hosts._host_id",
     "HOSTS_DIM": "monarch_kernel.hosts._placement",
+    "KubernetesPods": "monarch_kernel.hosts._k8s",
     "list_meshes": "monarch_kernel.hosts._admin",
     "LocalHost": "monarch_kernel.hosts._local",
     "mesh_info": "monarch_kernel.hosts._admin",
@@ -80,6 +82,7 @@ __all__ = [
     "group_of",
     "host_id",
     "HOSTS_DIM",
+    "KubernetesPods",
     "list_meshes",
     "LocalHost",
     "mesh_info",

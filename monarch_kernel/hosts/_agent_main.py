@@ -12,6 +12,12 @@ On another host (an allocator started it over ssh or srun), ``bind_host`` may be
 where the controller is), and, without ``log_dir``, logs to this host's state folder.
 With ``--detach`` (ssh), it leaves the caller's session once it listens, so the ssh
 command returns while the agent runs on (AGENT-1 still ends its workers with it).
+
+With ``--config-env`` (a Kubernetes pod, ``_k8s``), the configuration is the
+environment variable ``MONARCH_AGENT_CONFIG`` (from the mesh's Secret), removed from
+the environment before anything else starts; ``MONARCH_BIND_HOST`` (the pod's
+address) is where "auto" binds, and ``MONARCH_AGENT_PORT`` the port (the one its
+readiness probe checks).
 """
 
 from __future__ import annotations
@@ -28,7 +34,15 @@ from monarch_kernel.hosts._allocator import READY, AgentConfig
 
 
 def main() -> None:
-    cfg = AgentConfig.from_line(sys.stdin.readline())
+    if "--config-env" in sys.argv[1:]:
+        line = os.environ.pop("MONARCH_AGENT_CONFIG", "")
+        if not line:
+            sys.exit(
+                "monarch agent: MONARCH_AGENT_CONFIG is empty; a mesh's pod gets it from the mesh's Secret"
+            )
+        cfg = AgentConfig.from_line(line)
+    else:
+        cfg = AgentConfig.from_line(sys.stdin.readline())
     if cfg.state_home:  # the controller's, on a shared home
         os.environ["XDG_STATE_HOME"] = cfg.state_home
     detach = "--detach" in sys.argv[1:]
@@ -53,6 +67,7 @@ def main() -> None:
         tls_cert=tls.get("cert"),
         tls_key=tls.get("key"),
         tls_ca=tls.get("ca"),
+        port=int(os.environ.pop("MONARCH_AGENT_PORT", "0") or 0),
     )
     del tls
     cfg = dataclasses.replace(cfg, tls=None)  # (the key stays in no more places than it must)
@@ -112,6 +127,8 @@ def _bind_host(given: str) -> str:
     """``given``, or for "auto" the address of this host that faces the controller."""
     if given != "auto":
         return given
+    if os.environ.get("MONARCH_BIND_HOST"):  # a pod's own address (Kubernetes' downward API)
+        return os.environ["MONARCH_BIND_HOST"]
     peer = (
         os.environ.get("MONARCH_CONTROLLER_ADDR")
         or os.environ.get("SLURM_LAUNCH_NODE_IPADDR")

@@ -12,9 +12,12 @@ attach, spawn the workers.
 - ``LocalHost`` (``_local``): this machine; the agent is a child of this process.
 - ``SSHHosts`` (``_ssh``): an agent per host over ``ssh``.
 - ``SlurmHosts`` (``_slurm``): one ``srun`` makes the mesh's job, an agent per node.
+- ``KubernetesPods`` (``_k8s``): one Kubernetes Job makes the mesh's pods, an agent
+  in each.
 
 A new allocator is one new module with a class that has the ``Allocator`` methods,
-and a line in ``_KINDS`` if its job needs ending (``end(job)``, ``end_reason(job)``).
+and a line in ``_KINDS`` if its job needs ending (``end(job)``, ``end_reason(job,
+wait, host)``).
 """
 
 from __future__ import annotations
@@ -147,6 +150,13 @@ class Allocator(Protocol):
         ``hosts`` dimension)."""
 
     @property
+    def shares_files(self) -> bool:
+        """Whether its hosts see this process's files (this host, a shared home): its
+        workers then start in this process's working directory where their host has
+        it. Pods do not: their workers start in the image's, and
+        ``sync_workspace`` brings the notebook's files."""
+
+    @property
     def remote(self) -> bool:
         """Whether its agents run on other hosts: their control plane is TLS
         (TLS-1), they bind the address facing this controller, and an ephemeral
@@ -186,7 +196,7 @@ def stop_started(error: MeshStartError, started: list[AgentInfo], cfg: AgentConf
 
 
 #: The modules of allocators whose job needs ending beyond its agents, by job kind.
-_KINDS = {"slurm": "monarch_kernel.hosts._slurm"}
+_KINDS = {"slurm": "monarch_kernel.hosts._slurm", "k8s": "monarch_kernel.hosts._k8s"}
 
 
 def _module_of(job: dict[str, Any]) -> Any:
@@ -205,11 +215,12 @@ def release(job: dict[str, Any]) -> bool:
     return bool(module is not None and module.end(job))
 
 
-def end_reason(job: dict[str, Any], wait: float = 3.0) -> str | None:
-    """Why a job's agents went away, in words, if the allocator can tell (a SLURM
-    job that ended: given ``wait`` s to record it, as the agents can go first)."""
+def end_reason(job: dict[str, Any], wait: float = 3.0, host: str | None = None) -> str | None:
+    """Why a job's agents went away (or, with ``host``, that host's agent), in words,
+    if the allocator can tell (a SLURM job that ended, a Kubernetes pod deleted or
+    OOM-killed: given ``wait`` s to record it, as the agents can go first)."""
     module = _module_of(job)
-    return None if module is None else module.end_reason(job, wait)
+    return None if module is None else module.end_reason(job, wait, host)
 
 
 def new_tls_identity() -> dict[str, str]:

@@ -182,6 +182,7 @@ class LocalHost:
 
     kind = "local"
     remote = False
+    shares_files = True
 
     @property
     def nhosts(self) -> None:

@@ -55,6 +55,7 @@ class SlurmHosts:
 
     kind = "slurm"
     remote = True
+    shares_files = True
 
     @property
     def nhosts(self) -> int:
@@ -168,10 +169,11 @@ def end(job: dict[str, Any]) -> bool:
     return subprocess.run(["scancel", str(job["job_id"])], capture_output=True, timeout=30).returncode == 0
 
 
-def end_reason(job: dict[str, Any], wait: float = 3.0) -> str | None:
+def end_reason(job: dict[str, Any], wait: float = 3.0, host: str | None = None) -> str | None:
     """Why a SLURM job's agents went away, in words, if the job has ended (state and
     reason from ``scontrol``, given ``wait`` s to record the end: the agents can go
-    first); None for a job still running (``_allocator.end_reason``)."""
+    first); None for a job still running (``_allocator.end_reason``). A node alone
+    (``host``) is told by the job's end too: SLURM ends the job with a lost node."""
     if not job.get("job_id") or shutil.which("scontrol") is None:
         return None
     deadline = time.monotonic() + wait

@@ -30,6 +30,7 @@ class SSHHosts:
     kind = "ssh"
 
     remote = True
+    shares_files = True
 
     @property
     def nhosts(self) -> int:

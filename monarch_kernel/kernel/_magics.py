@@ -4,12 +4,15 @@ Line magic, one subcommand each (``%mesh?`` shows this text):
 
     procs = %mesh up NAME [--procs N | --gpus N] [--env K=V ...] [--idle-timeout S]
                      [--torch-dist gloo|nccl|auto]
-                     [--hosts H1,H2 [--ssh-args ARGS] | --slurm nodes=N,...] [--python PATH]
+                     [--hosts H1,H2 [--ssh-args ARGS] | --slurm nodes=N,... | --k8s pods=N,...]
+                     [--python PATH]
         Create the mesh NAME, or reattach to it if it runs; it becomes the default.
         --gpus N: one proc per GPU (on the CPU, with a warning, where there is none).
         --torch-dist: set up torch.distributed on every proc (a no-op if it is).
         --hosts: N procs on each of these hosts, started over ssh.
         --slurm: on nodes from SLURM: nodes=N[,partition=P][,time=T][,gpus_per_node=G].
+        --k8s: on pods from Kubernetes: pods=N,image=I[,namespace=NS][,kubeconfig=PATH]
+               (--gpus N asks each pod for N GPUs).
         --python: the interpreter on those hosts (default: this one's path).
     procs = %mesh attach NAME      Reattach to a running mesh (another kernel's, or
                                    this one's before a restart); it becomes the default.
@@ -40,6 +43,11 @@ Line magic, one subcommand each (``%mesh?`` shows this text):
                                    WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, ... set); its
                                    output shows under each rank. Again after an edit,
                                    on the same procs (monarch_kernel.spmd).
+    %mesh sync [--mesh NAME] [PATH ...] [--no-reload]
+                                   Send the files of this folder (or PATHs) that
+                                   changed to every host (once per host); the workers
+                                   import from that copy and reload the modules that
+                                   changed (ProcMesh.sync_workspace).
 
 Cell magic: run the cell on every worker (SPMD), in its persistent namespace:
 
@@ -75,7 +83,7 @@ from monarch_kernel.kernel._cells import run_cell, select_ranks
 
 _HELP = __doc__
 _SUBCOMMANDS = (
-    "up, attach, ls, down, use, status, respawn, logs, stacks, debug, activate, deactivate, push, pull, run"
+    "up, attach, ls, down, use, status, respawn, logs, stacks, debug, activate, deactivate, push, pull, run, sync"
 )
 
 
@@ -148,6 +156,11 @@ class MeshMagics(Magics):
         "--slurm",
         metavar="K=V,...",
         help="nodes from SLURM: nodes=N[,partition=P][,time=T][,gpus_per_node=G]",
+    )
+    @argument(
+        "--k8s",
+        metavar="K=V,...",
+        help="pods from Kubernetes: pods=N,image=I[,namespace=NS][,kubeconfig=PATH]",
     )
     @argument("--python", metavar="PATH", help="the Python of the agents and workers on those hosts")
     def _mesh_up(self, rest: str) -> Any:
@@ -302,6 +315,19 @@ class MeshMagics(Magics):
         for row in rows:
             print(f"  rank {row.rank}: {row.state:<12} pid {row.pid or '?'}  restarts {row.restarts}")
         _show(procs)
+        return None
+
+    @magic_arguments()
+    @argument("--mesh", metavar="NAME", help="the mesh (default: the default mesh)")
+    @argument("--no-reload", action="store_true", help="do not reload the modules that changed")
+    @argument("paths", nargs="*", help="folders to send (default: the working directory)")
+    def _mesh_sync(self, rest: str) -> Any:
+        """Send the changed local files to every host of the mesh; reload what changed."""
+        args = parse_argstring(self._mesh_sync, rest)
+        procs = self._session(args.mesh).procs()
+        paths = [_unquote(p) for p in args.paths] or None
+        result = procs.sync_workspace(paths, auto_reload=not args.no_reload).get()
+        print(f"mesh {procs.name!r}: {result!r}")
         return None
 
     @magic_arguments()
@@ -464,12 +490,25 @@ def _unquote(value: str) -> str:
 
 
 def _host_mesh(args: Any, per_host: dict[str, int]) -> Any:
-    """The hosts ``%mesh up`` runs on: this one, ssh hosts (``--hosts``) or SLURM nodes
-    (``--slurm``)."""
-    from monarch_kernel.job import SlurmJob, SSHJob
+    """The hosts ``%mesh up`` runs on: this one, ssh hosts (``--hosts``), SLURM nodes
+    (``--slurm``) or Kubernetes pods (``--k8s``)."""
+    from monarch_kernel.job import KubernetesJob, SlurmJob, SSHJob
 
-    if args.hosts and args.slurm:
-        raise UsageError("%mesh up: give --hosts or --slurm, not both")
+    if sum(map(bool, (args.hosts, args.slurm, args.k8s))) > 1:
+        raise UsageError("%mesh up: give one of --hosts, --slurm and --k8s")
+    if args.k8s:
+        opts = _options("--k8s", args.k8s, ("pods", "image", "namespace", "kubeconfig"))
+        if not opts.get("pods", "").isdigit() or int(opts["pods"]) < 1 or not opts.get("image"):
+            raise UsageError("%mesh up: --k8s needs pods=N (a positive number) and image=IMAGE")
+        k8s = KubernetesJob(
+            namespace=opts.get("namespace", "default"),
+            kubeconfig=opts.get("kubeconfig"),
+            meshes={"hosts": int(opts["pods"])},
+            image=opts["image"],
+            gpus_per_pod=per_host.get("gpus"),
+            python=_unquote(args.python) if args.python else "python",
+        )
+        return k8s.state(cached_path=None).hosts
     if args.hosts:
         targets = [h for h in args.hosts.split(",") if h]
         ssh_args = shlex.split(_unquote(args.ssh_args or ""))
@@ -479,14 +518,7 @@ def _host_mesh(args: Any, per_host: dict[str, int]) -> Any:
             .hosts
         )
     if args.slurm:
-        opts = {}
-        for kv in args.slurm.split(","):
-            k, eq, v = kv.partition("=")
-            if not eq or k not in ("nodes", "partition", "time", "gpus_per_node"):
-                raise UsageError(
-                    f"%mesh up: --slurm {kv!r}: use nodes=N, partition=P, time=T or gpus_per_node=G, comma-separated"
-                )
-            opts[k] = v
+        opts = _options("--slurm", args.slurm, ("nodes", "partition", "time", "gpus_per_node"))
         if not opts.get("nodes", "").isdigit() or int(opts["nodes"]) < 1:
             raise UsageError("%mesh up: --slurm needs nodes=N (a positive number)")
         gpus = opts.get("gpus_per_node") or (str(per_host["gpus"]) if "gpus" in per_host else None)
@@ -499,6 +531,18 @@ def _host_mesh(args: Any, per_host: dict[str, int]) -> Any:
         )
         return job.state(cached_path=None).hosts
     return controller.this_host()
+
+
+def _options(flag: str, text: str, known: tuple[str, ...]) -> dict[str, str]:
+    """``k=v,k=v`` of ``%mesh up FLAG``, each key one of ``known``."""
+    opts = {}
+    for kv in _unquote(text).split(","):
+        k, eq, v = kv.partition("=")
+        if not eq or k not in known:
+            keys = ", ".join(f"{k}=..." for k in known)
+            raise UsageError(f"%mesh up: {flag} {kv!r}: use {keys}, comma-separated")
+        opts[k] = v
+    return opts
 
 
 def _show(procs: Any) -> None:

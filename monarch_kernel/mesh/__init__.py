@@ -30,7 +30,7 @@ if TYPE_CHECKING:
         unhandled_fault_hook,
         user_fault_hook,
     )
-    from monarch_kernel.mesh._future import Future, escalate_interrupted, interrupt, set_slow_wait, wait_calls
+    from monarch_kernel.mesh._future import Done, Future, escalate_interrupted, interrupt, set_slow_wait, wait_calls
     from monarch_kernel.mesh._port import Channel, Port, PortReceiver, RankedPortReceiver, local_address
     from monarch_kernel.mesh._port import deliver as deliver_port_message
     from monarch_kernel.mesh._proc_mesh import SPAWN_TIMEOUT, ProcMesh, current_proc
@@ -70,6 +70,7 @@ _LAZY: dict[str, str] = {
     "escalates": "monarch_kernel.mesh._control",
     "Extent": "monarch_kernel.mesh._shape",
     "Future": "monarch_kernel.mesh._future",
+    "Done": "monarch_kernel.mesh._future",
     "gather": "monarch_kernel.mesh._transfer_buffer",
     "here": "monarch_kernel.mesh._role",
     "install_actors": "monarch_kernel.mesh._role",
@@ -129,6 +130,7 @@ __all__ = [
     "escalate_interrupted",
     "escalates",
     "Extent",
+    "Done",
     "Future",
     "gather",
     "here",

@@ -101,6 +101,9 @@ class MeshControl(Protocol):
         self, stream_to_client: bool, level: int, window: float | None = None, timeout: float = 10.0
     ) -> None: ...
     def report(self, failure: MeshFailure) -> None: ...
+    def sync_workspace(
+        self, ranks: list[int], workspace: Any, auto_reload: bool, timeout: float = 600.0
+    ) -> Any: ...
 
 
 def session_for(ref: ProcRef) -> MeshControl | None:

@@ -243,6 +243,26 @@ class ProcMesh(MeshTrait):
         self._session("logging_option()").logging_option(stream_to_client, level, aggregate_window_sec)
         return Done(None)  # done already; Monarch's is async: its code awaits it, or asyncio.run()s it
 
+    def sync_workspace(
+        self, workspace: Any = None, conda: bool = False, auto_reload: bool = False
+    ) -> Future[Any]:
+        """Sends ``workspace`` to the hosts of these procs, only what changed since the
+        last sync and once per host (through the transfer engine), for meshes whose
+        hosts do not share this filesystem (pods, hosts without NFS): None is the
+        working directory, at the root of the hosts' copy; a folder or a list of them
+        go each under its own name; ``{folder: destination}`` or a ``Workspace`` as
+        given. The procs then import from that copy first, and with ``auto_reload``
+        reload the modules whose files changed. The ``Future``'s value (it is done
+        already; Monarch's is async) says what was sent and reloaded. ``conda=True``
+        (Monarch's copy of the active conda environment) is refused."""
+        if conda:
+            raise MeshSpecError(
+                "sync_workspace(conda=True): the hosts' Python environment is not copied here; install "
+                "packages in the image (Kubernetes) or on the hosts, and sync your own code with sync_workspace()"
+            )
+        ranks = list(self._shape.ranks)
+        return Done(self._session("sync_workspace()").sync_workspace(ranks, workspace, auto_reload))
+
     def stop(self, reason: str = "stopped by the user") -> Future[None]:
         """Stops every worker and the host agent, and forgets the mesh's name. Later
         calls raise MeshStoppedError, which gives ``reason``."""

@@ -32,8 +32,9 @@ class WorkerBuiltin(Actor):
     """The built-in actor of one worker's dispatcher (see the module docstring)."""
 
     #: Endpoints that run on a thread of their own, not on the routing thread: they
-    #: wait for the user (a debugging session), and the routing thread must not.
-    OWN_THREAD = frozenset({"post_mortem"})
+    #: wait for the user (a debugging session) or for files and the network (a
+    #: workspace sync), and the routing thread must not.
+    OWN_THREAD = frozenset({"post_mortem", "workspace_apply", "workspace_use"})
 
     def __init__(self, dispatcher: DispatcherLike) -> None:
         self._d = dispatcher
@@ -99,6 +100,30 @@ class WorkerBuiltin(Actor):
         import logging
 
         logging.getLogger().setLevel(int(level))
+
+    @endpoint
+    def workspace_plan(self, mesh: str, manifest: dict[str, str]) -> list[str]:
+        """Workspace sync: the files of ``manifest`` this host lacks (``_workspace``)."""
+        from monarch_kernel.worker import _workspace
+
+        return _workspace.plan(mesh, manifest)
+
+    @endpoint
+    def workspace_apply(
+        self, mesh: str, manifest: dict[str, str], buffer: Any, index: list[tuple[str, int, int, int]]
+    ) -> int:
+        """Workspace sync: writes the changed files on this host (``_workspace``)."""
+        from monarch_kernel.worker import _workspace
+
+        return _workspace.apply(mesh, manifest, buffer, index)
+
+    @endpoint
+    def workspace_use(self, mesh: str, folders: list[str], changed: list[str], reload: bool) -> list[str]:
+        """Workspace sync: this proc imports from the host's copy, and reloads what
+        changed on request (``_workspace``)."""
+        from monarch_kernel.worker import _workspace
+
+        return _workspace.use(mesh, folders, changed, reload)
 
     @endpoint
     def usage(self) -> dict[str, Any]:

@@ -57,6 +57,9 @@ def test_the_builtin_actor_has_the_endpoints_the_docs_list():
         "stacks",
         "supervise",
         "usage",
+        "workspace_apply",
+        "workspace_plan",
+        "workspace_use",
     }
 
 

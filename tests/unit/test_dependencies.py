@@ -47,6 +47,8 @@ def test_every_third_party_module_the_package_imports_is_declared():
     optional |= {"tornado", "jupyter_server"}
     #: get_meter() gives OpenTelemetry's meter where the user installed it.
     optional |= {"opentelemetry"}
+    #: KubernetesJob needs the Kubernetes client: the "k8s" extra.
+    optional |= {"kubernetes"}
     declared = _declared()
     root = PYPROJECT.parent / "monarch_kernel"
     missing = set()

@@ -32,13 +32,14 @@ impl PyAgent {
     }
 }
 
-/// Starts a host agent on `bind_host` (127.0.0.1 unless given; a free port); its
+/// Starts a host agent on `bind_host` (127.0.0.1 unless given) and `port` (0: a free
+/// one; a pod of its own takes a fixed one, which its readiness probe knows); its
 /// workers listen there too. With `tls_cert` and `tls_key` (the mesh's server
 /// certificate and key, PEM) the agent and its workers serve TLS, and with `tls_ca`
 /// the workers check the mesh's other workers against it (TLS-1, TLS-2).
 #[pyfunction]
-#[pyo3(signature = (name, token, log_dir, idle_timeout_s, first_attach_timeout_s=30.0, meta=String::new(), bind_host=String::from("127.0.0.1"), tls_cert=None, tls_key=None, tls_ca=None))]
-#[allow(clippy::too_many_arguments)] // ten from Python, and the GIL token
+#[pyo3(signature = (name, token, log_dir, idle_timeout_s, first_attach_timeout_s=30.0, meta=String::new(), bind_host=String::from("127.0.0.1"), tls_cert=None, tls_key=None, tls_ca=None, port=0))]
+#[allow(clippy::too_many_arguments)] // eleven from Python, and the GIL token
 fn start_agent(
     py: Python<'_>,
     name: String,
@@ -51,6 +52,7 @@ fn start_agent(
     tls_cert: Option<String>,
     tls_key: Option<String>,
     tls_ca: Option<String>,
+    port: u16,
 ) -> PyResult<PyAgent> {
     let tls = super::tls::server_identity(tls_cert, tls_key)?;
     if let Some(ca) = &tls_ca {
@@ -69,7 +71,7 @@ fn start_agent(
         tls_ca,
     };
     let handle = detach(py, || {
-        let l = std::net::TcpListener::bind((cfg.bind_host.as_str(), 0))
+        let l = std::net::TcpListener::bind((cfg.bind_host.as_str(), port))
             .map_err(agent::AgentError::from)?;
         agent::start(node::handle(), cfg, l)
     })

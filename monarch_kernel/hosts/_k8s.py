@@ -1,0 +1,347 @@
+"""The Kubernetes allocator: ``pods`` pods in a namespace, one host agent in each.
+
+A mesh on Kubernetes is one batch/v1 **Job** of its own (Indexed: a pod per host,
+ranked by its completion index), the way a mesh on SLURM is one ``srun``:
+
+- the pods are the Job's (owner references), labelled with the mesh, the job that
+  spawned it and the user's labels; deleting the Job (``end``: ``stop()``, ``%mesh
+  down``, ``job.kill()``) deletes them, and Kubernetes deletes a Job whose agents all
+  ended at their idle timeout (``ttlSecondsAfterFinished``), pods with it;
+- a pod that fails is not replaced (``backoffLimitPerIndex: 0``): a lost pod is a
+  lost host, reported with the reason Kubernetes gives (``end_reason``), and the
+  other pods go on;
+- the agent's configuration (the mesh's token and TLS key, TLS-3) is a Secret owned
+  by the Job, handed to the container as one environment variable that the agent
+  reads and removes before anything else starts; the pod's own address reaches the
+  agent through the downward API (``status.podIP``), and the agent listens on a
+  fixed port, which a readiness probe checks, so the controller connects to
+  ``POD_IP:PORT`` once the pod is Ready.
+
+The API is reached with the ``kubernetes`` client and the user's kubeconfig
+(``$KUBECONFIG``, ``~/.kube/config``, or the path given), else the in-cluster service
+account."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from monarch_kernel.errors import MeshSpecError, MeshStartError
+from monarch_kernel.hosts._allocator import AGENT_ARGS, AgentConfig, AgentInfo, Allocation
+
+#: The port the agent listens on in its pod (Monarch's default worker port).
+DEFAULT_PORT = 26600
+#: The label that ranks a mesh's pods (the Job controller sets it).
+INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+#: Labels every pod of a mesh carries (Monarch's names for a worker pod, and ours).
+MESH_LABEL = "monarch.pytorch.org/mesh-name"
+JOB_LABEL = "monarch-kernel/job"
+#: The environment variables the agent's container gets.
+CONFIG_ENV = "MONARCH_AGENT_CONFIG"
+POD_IP_ENV = "MONARCH_BIND_HOST"
+PORT_ENV = "MONARCH_AGENT_PORT"
+#: Seconds Kubernetes keeps a Job whose agents all ended (their idle timeout).
+FINISHED_TTL_S = 30
+#: Seconds ``end_reason`` gives the kubelet to report how one pod ended.
+HOST_WAIT_S = 2.0
+
+
+def api_client(kubeconfig: str | None) -> Any:
+    """A ``kubernetes`` ApiClient: ``kubeconfig`` (a path), else the user's kubeconfig,
+    else the in-cluster service account; a clear error if there is none."""
+    try:
+        from kubernetes import client, config
+    except ImportError:
+        raise MeshSpecError(
+            "Kubernetes meshes need the kubernetes client: pip install 'monarch-kernel[k8s]' "
+            "(or pip install kubernetes)"
+        ) from None
+    try:
+        if kubeconfig:
+            return config.new_client_from_config(config_file=kubeconfig)
+        try:
+            return config.new_client_from_config()
+        except (config.ConfigException, OSError, TypeError):
+            conf = client.Configuration()
+            config.load_incluster_config(client_configuration=conf)
+            return client.ApiClient(conf)
+    except (config.ConfigException, OSError) as e:
+        raise MeshSpecError(
+            f"cannot reach the Kubernetes API: {e}. Give KubernetesJob(kubeconfig=...) a kubeconfig, set "
+            "$KUBECONFIG, or run inside the cluster with a service account"
+        ) from None
+
+
+def dns_name(text: str) -> str:
+    """``text`` as part of a DNS label (RFC 1123): lower case, letters, digits and '-'."""
+    out = "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
+    return out[:40] or "mesh"
+
+
+@dataclass(frozen=True)
+class KubernetesPods:
+    """``pods`` pods of ``image`` in ``namespace``, an agent in each (see the module
+    docstring). ``python`` is the interpreter in the image that has monarch-kernel."""
+
+    pods: int
+    namespace: str
+    image: str
+    python: str = "python"
+    gpus_per_pod: int | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    kubeconfig: str | None = None
+    port: int = DEFAULT_PORT
+    #: Resource requests and limits of the agent's container beyond GPUs.
+    resources: dict[str, str] = field(default_factory=dict)
+    #: How long to wait for every pod to be Ready; None: as long as it takes.
+    timeout: float | None = 600.0
+    #: The job these hosts come from (``monarch_kernel.job``), kept in the state file.
+    tag: str = ""
+
+    kind = "k8s"
+    remote = True
+    shares_files = False
+
+    @property
+    def nhosts(self) -> int:
+        return self.pods
+
+    def worker_env(self, per_host: dict[str, int]) -> dict[str, str]:
+        gpus = per_host.get("gpus")
+        if gpus and self.gpus_per_pod is not None and gpus > self.gpus_per_pod:
+            raise MeshSpecError(
+                f"per_host={{'gpus': {gpus}}} asks for more GPUs than each pod has ({self.gpus_per_pod}); "
+                f"give KubernetesJob(gpus_per_pod={gpus}) or ask for fewer"
+            )
+        return {}
+
+    def picked(self, indices: Sequence[int]) -> KubernetesPods:
+        return replace(self, pods=len(indices))  # the scheduler picks the nodes
+
+    def with_python(self, python: str) -> KubernetesPods:
+        return replace(self, python=python)
+
+    def describe(self) -> str:
+        return f"{self.pods} Kubernetes pods of {self.image} in namespace {self.namespace}"
+
+    def job_body(self, name: str, mesh: str) -> dict[str, Any]:
+        """The batch/v1 Job of a mesh (see the module docstring)."""
+        limits = dict(self.resources)
+        if self.gpus_per_pod:
+            limits["nvidia.com/gpu"] = str(self.gpus_per_pod)
+        labels = {**self.labels, MESH_LABEL: dns_name(mesh), JOB_LABEL: name}
+        labels.setdefault("app.kubernetes.io/name", "monarch-worker")
+        container = {
+            "name": "agent",
+            "image": self.image,
+            "command": [self.python, *AGENT_ARGS, "--config-env"],
+            "env": [
+                {"name": CONFIG_ENV, "valueFrom": {"secretKeyRef": {"name": name, "key": "config"}}},
+                {"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                {"name": PORT_ENV, "value": str(self.port)},
+            ],
+            "ports": [{"name": "monarch", "containerPort": self.port}],
+            "readinessProbe": {"tcpSocket": {"port": self.port}, "periodSeconds": 1},
+        }
+        if limits:
+            container["resources"] = {"limits": limits, "requests": limits}
+        return {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {
+                "completionMode": "Indexed",
+                "completions": self.pods,
+                "parallelism": self.pods,
+                "backoffLimitPerIndex": 0,
+                "ttlSecondsAfterFinished": FINISHED_TTL_S,
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {"restartPolicy": "Never", "containers": [container]},
+                },
+            },
+        }
+
+    def allocate(self, cfg: AgentConfig) -> Allocation:
+        """Creates the mesh's Secret and Job, and waits until every pod is Ready."""
+        from kubernetes import client
+        from kubernetes.client.rest import ApiException
+
+        api = api_client(self.kubeconfig)
+        core: Any = client.CoreV1Api(api)
+        batch: Any = client.BatchV1Api(api)
+        name = f"monarch-{dns_name(cfg.name)}-{secrets.token_hex(3)}"
+        job = {"kind": "k8s", "name": name, "namespace": self.namespace, "kubeconfig": self.kubeconfig or ""}
+        job["tag"] = self.tag
+        secret = {"metadata": {"name": name}, "stringData": {"config": cfg.to_line().decode()}}
+        try:
+            core.create_namespaced_secret(self.namespace, secret)
+            made = batch.create_namespaced_job(self.namespace, self.job_body(name, cfg.name))
+            owner = {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "name": name,
+                "uid": made.metadata.uid,
+                "blockOwnerDeletion": True,
+            }
+            core.patch_namespaced_secret(name, self.namespace, {"metadata": {"ownerReferences": [owner]}})
+        except ApiException as e:
+            end(job)
+            raise MeshStartError(
+                f"Kubernetes refused the mesh's Job in namespace {self.namespace!r}: {_said(e)}. "
+                "The account needs to create Jobs and Secrets there (docs: Kubernetes, RBAC)",
+                mesh=cfg.name,
+            ) from None
+        try:
+            pods = self._wait_ready(core, name, cfg.name)
+        except BaseException:
+            end(job)
+            raise
+        agents = [
+            AgentInfo(addr=f"{p.status.pod_ip}:{self.port}", pid=0, host=p.metadata.name, job_id=name)
+            for p in pods
+        ]
+        return Allocation(agents, job)
+
+    def _wait_ready(self, core: Any, name: str, mesh: str) -> list[Any]:
+        """The Job's pods in index order once all are Ready; a pod that fails first, or
+        the timeout, raises ``MeshStartError`` with what Kubernetes says."""
+        deadline = time.monotonic() + (self.timeout if self.timeout is not None else float("inf"))
+        seen: list[Any] = []
+        while True:
+            seen = core.list_namespaced_pod(self.namespace, label_selector=f"{JOB_LABEL}={name}").items
+            by_index = {int(p.metadata.labels.get(INDEX_LABEL, -1)): p for p in seen}
+            for p in seen:
+                why = pod_end(p)
+                if why:
+                    raise MeshStartError(f"{why} before its host agent started", mesh=mesh)
+            ready = [by_index[i] for i in range(self.pods) if i in by_index and _ready(by_index[i])]
+            if len(ready) == self.pods:
+                return ready
+            if time.monotonic() > deadline:
+                waiting = "; ".join(_waiting(p) for p in seen) or "no pod was created"
+                raise MeshStartError(
+                    f"{len(ready)} of {self.pods} pods of Job {name} were Ready within {self.timeout:g} s "
+                    f"({waiting}); see `kubectl -n {self.namespace} describe job {name}`",
+                    mesh=mesh,
+                )
+            time.sleep(0.2)
+
+
+def _ready(pod: Any) -> bool:
+    return bool(pod.status.pod_ip) and any(
+        c.type == "Ready" and c.status == "True" for c in pod.status.conditions or []
+    )
+
+
+def _waiting(pod: Any) -> str:
+    """What a pod that is not Ready waits for, in words."""
+    st = pod.status
+    for c in st.conditions or []:
+        if c.type == "PodScheduled" and c.status != "True":
+            return f"{pod.metadata.name} is not scheduled: {c.message or c.reason}"
+    for cs in st.container_statuses or []:
+        if cs.state and cs.state.waiting:
+            return f"{pod.metadata.name} waits: {cs.state.waiting.reason} {cs.state.waiting.message or ''}".strip()
+    return f"{pod.metadata.name} is {st.phase}"
+
+
+def pod_end(pod: Any) -> str | None:
+    """Why ``pod`` ended (or is ending), in Kubernetes' words; None while it runs."""
+    name, st = pod.metadata.name, pod.status
+    disruption = next(
+        (c for c in st.conditions or [] if c.type == "DisruptionTarget" and c.status == "True"), None
+    )
+    if st.reason == "Evicted":
+        return f"pod {name} was evicted: {st.message or 'no reason given'}"
+    if disruption is not None:
+        return f"pod {name} was disrupted ({disruption.reason}: {disruption.message or ''})".replace(
+            ": )", ")"
+        )
+    if pod.metadata.deletion_timestamp is not None:
+        return f"pod {name} was deleted"
+    for cs in st.container_statuses or []:
+        t = cs.state.terminated if cs.state else None
+        if t is not None:
+            if t.reason == "OOMKilled":
+                return f"pod {name}'s container was OOM-killed (exit {t.exit_code}): it needs more memory"
+            return f"pod {name}'s container ended ({t.reason or 'exit'} {t.exit_code}{': ' + t.message if t.message else ''})"
+    if st.phase in ("Failed", "Succeeded"):
+        return f"pod {name} {st.phase.lower()}{': ' + st.message if st.message else ''}"
+    return None
+
+
+def _said(e: Any) -> str:
+    try:
+        return str(json.loads(e.body).get("message") or e.reason)
+    except (TypeError, ValueError, AttributeError):
+        return f"{e.status} {e.reason}"
+
+
+def end(job: dict[str, Any]) -> bool:
+    """Deletes a mesh's Job, its pods and its Secret (``_allocator.release``). True if
+    the Job was there to delete."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    try:
+        api = api_client(job.get("kubeconfig") or None)
+    except MeshSpecError:
+        return False
+    core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
+    ns, name = job["namespace"], job["name"]
+    found = False
+    try:
+        batch.delete_namespaced_job(name, ns, propagation_policy="Background")
+        found = True
+    except ApiException as e:
+        if e.status != 404:
+            raise
+    # The garbage collector deletes the pods too; deleting them here ends them now.
+    try:
+        core.delete_collection_namespaced_pod(ns, label_selector=f"{JOB_LABEL}={name}")
+        core.delete_namespaced_secret(name, ns)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+    return found
+
+
+def end_reason(job: dict[str, Any], wait: float = 3.0, host: str | None = None) -> str | None:
+    """Why the agent of pod ``host`` (or, without it, every agent of the mesh) went
+    away, in Kubernetes' words; None while it runs. Given ``wait`` s for Kubernetes
+    to record the end (the agent can go first), and at least ``HOST_WAIT_S`` for one
+    pod: its agent's connection breaks as the container ends, before the kubelet
+    reports how it ended."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    try:
+        core: Any = client.CoreV1Api(api_client(job.get("kubeconfig") or None))
+    except MeshSpecError:
+        return None
+    deadline = time.monotonic() + (wait if host is None else max(wait, HOST_WAIT_S))
+    while True:
+        try:
+            pods = core.list_namespaced_pod(
+                job["namespace"], label_selector=f"{JOB_LABEL}={job['name']}"
+            ).items
+        except (ApiException, OSError):
+            return None
+        if host is not None:
+            mine = [p for p in pods if p.metadata.name == host]
+            why = pod_end(mine[0]) if mine else f"pod {host} was deleted"
+        else:
+            ends = [pod_end(p) for p in pods]
+            why = None if not pods or None in ends else "; ".join(e for e in ends if e)
+            why = why and f"its Kubernetes Job {job['name']} ended: {why}"
+        if why or time.monotonic() >= deadline:
+            return why
+        time.sleep(0.2)
+
+
+__all__ = ["KubernetesPods", "api_client", "end", "end_reason", "pod_end"]

@@ -1,0 +1,203 @@
+"""Meshes on Kubernetes: ``KubernetesJob`` against a real kube-apiserver, its Job
+controller, garbage collector and scheduler (tools/k8s). The controller runs on the
+bed's login host; each pod's agent and workers are real processes in a network
+namespace whose address is the pod's IP.
+
+What is checked: a 2-pod x 2-proc mesh with actors on both pods, made as a labelled
+Job whose pods it owns; the agent's configuration not left in the workers'
+environment; a new controller reattaching; a pod deleted from outside reported as
+its host, with Kubernetes' reason, while the other pod goes on; ``job.kill()`` and
+``monarch-kernel down`` leaving no pod, Job, Secret or process."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.multihost.controller import Controller
+from tools.k8s import NAMESPACE, KubeBed
+from tools.testcluster._netns import pids_in
+
+SETUP = f"""
+import os, socket
+from monarch_kernel import Actor, endpoint, attach
+from monarch_kernel.job import KubernetesJob
+
+class Where(Actor):
+    @endpoint
+    def where(self):
+        return [socket.gethostname(), "MONARCH_AGENT_CONFIG" in os.environ, os.getcwd()]
+
+failures = []
+def record(f):
+    failures.append([f.kind, f.host, str(f)])
+
+def new_job(n, **kw):
+    return KubernetesJob(namespace={NAMESPACE!r}, meshes={{"trainers": n}}, image="monarch-kernel:test", **kw)
+"""
+
+LIST = """
+import json
+def pods():
+    out = []
+    for p in core.list_namespaced_pod(NS).items:
+        out.append({"name": p.metadata.name, "labels": p.metadata.labels, "phase": p.status.phase,
+                    "owners": [o.kind for o in p.metadata.owner_references or []]})
+    return out
+print(json.dumps({"pods": pods(), "jobs": [j.metadata.name for j in batch.list_namespaced_job(NS).items],
+                  "secrets": [[s.metadata.name, [o.kind for o in s.metadata.owner_references or []]]
+                              for s in core.list_namespaced_secret(NS).items if s.metadata.name.startswith("monarch-")]}))
+""".replace("NS", repr(NAMESPACE))
+
+
+def objects(bed: KubeBed) -> dict:
+    """The bed namespace's pods, Jobs and monarch Secrets, as the API lists them."""
+    return json.loads(bed.api(LIST).strip().splitlines()[-1])
+
+
+def nothing_left(bed: KubeBed, within: float = 30.0) -> None:
+    """Until no pod, Job or monarch Secret is in the namespace and nothing runs in a
+    pod's network namespace; fails the test otherwise."""
+    deadline = time.monotonic() + within
+    while True:
+        left = objects(bed)
+        procs = pids_in([h.ns for h in bed.cluster.hosts])
+        if not (left["pods"] or left["jobs"] or left["secrets"] or procs):
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"left after {within:g} s: {left}, processes {procs}\n{bed.logs()}")
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def state_home(tmp_path: Path) -> Path:
+    return tmp_path / "state"
+
+
+@pytest.fixture
+def controllers(bed: KubeBed, state_home: Path) -> Iterator[list[Controller]]:
+    """Controllers made by ``new(controllers, bed, state_home)``; at the end every
+    mesh is stopped (``monarch-kernel down --all``) and nothing may be left."""
+    made: list[Controller] = []
+    yield made
+    for c in made:
+        c.close()
+    bed.run_in_login(
+        [sys.executable, "-m", "monarch_kernel", "down", "--all", "--yes", "--force"],
+        env={**os.environ, "XDG_STATE_HOME": str(state_home)},
+        capture_output=True,
+        timeout=120,
+    )
+    nothing_left(bed)
+
+
+def new(controllers: list[Controller], bed: KubeBed, state_home: Path) -> Controller:
+    c = Controller(bed.cluster, str(state_home), env=bed.env())
+    controllers.append(c)
+    c.run(SETUP)
+    return c
+
+
+def test_a_mesh_of_two_pods_runs_actors_on_both_as_a_job_that_owns_its_pods(bed, controllers, state_home):
+    c = new(controllers, bed, state_home)
+    c.run("job = new_job(2, labels={'team': 'nlp'})")
+    c.run("procs = job.state(cached_path=None).trainers.spawn_procs(per_host={'procs': 2}, name='pair')")
+    c.run("w = procs.spawn('where', Where)")
+    seen = c.eval("w.where.call().get(timeout=60).values()")
+    assert len(seen) == 4
+    hosts = {h for h, _, _ in seen}
+    assert len(hosts) == 2 and all(h.startswith("monarch-pair-") for h in hosts), seen
+    assert not any(has_config for _, has_config, _ in seen), "the agent's configuration reached the workers"
+    assert all("/pods/" in cwd for _, _, cwd in seen), seen  # each pod's own folder, not the notebook's
+    made = objects(bed)
+    assert {p["name"] for p in made["pods"]} == hosts
+    for p in made["pods"]:
+        assert p["phase"] == "Running"
+        assert p["owners"] == ["Job"]
+        assert p["labels"]["team"] == "nlp"
+        assert p["labels"]["monarch.pytorch.org/mesh-name"] == "pair"
+    assert len(made["jobs"]) == 1 and made["secrets"] == [[made["jobs"][0], ["Job"]]]
+    c.run("job.kill()")
+    nothing_left(bed)
+
+
+def test_a_new_controller_reattaches_to_a_mesh_on_pods(bed, controllers, state_home):
+    first = new(controllers, bed, state_home)
+    first.run(
+        "procs = new_job(2).state(cached_path=None).trainers.spawn_procs(per_host={'procs': 1}, name='kept')"
+    )
+    first.run("w = procs.spawn('where', Where)")
+    before = sorted(h for h, _, _ in first.eval("w.where.call().get(timeout=60).values()"))
+    first.close()  # a named mesh outlives its controller
+    second = new(controllers, bed, state_home)
+    second.run("procs = attach('kept')")
+    second.run("w = procs.spawn('where2', Where)")
+    after = sorted(h for h, _, _ in second.eval("w.where.call().get(timeout=60).values()"))
+    assert after == before
+
+
+def test_a_pod_deleted_from_outside_is_reported_as_its_host_with_kubernetes_reason(
+    bed, controllers, state_home
+):
+    c = new(controllers, bed, state_home)
+    c.run(
+        "procs = new_job(2).state(cached_path=None).trainers.spawn_procs(per_host={'procs': 2}, name='lose')"
+    )
+    c.run("procs.on_failure(record)")
+    c.run("w = procs.spawn('where', Where)")
+    seen = c.eval("w.where.call().get(timeout=60).values()")
+    victim = seen[0][0]
+    bed.api(f"core.delete_namespaced_pod({victim!r}, {NAMESPACE!r})")
+    deadline = time.monotonic() + 30
+    while not c.eval("failures") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    failures = c.eval("failures")
+    assert [f[0] for f in failures] == ["host_lost"], failures
+    kind, host, message = failures[0]
+    assert host == victim
+    assert f"pod {victim}" in message and ("deleted" in message or "disrupted" in message), message
+    # The other pod goes on.
+    left = c.eval("[v[0] for v in w.slice(hosts=1).where.call().get(timeout=60).values()]")
+    assert victim not in left and len(left) == 2
+
+
+def test_sync_workspace_brings_an_edited_local_module_to_the_pods_and_reloads_it(
+    bed, controllers, state_home, tmp_path
+):
+    notebook = tmp_path / "notebook"
+    notebook.mkdir()
+    (notebook / "helpers.py").write_text("VALUE = 1\n")
+    c = new(controllers, bed, state_home)
+    c.run(f"os.chdir({str(notebook)!r})")
+    c.run(
+        "procs = new_job(2).state(cached_path=None).trainers.spawn_procs(per_host={'procs': 2}, name='code')"
+    )
+    c.run(
+        "class Uses(Actor):\n"
+        "    @endpoint\n"
+        "    def value(self):\n"
+        "        import helpers\n"
+        "        return [helpers.VALUE, helpers.__file__]\n"
+    )
+    c.run("u = procs.spawn('uses', Uses)")
+    with pytest.raises(
+        Exception, match="No module named 'helpers'"
+    ):  # the pods do not see the notebook's files
+        c.eval("u.value.call().get(timeout=60)")
+    first = c.eval("repr(procs.sync_workspace().get())")
+    assert first.startswith("synced 1 changed file") and "to 2 hosts" in first, first
+    values = c.eval("u.value.call().get(timeout=60).values()")
+    assert [v for v, _ in values] == [1, 1, 1, 1]
+    assert all(str(notebook) not in f and "/workspace/code@monarch-code-" in f for _, f in values), values
+    (notebook / "helpers.py").write_text("VALUE = 2\n")
+    second = c.eval("repr(procs.sync_workspace(auto_reload=True).get())")
+    assert "synced 1 changed file" in second and "reloaded helpers (ranks 0-3)" in second, second
+    assert [v for v, _ in c.eval("u.value.call().get(timeout=60).values()")] == [2, 2, 2, 2]
+    third = c.eval("repr(procs.sync_workspace().get())")
+    assert third.startswith("synced 0 changed files (0 B) to 2 hosts; 1 unchanged"), third
