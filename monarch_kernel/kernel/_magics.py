@@ -83,7 +83,8 @@ from monarch_kernel.kernel._cells import run_cell, select_ranks
 
 _HELP = __doc__
 _SUBCOMMANDS = (
-    "up, attach, ls, down, use, status, respawn, logs, stacks, debug, activate, deactivate, push, pull, run, sync"
+    "up, attach, ls, down, use, status, respawn, logs, stacks, debug, activate, deactivate, "
+    "push, pull, run, sync"
 )
 
 

@@ -30,7 +30,14 @@ if TYPE_CHECKING:
         unhandled_fault_hook,
         user_fault_hook,
     )
-    from monarch_kernel.mesh._future import Done, Future, escalate_interrupted, interrupt, set_slow_wait, wait_calls
+    from monarch_kernel.mesh._future import (
+        Done,
+        Future,
+        escalate_interrupted,
+        interrupt,
+        set_slow_wait,
+        wait_calls,
+    )
     from monarch_kernel.mesh._port import Channel, Port, PortReceiver, RankedPortReceiver, local_address
     from monarch_kernel.mesh._port import deliver as deliver_port_message
     from monarch_kernel.mesh._proc_mesh import SPAWN_TIMEOUT, ProcMesh, current_proc
