@@ -201,3 +201,59 @@ def test_sync_workspace_brings_an_edited_local_module_to_the_pods_and_reloads_it
     assert [v for v, _ in c.eval("u.value.call().get(timeout=60).values()")] == [2, 2, 2, 2]
     third = c.eval("repr(procs.sync_workspace().get())")
     assert third.startswith("synced 0 changed files (0 B) to 2 hosts; 1 unchanged"), third
+
+
+def test_a_pod_whose_agent_cannot_start_fails_the_spawn_with_its_reason_and_leaves_nothing(
+    bed, controllers, state_home
+):
+    c = new(controllers, bed, state_home)
+    c.run(
+        "job = KubernetesJob(namespace='research', meshes={'trainers': 2}, image='monarch-kernel:test', python='/no/python')"
+    )
+    with pytest.raises(Exception) as failed:
+        c.run("job.state(cached_path=None).trainers.spawn_procs(per_host={'procs': 1}, name='broken')")
+    message = str(failed.value)
+    assert "MeshStartError" in message and "container ended (Error 127" in message, message
+    assert "before its host agent started" in message
+    nothing_left(bed)
+
+
+def test_pods_that_cannot_be_scheduled_fail_the_spawn_with_the_schedulers_words(bed, controllers, state_home):
+    c = new(controllers, bed, state_home)
+    c.run("job = new_job(2, gpus_per_pod=16, timeout=3)")  # the bed's nodes have 8 GPUs each
+    with pytest.raises(Exception) as failed:
+        c.run("job.state(cached_path=None).trainers.spawn_procs(per_host={'procs': 1}, name='toobig')")
+    message = str(failed.value)
+    assert "0 of 2 pods" in message and "is not scheduled" in message, message
+    assert "Insufficient nvidia.com/gpu" in message, message
+    nothing_left(bed)
+
+
+def test_the_kubernetes_notebook_runs_against_the_bed(bed, state_home, jupyter_path, tmp_path):
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "kubernetes-out.ipynb"
+    folder = tmp_path / "notebook"  # the notebook's folder: what it syncs
+    folder.mkdir()
+    env = {
+        **os.environ,
+        "XDG_STATE_HOME": str(state_home),
+        "MONARCH_DEMO_NAMESPACE": NAMESPACE,
+        "MONARCH_DEMO_IMAGE": "monarch-kernel:test",
+    }
+    argv = [
+        sys.executable,
+        str(root / "demo" / "run_notebook.py"),
+        str(root / "notebooks" / "kubernetes.ipynb"),
+    ]
+    done = bed.run_in_login(
+        [*argv, "--save", str(out)], env=env, cwd=folder, capture_output=True, text=True, timeout=300
+    )
+    text = done.stdout
+    assert done.returncode == 0, text[-3000:] + done.stderr[-3000:]
+    assert "synced 1 changed file (47 B) to 2 hosts; 0 unchanged" in text
+    assert text.count(": hello from version 1") == 4
+    assert "synced 1 changed file (47 B) to 2 hosts; 0 unchanged; reloaded helpers (ranks 0-3)" in text
+    assert text.count(": hello from version 2") == 4
+    assert "hello from version 2" in text.split("%%mesh")[-1]
+    assert "['stopped', 'stopped', 'stopped', 'stopped']" in text
+    nothing_left(bed)

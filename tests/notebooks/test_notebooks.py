@@ -14,8 +14,10 @@ from notebook_text import cell_text
 from demo.run_notebook import execute  # nbclient answering pdb prompts from cell metadata
 
 ROOT = Path(__file__).resolve().parents[2]
-#: multihost.ipynb needs the test cluster: tests/multihost runs it there.
-NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").glob("*.ipynb") if p.name != "multihost.ipynb")
+#: multihost.ipynb needs the test cluster (tests/multihost runs it there), kubernetes.ipynb
+#: the k8s test bed (tests/k8s).
+ELSEWHERE = {"multihost.ipynb", "kubernetes.ipynb"}
+NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").glob("*.ipynb") if p.name not in ELSEWHERE)
 
 
 def _execute(path: Path) -> nbformat.NotebookNode:
