@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from tools.testcluster import Cluster
@@ -45,7 +46,15 @@ class ControllerError(Exception):
 class Controller:
     """A Python process on the login host (see the module docstring)."""
 
-    def __init__(self, cluster: Cluster, state_home: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        state_home: str,
+        env: dict[str, str] | None = None,
+        prefix: Sequence[str] = (),
+    ) -> None:
+        """``prefix``: a command that runs the controller in the login host (e.g.
+        ``unshare`` for a private mount)."""
         env = {
             **os.environ,
             **cluster.env(),
@@ -55,7 +64,7 @@ class Controller:
         }
         env.pop("MONARCH_TRANSFER_HOST", None)
         self.proc = subprocess.Popen(
-            cluster.login_cmd([sys.executable, "-u", "-c", REPL]),
+            cluster.login_cmd([*prefix, sys.executable, "-u", "-c", REPL]),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
