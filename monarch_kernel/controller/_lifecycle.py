@@ -185,7 +185,8 @@ def create(
         meta=meta,
         bind_host="auto" if remote else "127.0.0.1",
         tls=tls,
-        state_home=os.environ.get("XDG_STATE_HOME", "") if remote else "",
+        # (a shared home: the controller's state folder on every host; a pod has its own)
+        state_home=os.environ.get("XDG_STATE_HOME", "") if remote and allocator.shares_files else "",
         # REGISTRY-2: an agent of this host lists the mesh itself as soon as it listens,
         # so no error or interrupt after it starts leaves it unlisted.
         state_file="" if remote else str(registry.path_of(mesh_name)),

@@ -257,3 +257,24 @@ def test_the_kubernetes_notebook_runs_against_the_bed(bed, state_home, jupyter_p
     assert "hello from version 2" in text.split("%%mesh")[-1]
     assert "['stopped', 'stopped', 'stopped', 'stopped']" in text
     nothing_left(bed)
+
+
+def test_a_mesh_whose_notebook_went_away_ends_at_its_idle_timeout_and_kubernetes_deletes_its_pods(
+    bed, controllers, state_home
+):
+    c = new(controllers, bed, state_home)
+    c.run(
+        "procs = new_job(2).state(cached_path=None).trainers.spawn_procs("
+        "per_host={'procs': 1}, name='idle', idle_timeout=2)"
+    )
+    c.run("w = procs.spawn('where', Where)")
+    assert len(c.eval("w.where.call().get(timeout=60).values()")) == 2
+    c.proc.kill()  # the notebook goes away without stopping its mesh
+    c.proc.wait(10)
+    # The agents end after 2 s without a controller; their pods succeed, the Job
+    # completes, and Kubernetes deletes it (ttlSecondsAfterFinished), pods with it.
+    deadline = time.monotonic() + 90
+    while objects(bed)["pods"] or objects(bed)["jobs"]:
+        assert time.monotonic() < deadline, f"still there after 90 s: {objects(bed)}\n{bed.logs()}"
+        time.sleep(1)
+    nothing_left(bed)
