@@ -499,43 +499,41 @@ def main() -> None:
             "(the panel looks every 500 ms)",
         ),
     ]
-    from bench import tensors  # (imports torch: after the rows above, whose procs never need it)
+    from bench import (
+        k8s,
+        multihost,
+        scale,
+        tensors,  # (imports torch: after the rows above, whose procs never need it)
+    )
 
-    more, skipped = multihost_rows()
-    wide, wide_skipped = scale_rows()
-    print_table(rows + tensors.rows() + more + wide)
-    for why in (skipped, wide_skipped):
+    more, skipped = cluster_rows("multi-host", multihost.rows)
+    wide, wide_skipped = cluster_rows("scale", scale.rows)
+    pods, pods_skipped = cluster_rows("k8s", k8s.rows, k8s.missing)
+    print_table(rows + tensors.rows() + more + wide + pods)
+    for why in (skipped, wide_skipped, pods_skipped):
         if why:
             print(why)
     sys.stdout.flush()
 
 
-def multihost_rows() -> tuple[list[tuple[str, float, str, str, float, str]], str | None]:
-    """The multi-host rows (bench/multihost.py, on a test cluster made on this machine
-    meanwhile); where there are none, the line that says why."""
-    from bench import multihost
-
+def cluster_rows(
+    what: str, make: Any, missing: Any = None
+) -> tuple[list[tuple[str, float, str, str, float, str]], str | None]:
+    """The rows ``make()`` measures on a test cluster made on this machine meanwhile
+    (bench/multihost.py, bench/scale.py: 1,024 procs on 64 test hosts, bench/k8s.py:
+    the k8s bed); where there are none, the line that says why."""
     if reason := unavailable():
-        return [], f"multi-host rows skipped: no test cluster ({reason})"
+        return [], f"{what} rows skipped: no test cluster ({reason})"
+    if missing is not None and (gone := missing()):
+        return (
+            [],
+            f"{what} rows skipped: the k8s bed's binaries are not built ({', '.join(gone)}): make k8s-bed",
+        )
     try:
-        return multihost.rows(), None
+        return make(), None
     except ClusterError as e:
         print(e, file=sys.stderr)
-        return [], f"multi-host rows skipped: {str(e).splitlines()[0]}"
-
-
-def scale_rows() -> tuple[list[tuple[str, float, str, str, float, str]], str | None]:
-    """The scale rows (bench/scale.py: 1,024 procs on 64 test hosts made meanwhile);
-    where there are none, the line that says why."""
-    from bench import scale
-
-    if reason := unavailable():
-        return [], f"scale rows skipped: no test cluster ({reason})"
-    try:
-        return scale.rows(), None
-    except ClusterError as e:
-        print(e, file=sys.stderr)
-        return [], f"scale rows skipped: {str(e).splitlines()[0]}"
+        return [], f"{what} rows skipped: {str(e).splitlines()[0]}"
 
 
 def print_cluster_rows(rows: Any, hosts: int, what: str) -> None:
