@@ -142,8 +142,9 @@ def test_a_new_controller_reattaches_to_a_mesh_on_pods(bed, controllers, state_h
     assert after == before
 
 
+@pytest.mark.parametrize("how", ["deleted", "evicted"])
 def test_a_pod_deleted_from_outside_is_reported_as_its_host_with_kubernetes_reason(
-    bed, controllers, state_home
+    bed, controllers, state_home, how
 ):
     c = new(controllers, bed, state_home)
     c.run(
@@ -153,7 +154,13 @@ def test_a_pod_deleted_from_outside_is_reported_as_its_host_with_kubernetes_reas
     c.run("w = procs.spawn('where', Where)")
     seen = c.eval("w.where.call().get(timeout=60).values()")
     victim = seen[0][0]
-    bed.api(f"core.delete_namespaced_pod({victim!r}, {NAMESPACE!r})")
+    if how == "deleted":
+        bed.api(f"core.delete_namespaced_pod({victim!r}, {NAMESPACE!r})")
+    else:  # the Eviction API, as a node drain does
+        meta = f"client.V1ObjectMeta(name={victim!r}, namespace={NAMESPACE!r})"
+        bed.api(
+            f"core.create_namespaced_pod_eviction({victim!r}, {NAMESPACE!r}, client.V1Eviction(metadata={meta}))"
+        )
     deadline = time.monotonic() + 30
     while not c.eval("failures") and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -161,7 +168,11 @@ def test_a_pod_deleted_from_outside_is_reported_as_its_host_with_kubernetes_reas
     assert [f[0] for f in failures] == ["host_lost"], failures
     kind, host, message = failures[0]
     assert host == victim
-    assert f"pod {victim}" in message and ("deleted" in message or "disrupted" in message), message
+    said = {
+        "deleted": f"pod {victim} was deleted",
+        "evicted": f"pod {victim} was disrupted (EvictionByEvictionAPI",
+    }
+    assert said[how] in message, message
     # The other pod goes on.
     left = c.eval("[v[0] for v in w.slice(hosts=1).where.call().get(timeout=60).values()]")
     assert victim not in left and len(left) == 2
