@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.multihost.controller import Controller
+from tests.multihost.controller import Controller, ControllerError
 from tools.k8s import NAMESPACE, KubeBed
 from tools.testcluster._netns import pids_in
 
@@ -288,4 +288,73 @@ def test_a_mesh_whose_notebook_went_away_ends_at_its_idle_timeout_and_kubernetes
     while objects(bed)["pods"] or objects(bed)["jobs"]:
         assert time.monotonic() < deadline, f"still there after 90 s: {objects(bed)}\n{bed.logs()}"
         time.sleep(1)
+    nothing_left(bed)
+
+
+#: Runs the controller as a pod of the cluster would: no kubeconfig, the service
+#: account's token and the cluster's CA at the in-cluster path (a tmpfs over /run in
+#: a mount namespace of its own; $0 holds the two files), the API's address in the
+#: environment.
+IN_CLUSTER = [
+    "unshare",
+    "--mount",
+    "--propagation",
+    "private",
+    "sh",
+    "-c",
+    'mount -t tmpfs tmpfs /run && d=/run/secrets/kubernetes.io/serviceaccount && mkdir -p $d && cp "$0"/* $d && exec "$@"',
+]
+
+
+def readme_role() -> dict:
+    """The Role the README says a notebook's account needs."""
+    import yaml
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = text.split("```yaml", 1)[1].split("```", 1)[0]
+    return yaml.safe_load(
+        "\n".join(line[2:] if line.startswith("  ") else line for line in block.splitlines())
+    )
+
+
+def test_a_notebook_inside_the_cluster_with_the_readmes_role_runs_a_mesh(
+    bed, controllers, state_home, tmp_path
+):
+    role = readme_role()
+    assert role["kind"] == "Role"
+    role["metadata"]["namespace"] = NAMESPACE
+    secrets = tmp_path / "serviceaccount"
+    secrets.mkdir()
+    token = bed.api(
+        f"""
+from kubernetes import utils
+core.create_namespaced_service_account({NAMESPACE!r}, {{"metadata": {{"name": "notebook"}}}})
+rbac = client.RbacAuthorizationV1Api(api)
+rbac.create_namespaced_role({NAMESPACE!r}, {role!r})
+rbac.create_namespaced_role_binding({NAMESPACE!r}, {{
+    "metadata": {{"name": "notebook"}},
+    "roleRef": {{"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": {role["metadata"]["name"]!r}}},
+    "subjects": [{{"kind": "ServiceAccount", "name": "notebook", "namespace": {NAMESPACE!r}}}]}})
+t = core.create_namespaced_service_account_token("notebook", {NAMESPACE!r}, {{"spec": {{"expirationSeconds": 3600}}}})
+print(t.status.token)
+"""
+    ).split()[-1]
+    (secrets / "token").write_text(token)
+    (secrets / "ca.crt").write_text((bed.dir / "ca.crt").read_text())
+    (secrets / "namespace").write_text(NAMESPACE)
+    env = {k: v for k, v in bed.env().items() if k != "KUBECONFIG"}
+    env |= {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": "26443", "HOME": str(tmp_path)}
+    c = Controller(bed.cluster, str(state_home), env=env, prefix=[*IN_CLUSTER, str(secrets)])
+    controllers.append(c)
+    c.run(SETUP)
+    assert not c.eval("'KUBECONFIG' in os.environ or os.path.exists(os.path.expanduser('~/.kube'))")
+    c.run("from monarch_kernel.hosts._k8s import api_client\nfrom kubernetes import client as kc")
+    with pytest.raises(ControllerError, match="Forbidden"):  # it is the service account, not an administrator
+        c.eval("kc.CoreV1Api(api_client(None)).list_node()")
+    c.run(
+        "procs = new_job(2).state(cached_path=None).trainers.spawn_procs(per_host={'procs': 1}, name='inside')"
+    )
+    c.run("w = procs.spawn('where', Where)")
+    assert len(c.eval("w.where.call().get(timeout=60).values()")) == 2
+    c.run("procs.stop()")  # as the service account: deletes the Job, its pods and Secret
     nothing_left(bed)
