@@ -129,9 +129,9 @@ def test_a_mesh_of_two_pods_runs_actors_on_both_as_a_job_that_owns_its_pods(bed,
 
 def test_a_new_controller_reattaches_to_a_mesh_on_pods(bed, controllers, state_home):
     first = new(controllers, bed, state_home)
-    first.run(
-        "procs = new_job(2).state(cached_path=None).trainers.spawn_procs(per_host={'procs': 1}, name='kept')"
-    )
+    saved = state_home.parent / "job.pkl"
+    first.run(f"job = new_job(2); job.dump({str(saved)!r})")
+    first.run("procs = job.state(cached_path=None).trainers.spawn_procs(per_host={'procs': 1}, name='kept')")
     first.run("w = procs.spawn('where', Where)")
     before = sorted(h for h, _, _ in first.eval("w.where.call().get(timeout=60).values()"))
     first.close()  # a named mesh outlives its controller
@@ -140,6 +140,9 @@ def test_a_new_controller_reattaches_to_a_mesh_on_pods(bed, controllers, state_h
     second.run("w = procs.spawn('where2', Where)")
     after = sorted(h for h, _, _ in second.eval("w.where.call().get(timeout=60).values()"))
     assert after == before
+    # The saved job, loaded in the new controller, ends what the first one spawned.
+    second.run(f"from monarch_kernel.job import job_load\njob_load({str(saved)!r}).kill()")
+    nothing_left(bed)
 
 
 @pytest.mark.parametrize("how", ["deleted", "evicted"])
