@@ -267,8 +267,9 @@ def test_the_kubernetes_notebook_runs_against_the_bed(bed, state_home, jupyter_p
     assert "synced 1 changed file (47 B) to 2 hosts; 0 unchanged" in text
     assert text.count(": hello from version 1") == 4
     assert "synced 1 changed file (47 B) to 2 hosts; 0 unchanged; reloaded helpers (ranks 0-3)" in text
-    assert text.count(": hello from version 2") == 4
+    assert text.count(": hello from version 2") == 4 + 2  # the mesh's 4 procs, then the magic's 2
     assert "hello from version 2" in text.split("%%mesh")[-1]
+    assert text.count("monarch-k8s-magic-") == 2  # %mesh up --k8s: two pods, one proc each
     assert "['stopped', 'stopped', 'stopped', 'stopped']" in text
     nothing_left(bed)
 
