@@ -27,6 +27,8 @@ from monarch_kernel.errors import MeshSpecError
 SKIPPED_DIRS = frozenset({"__pycache__", "node_modules", "venv", "env", "build", "dist", "wandb"})
 #: Files larger than this are not sent (datasets, checkpoints); the result names them.
 MAX_FILE_BYTES = 64 << 20
+#: A workspace larger than this in all is refused (a data folder given by mistake).
+MAX_TOTAL_BYTES = 2 << 30
 
 #: Content hashes by (path, size, mtime_ns): a file that did not change is not read again.
 _hashes: dict[tuple[str, int, int], str] = {}
@@ -82,12 +84,12 @@ class SyncResult:
         return "; ".join(parts)
 
 
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB"):
-        if n < 1024 or unit == "MiB":
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return f"{n} B"  # pragma: no cover
+        n /= 1024
+    raise AssertionError("unreachable")
 
 
 def folders_of(workspace: Any) -> dict[Path, str]:
@@ -124,6 +126,7 @@ def scan(dirs: dict[Path, str]) -> tuple[dict[str, tuple[Path, str, int]], list[
     mode); and the files too large to send."""
     files: dict[str, tuple[Path, str, int]] = {}
     skipped: list[str] = []
+    total = 0
     for src, dst in dirs.items():
         for top, subdirs, names in os.walk(src):
             subdirs[:] = sorted(
@@ -145,6 +148,13 @@ def scan(dirs: dict[Path, str]) -> tuple[dict[str, tuple[Path, str, int]], list[
                     skipped.append(str(path))
                     continue
                 rel = (Path(dst) / path.relative_to(src)).as_posix()
+                total += st.st_size
+                if total > MAX_TOTAL_BYTES:
+                    raise MeshSpecError(
+                        f"sync_workspace: {', '.join(map(str, dirs))} hold more than {_size(MAX_TOTAL_BYTES)} "
+                        "of files; sync the folders of your code only (sync_workspace(['src', 'configs'])), "
+                        "and give data to the hosts another way"
+                    )
                 files[rel] = (path, _hash(path, st), st.st_mode)
     return files, skipped
 

@@ -190,16 +190,21 @@ class KubernetesPods:
             }
             core.patch_namespaced_secret(name, self.namespace, {"metadata": {"ownerReferences": [owner]}})
         except ApiException as e:
-            end(job)
+            _end_quietly(job)
             raise MeshStartError(
                 f"Kubernetes refused the mesh's Job in namespace {self.namespace!r}: {_said(e)}. "
-                "The account needs to create Jobs and Secrets there (docs: Kubernetes, RBAC)",
+                "The account needs to create Jobs and Secrets there (README: Kubernetes)",
                 mesh=cfg.name,
+            ) from None
+        except Exception as e:  # the API went away meanwhile (urllib3, OSError)
+            _end_quietly(job)
+            raise MeshStartError(
+                f"cannot reach the Kubernetes API at {api.configuration.host}: {e}", mesh=cfg.name
             ) from None
         try:
             pods = self._wait_ready(core, name, cfg.name)
-        except BaseException:
-            end(job)
+        except BaseException:  # an interrupt too: nothing may stay scheduled
+            _end_quietly(job)
             raise
         agents = [
             AgentInfo(addr=f"{p.status.pod_ip}:{self.port}", pid=0, host=p.metadata.name, job_id=name)
@@ -280,6 +285,14 @@ def _said(e: Any) -> str:
         return str(json.loads(e.body).get("message") or e.reason)
     except (TypeError, ValueError, AttributeError):
         return f"{e.status} {e.reason}"
+
+
+def _end_quietly(job: dict[str, Any]) -> None:
+    """``end(job)`` after a failed start, whose own error is the one to raise."""
+    try:
+        end(job)
+    except Exception:
+        pass
 
 
 def end(job: dict[str, Any]) -> bool:
