@@ -163,6 +163,8 @@ TEST_CODE = [
     *sorted((ROOT / "bench").rglob("*.py")),
     *sorted((ROOT / "demo").rglob("*.py")),
     *sorted((ROOT / "notebooks").glob("*.ipynb")),
+    *sorted((ROOT / "tools").rglob("*.py")),
+    *sorted((ROOT / "tools").rglob("*.sh")),
 ]
 #: A ``MONARCH_*`` name written as a string ("MONARCH_ROOT", 'MONARCH_RANK', or
 #: \"...\" inside a notebook's JSON): how the code names an environment variable.
