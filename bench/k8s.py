@@ -19,7 +19,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -144,14 +143,9 @@ def rows() -> list[Row]:
 
 
 def main() -> None:
-    from bench.run import print_table
+    from bench.run import print_cluster_rows
 
-    if gone := missing():
-        print(f"k8s rows skipped: the bed's binaries are not built ({', '.join(gone)}): make k8s-bed")
-        return
-    t = time.monotonic()
-    print_table(rows())
-    print(f"(k8s test bed; {time.monotonic() - t:.0f} s in all)")
+    print_cluster_rows(rows, PODS + PODS, "k8s", missing)
 
 
 if __name__ == "__main__":

@@ -536,11 +536,15 @@ def cluster_rows(
         return [], f"{what} rows skipped: {str(e).splitlines()[0]}"
 
 
-def print_cluster_rows(rows: Any, hosts: int, what: str) -> None:
-    """``python -m bench.multihost`` / ``bench.scale``: ``rows()`` (made on a test
-    cluster of ``hosts`` hosts) as a table, or the line that says why there are none."""
+def print_cluster_rows(rows: Any, hosts: int, what: str, missing: Any = None) -> None:
+    """``python -m bench.multihost`` / ``bench.scale`` / ``bench.k8s``: ``rows()`` (made
+    on a test cluster of ``hosts`` hosts) as a table, or the line that says why there
+    are none (``missing()``: what the cluster lacks, the k8s bed's binaries)."""
     if reason := unavailable():
         print(f"{what} rows skipped: no test cluster ({reason})")
+        return
+    if missing is not None and (gone := missing()):
+        print(f"{what} rows skipped: the k8s bed's binaries are not built ({', '.join(gone)}): make k8s-bed")
         return
     t = time.monotonic()
     print_table(rows())

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.multihost.controller import Controller, ControllerError
+from tests.multihost.controller import Controller, ControllerError, private_mount
 from tools.k8s import NAMESPACE, KubeBed
 from tools.testcluster._netns import pids_in
 
@@ -299,15 +299,9 @@ def test_a_mesh_whose_notebook_went_away_ends_at_its_idle_timeout_and_kubernetes
 #: account's token and the cluster's CA at the in-cluster path (a tmpfs over /run in
 #: a mount namespace of its own; $0 holds the two files), the API's address in the
 #: environment.
-IN_CLUSTER = [
-    "unshare",
-    "--mount",
-    "--propagation",
-    "private",
-    "sh",
-    "-c",
-    'mount -t tmpfs tmpfs /run && d=/run/secrets/kubernetes.io/serviceaccount && mkdir -p $d && cp "$0"/* $d && exec "$@"',
-]
+IN_CLUSTER = private_mount(
+    'mount -t tmpfs tmpfs /run && d=/run/secrets/kubernetes.io/serviceaccount && mkdir -p $d && cp "$0"/* $d && exec "$@"'
+)
 
 
 def readme_role() -> dict:

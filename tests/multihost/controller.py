@@ -37,6 +37,13 @@ for line in sys.stdin:
 """
 
 
+def private_mount(script: str) -> list[str]:
+    """A command prefix that runs the rest of the command line in a mount namespace
+    of its own (nothing it mounts is seen by any other process), after ``sh -c
+    script`` (``$0``: the first word after the prefix; ``exec "$@"`` runs the rest)."""
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
+
+
 class ControllerError(Exception):
     def __init__(self, kind: str, message: str, trace: str) -> None:
         super().__init__(f"{kind}: {message}\n{trace}")

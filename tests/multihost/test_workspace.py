@@ -9,21 +9,13 @@ from pathlib import Path
 
 import pytest
 from cluster_checks import down_all
-from controller import Controller, ControllerError
+from controller import Controller, ControllerError, private_mount
 
 from tools.testcluster import Cluster
 
 #: Runs the controller in a private tmpfs mounted on its folder ($0): nothing it
 #: writes there is visible to any other process, the hosts' workers included.
-PRIVATE = [
-    "unshare",
-    "--mount",
-    "--propagation",
-    "private",
-    "sh",
-    "-c",
-    'mount -t tmpfs tmpfs "$0" && cd "$0" && exec "$@"',
-]
+PRIVATE = private_mount('mount -t tmpfs tmpfs "$0" && cd "$0" && exec "$@"')
 
 USES = """
 from monarch_kernel import Actor, endpoint
