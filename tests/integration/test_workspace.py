@@ -1,7 +1,7 @@
 """Workspace sync on this host (``ProcMesh.sync_workspace``): what is sent and what
 is not, removed files, a destination folder, a respawned rank importing from the
 copy again, and bad input refused with the reason. Across hosts that do not share
-the notebook's folder: tests/multihost/test_workspace.py and tests/k8s."""
+the notebook's folder: tests/multihost/test_workspace_ssh.py and tests/k8s."""
 
 from __future__ import annotations
 
