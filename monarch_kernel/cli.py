@@ -9,6 +9,9 @@ dead ranks of a mesh no controller holds; ``monarch-kernel down NAME...`` or
 ``monarch-kernel debug`` lists the ranks waiting in pdb (a ``breakpoint()`` in a
 script's call); ``debug NAME --rank R`` debugs one from this terminal, and
 ``debug NAME --ranks 0-3 --cmd c`` sends one pdb command to many (DEBUG-3).
+``monarch-kernel k8s-pool NAME --replicas N --image I`` prints the Kubernetes objects
+of a pool of standing pods (``kubectl apply -f -``) that
+``KubernetesJob(...).add_mesh(NAME, N)`` attaches meshes to.
 """
 
 from __future__ import annotations
@@ -122,6 +125,18 @@ def _install(args: argparse.Namespace) -> int:
     return 0
 
 
+def _k8s_pool(args: argparse.Namespace) -> int:
+    import json
+
+    from monarch_kernel.hosts import pool_manifests
+
+    items = pool_manifests(
+        args.name, args.replicas, args.image, args.python, args.gpus, args.port, args.idle_timeout
+    )
+    print(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}, indent=1))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="monarch-kernel", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -150,6 +165,25 @@ def main(argv: list[str] | None = None) -> int:
     dbg.add_argument("--rank", type=int, help="debug this rank from this terminal")
     dbg.add_argument("--ranks", help="with --cmd: only these ranks, e.g. 0,2-3 (default: every waiting rank)")
     dbg.set_defaults(run=_debug)
+    pool = sub.add_parser(
+        "k8s-pool",
+        help="print a Secret and a StatefulSet of standing pods for meshes to attach to (kubectl apply -f -)",
+    )
+    pool.add_argument(
+        "name", metavar="NAME", help="the pool: KubernetesJob(...).add_mesh(NAME, N) finds its pods"
+    )
+    pool.add_argument("--replicas", type=int, required=True, help="pods (hosts)")
+    pool.add_argument("--image", required=True, help="an image with monarch-kernel installed")
+    pool.add_argument("--gpus", type=int, help="GPUs of each pod (nvidia.com/gpu)")
+    pool.add_argument("--python", default="python", help="the image's Python that has monarch-kernel")
+    pool.add_argument("--port", type=int, default=26600, help="the port each pod's agent listens on")
+    pool.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=24 * 3600.0,
+        help="seconds an agent keeps a mesh nobody controls",
+    )
+    pool.set_defaults(run=_k8s_pool)
     inst = sub.add_parser("install", help="install the Jupyter kernelspec 'monarch'")
     where = inst.add_mutually_exclusive_group()
     where.add_argument("--user", action="store_true", help="for this user (~/.local/share/jupyter)")

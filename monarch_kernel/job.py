@@ -409,25 +409,37 @@ class KubernetesJob(JobTrait):
         labels: Mapping[str, str] | None = None,
         annotations: Mapping[str, str] | None = None,
     ) -> None:
-        """Adds host mesh ``name`` of ``num_replicas`` pods, of ``image_spec`` (or the
-        job's ``image``). Monarch's attach-only form (``label_selector`` of pods
-        someone else made) and ``pod_template`` are refused with why."""
+        """Adds host mesh ``name`` of ``num_replicas`` pods. With an image
+        (``image_spec``, or the job's ``image``) each mesh spawned on it makes its
+        pods; without one, as in Monarch, it attaches to ``num_replicas`` standing
+        pods made elsewhere (``monarch-kernel k8s-pool``), found by ``label_selector``
+        (default: Monarch's labels of mesh ``name``'s worker pods) and ranked by
+        ``pod_rank_label``. ``pod_template`` is refused with why."""
         if not isinstance(num_replicas, int) or isinstance(num_replicas, bool) or num_replicas < 1:
             raise MeshSpecError(
                 f"KubernetesJob mesh {name!r} needs a positive number of pods, not {num_replicas!r}"
             )
-        if label_selector is not None or pod_template is not None:
+        if pod_template is not None:
             raise MeshSpecError(
-                f"KubernetesJob.add_mesh({name!r}, label_selector=/pod_template=): pods made elsewhere "
-                "and pod templates are not supported yet; give image_spec=ImageSpec(image) and the job "
-                "makes the pods"
+                f"KubernetesJob.add_mesh({name!r}, pod_template=): pod templates are not supported yet; give "
+                "image_spec=ImageSpec(image, resources) and the job makes the pods"
+            )
+        if label_selector is not None and image_spec is not None:
+            raise MeshSpecError(
+                f"KubernetesJob.add_mesh({name!r}): label_selector (pods made elsewhere) and image_spec (pods "
+                "this job makes) exclude each other, as in Monarch"
             )
         image = image_spec.image if image_spec is not None else self._defaults["image"]
-        if not image:
-            raise MeshSpecError(
-                f"KubernetesJob mesh {name!r} needs an image with monarch-kernel installed: "
-                "KubernetesJob(..., image='registry/team/train:latest') or add_mesh(..., image_spec=ImageSpec(image))"
-            )
+        if label_selector is not None or not image:
+            from monarch_kernel.hosts import default_selector
+
+            self._meshes[name] = {
+                "pods": num_replicas,
+                "selector": label_selector or default_selector(name),
+                "rank_label": pod_rank_label,
+                "port": port,
+            }
+            return
         resources = {
             str(k): str(v) for k, v in ((image_spec.resources if image_spec else None) or {}).items()
         }
@@ -450,15 +462,17 @@ class KubernetesJob(JobTrait):
                     KubernetesPods(
                         m["pods"],
                         self._namespace,
-                        m["image"],
+                        m.get("image", ""),
                         python=self._python,
-                        gpus_per_pod=m["gpus_per_pod"],
-                        labels=m["labels"],
+                        gpus_per_pod=m.get("gpus_per_pod"),
+                        labels=m.get("labels", {}),
                         kubeconfig=self._kubeconfig,
                         port=m["port"],
-                        resources=m["resources"],
+                        resources=m.get("resources", {}),
                         timeout=self._timeout,
                         tag=self._tag,
+                        selector=m.get("selector", ""),
+                        rank_label=m.get("rank_label", "apps.kubernetes.io/pod-index"),
                     )
                 )
                 for name, m in self._meshes.items()

@@ -193,6 +193,10 @@ def create(
         record=None if remote else dataclasses.asdict(first),
     )
     allocation = allocator.allocate(cfg)
+    if allocation.token:  # standing agents (a pool of pods): their credentials are the mesh's
+        token = allocation.token
+        _native.set_mesh_ca(token, allocation.ca or None)
+        first = dataclasses.replace(first, token=token, ca=allocation.ca)
     agents = allocation.agents
     if remote:
         _transfer_host_facing(agents[0].addr)  # (before this process's servers start: they face the hosts)

@@ -33,7 +33,8 @@ if TYPE_CHECKING:
         release,
     )
     from monarch_kernel.hosts._host_id import host_id
-    from monarch_kernel.hosts._k8s import KubernetesPods
+    from monarch_kernel.hosts._k8s import KubernetesPods, default_selector
+    from monarch_kernel.hosts._k8s_pool import pool_manifests
     from monarch_kernel.hosts._local import LocalHost, start_local_agent, state_dir
     from monarch_kernel.hosts._placement import GPUS_ENV, HOSTS_DIM, apply_in_worker
     from monarch_kernel.hosts._registry import MeshRecord
@@ -54,6 +55,8 @@ _LAZY: dict[str, str] = {
     "host_id": "monarch_kernel.hosts._host_id",
     "HOSTS_DIM": "monarch_kernel.hosts._placement",
     "KubernetesPods": "monarch_kernel.hosts._k8s",
+    "default_selector": "monarch_kernel.hosts._k8s",
+    "pool_manifests": "monarch_kernel.hosts._k8s_pool",
     "list_meshes": "monarch_kernel.hosts._admin",
     "LocalHost": "monarch_kernel.hosts._local",
     "mesh_info": "monarch_kernel.hosts._admin",
@@ -83,6 +86,8 @@ __all__ = [
     "host_id",
     "HOSTS_DIM",
     "KubernetesPods",
+    "default_selector",
+    "pool_manifests",
     "list_meshes",
     "LocalHost",
     "mesh_info",

@@ -17,7 +17,9 @@ With ``--config-env`` (a Kubernetes pod, ``_k8s``), the configuration is the
 environment variable ``MONARCH_AGENT_CONFIG`` (from the mesh's Secret), removed from
 the environment before anything else starts; ``MONARCH_BIND_HOST`` (the pod's
 address) is where "auto" binds, and ``MONARCH_AGENT_PORT`` the port (the one its
-readiness probe checks).
+readiness probe checks). With ``--standing`` too (a pool's pod, ``_k8s.pool_manifests``)
+it waits for its first controller as long as it takes; once its mesh ends, so does
+it, and its pod starts a new one for the next mesh.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ import threading
 from collections.abc import Callable
 
 from monarch_kernel.hosts._allocator import READY, AgentConfig
+
+#: How long a standing agent (a pool's pod) waits for its first controller: a year.
+STANDING_S = 365 * 24 * 3600.0
 
 
 def main() -> None:
@@ -62,6 +67,7 @@ def main() -> None:
         cfg.token,
         log_dir,
         float(cfg.idle_timeout),
+        first_attach_timeout_s=STANDING_S if "--standing" in sys.argv[1:] else 30.0,
         meta=cfg.meta,
         bind_host=bind_host,
         tls_cert=tls.get("cert"),

@@ -131,6 +131,10 @@ class Allocation:
     job: dict[str, Any]
     #: The local agent, a child of this process (``LocalHost``); None across hosts.
     process: AgentProcess | None = None
+    #: Agents that were started before, with credentials of their own (a pool of
+    #: standing pods): the mesh's token and CA are theirs, not the configuration's.
+    token: str = ""
+    ca: str = ""
 
 
 class Allocator(Protocol):

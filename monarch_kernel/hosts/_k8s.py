@@ -37,6 +37,11 @@ from monarch_kernel.hosts._allocator import AGENT_ARGS, AgentConfig, AgentInfo, 
 DEFAULT_PORT = 26600
 #: The label that ranks a mesh's pods (the Job controller sets it).
 INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+#: The label that ranks a pool's pods (the StatefulSet controller sets it; Monarch's
+#: ``pod_rank_label`` default).
+POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
+#: Monarch's label of a worker pod, and its value.
+WORKER_LABEL = "app.kubernetes.io/name"
 #: Labels every pod of a mesh carries (Monarch's names for a worker pod, and ours).
 MESH_LABEL = "monarch.pytorch.org/mesh-name"
 JOB_LABEL = "monarch-kernel/job"
@@ -101,6 +106,10 @@ class KubernetesPods:
     timeout: float | None = 600.0
     #: The job these hosts come from (``monarch_kernel.job``), kept in the state file.
     tag: str = ""
+    #: Pods made elsewhere to attach to, instead of making a Job: a label selector
+    #: (standing agents, ``pool_manifests``) and the label that ranks them.
+    selector: str = ""
+    rank_label: str = POD_INDEX_LABEL
 
     kind = "k8s"
     remote = True
@@ -126,29 +135,17 @@ class KubernetesPods:
         return replace(self, python=python)
 
     def describe(self) -> str:
+        if self.selector:
+            return f"{self.pods} Kubernetes pods with labels {self.selector} in namespace {self.namespace}"
         return f"{self.pods} Kubernetes pods of {self.image} in namespace {self.namespace}"
 
     def job_body(self, name: str, mesh: str) -> dict[str, Any]:
         """The batch/v1 Job of a mesh (see the module docstring)."""
-        limits = dict(self.resources)
-        if self.gpus_per_pod:
-            limits["nvidia.com/gpu"] = str(self.gpus_per_pod)
         labels = {**self.labels, MESH_LABEL: dns_name(mesh), JOB_LABEL: name}
-        labels.setdefault("app.kubernetes.io/name", "monarch-worker")
-        container = {
-            "name": "agent",
-            "image": self.image,
-            "command": [self.python, *AGENT_ARGS, "--config-env"],
-            "env": [
-                {"name": CONFIG_ENV, "valueFrom": {"secretKeyRef": {"name": name, "key": "config"}}},
-                {"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-                {"name": PORT_ENV, "value": str(self.port)},
-            ],
-            "ports": [{"name": "monarch", "containerPort": self.port}],
-            "readinessProbe": {"tcpSocket": {"port": self.port}, "periodSeconds": 1},
-        }
-        if limits:
-            container["resources"] = {"limits": limits, "requests": limits}
+        labels.setdefault(WORKER_LABEL, "monarch-worker")
+        container = agent_container(
+            self.image, self.python, name, self.port, self.gpus_per_pod, self.resources
+        )
         return {
             "apiVersion": "batch/v1",
             "kind": "Job",
@@ -167,11 +164,14 @@ class KubernetesPods:
         }
 
     def allocate(self, cfg: AgentConfig) -> Allocation:
-        """Creates the mesh's Secret and Job, and waits until every pod is Ready."""
+        """Creates the mesh's Secret and Job, and waits until every pod is Ready (or,
+        with ``selector``, attaches to standing pods: ``_attach``)."""
         from kubernetes import client
         from kubernetes.client.rest import ApiException
 
         api = api_client(self.kubeconfig)
+        if self.selector:
+            return self._attach(client.CoreV1Api(api), cfg)
         core: Any = client.CoreV1Api(api)
         batch: Any = client.BatchV1Api(api)
         name = f"monarch-{dns_name(cfg.name)}-{secrets.token_hex(3)}"
@@ -202,7 +202,7 @@ class KubernetesPods:
                 f"cannot reach the Kubernetes API at {api.configuration.host}: {e}", mesh=cfg.name
             ) from None
         try:
-            pods = self._wait_ready(core, name, cfg.name)
+            pods = self._wait_ready(core, f"{JOB_LABEL}={name}", INDEX_LABEL, cfg.name, f"pods of Job {name}")
         except BaseException:  # an interrupt too: nothing may stay scheduled
             _end_quietly(job)
             raise
@@ -212,17 +212,72 @@ class KubernetesPods:
         ]
         return Allocation(agents, job)
 
-    def _wait_ready(self, core: Any, name: str, mesh: str) -> list[Any]:
-        """The Job's pods in index order once all are Ready; a pod that fails first, or
-        the timeout, raises ``MeshStartError`` with what Kubernetes says."""
+    def _attach(self, core: Any, cfg: AgentConfig) -> Allocation:
+        """Standing pods made elsewhere (``pool_manifests``): ranks 0 to ``pods``-1 of
+        the pods ``selector`` finds, once Ready; the mesh takes their credentials (from
+        the Secret their agents' configuration comes from). A pod whose agent already
+        serves a mesh is refused, not taken over."""
+        from kubernetes.client.rest import ApiException
+
+        from monarch_kernel.control import AgentClient
+
+        pods = self._wait_ready(
+            core, self.selector, self.rank_label, cfg.name, f"pods with labels {self.selector}"
+        )
+        ref = next(
+            (e.value_from.secret_key_ref for e in pods[0].spec.containers[0].env or []
+             if e.name == CONFIG_ENV and e.value_from and e.value_from.secret_key_ref),
+            None,
+        )  # fmt: skip
+        if ref is None:
+            raise MeshStartError(
+                f"pod {pods[0].metadata.name} does not run a monarch-kernel agent from a Secret ({CONFIG_ENV}); "
+                "make the pods with `monarch-kernel k8s-pool`",
+                mesh=cfg.name,
+            )
+        try:
+            secret = core.read_namespaced_secret(ref.name, self.namespace)
+            import base64
+
+            pool = AgentConfig.from_line(base64.b64decode((secret.data or {})[ref.key]))
+        except (ApiException, KeyError) as e:
+            raise MeshStartError(
+                f"cannot read the pool's Secret {ref.name}: {getattr(e, 'reason', e)}; the account needs to get "
+                "secrets in the namespace (README: Kubernetes)",
+                mesh=cfg.name,
+            ) from None
+        ca = (pool.tls or {}).get("ca", "")
+        agents = []
+        for p in pods:
+            port = next(
+                (cp.container_port for cp in p.spec.containers[0].ports or [] if cp.name == "monarch"),
+                self.port,
+            )
+            agent = AgentInfo(addr=f"{p.status.pod_ip}:{port}", pid=0, host=p.metadata.name)
+            state = AgentClient(agent.addr, pool.token, ca or None).ping(timeout=10)
+            if state["epoch"] > 0:
+                raise MeshStartError(
+                    f"pod {p.metadata.name} serves a mesh already; stop it first (monarch-kernel down), or give "
+                    "the pool more replicas",
+                    mesh=cfg.name,
+                )
+            agents.append(agent)
+        job = {"kind": "k8s", "namespace": self.namespace, "selector": self.selector, "attached": True}
+        job |= {"kubeconfig": self.kubeconfig or "", "tag": self.tag}
+        return Allocation(agents, job, token=pool.token, ca=ca)
+
+    def _wait_ready(self, core: Any, selector: str, rank_label: str, mesh: str, what: str) -> list[Any]:
+        """The pods ``selector`` finds, ranks 0 to ``pods``-1 by ``rank_label``, once
+        all are Ready; a pod that fails first, or the timeout, raises
+        ``MeshStartError`` with what Kubernetes says."""
         deadline = time.monotonic() + (self.timeout if self.timeout is not None else float("inf"))
         seen: list[Any] = []
         while True:
-            seen = core.list_namespaced_pod(self.namespace, label_selector=f"{JOB_LABEL}={name}").items
-            by_index = {int(p.metadata.labels.get(INDEX_LABEL, -1)): p for p in seen}
+            seen = core.list_namespaced_pod(self.namespace, label_selector=selector).items
+            by_index = {_rank(p, rank_label): p for p in seen}
             for p in seen:
                 why = pod_end(p)
-                if why:
+                if why and not _restarts(p):
                     raise MeshStartError(f"{why} before its host agent started", mesh=mesh)
             ready = [by_index[i] for i in range(self.pods) if i in by_index and _ready(by_index[i])]
             if len(ready) == self.pods:
@@ -230,11 +285,60 @@ class KubernetesPods:
             if time.monotonic() > deadline:
                 waiting = "; ".join(_waiting(p) for p in seen) or "no pod was created"
                 raise MeshStartError(
-                    f"{len(ready)} of {self.pods} pods of Job {name} were Ready within {self.timeout:g} s "
-                    f"({waiting}); see `kubectl -n {self.namespace} describe job {name}`",
+                    f"{len(ready)} of {self.pods} {what} were Ready within {self.timeout:g} s "
+                    f"({waiting}); see `kubectl -n {self.namespace} describe pods -l {selector}`",
                     mesh=mesh,
                 )
             time.sleep(0.2)
+
+
+def agent_container(
+    image: str,
+    python: str,
+    secret: str,
+    port: int,
+    gpus: int | None,
+    resources: dict[str, str],
+    standing: bool = False,
+) -> dict[str, Any]:
+    """The container of a pod that runs a host agent: its configuration from Secret
+    ``secret``, its address from the downward API, ``port`` checked by a readiness
+    probe; ``standing``: it waits for a controller as long as it takes (a pool)."""
+    limits = dict(resources)
+    if gpus:
+        limits["nvidia.com/gpu"] = str(gpus)
+    container: dict[str, Any] = {
+        "name": "agent",
+        "image": image,
+        "command": [python, *AGENT_ARGS, "--config-env", *(["--standing"] if standing else [])],
+        "env": [
+            {"name": CONFIG_ENV, "valueFrom": {"secretKeyRef": {"name": secret, "key": "config"}}},
+            {"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": PORT_ENV, "value": str(port)},
+        ],
+        "ports": [{"name": "monarch", "containerPort": port}],
+        "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 1},
+    }
+    if limits:
+        container["resources"] = {"limits": limits, "requests": limits}
+    return container
+
+
+def default_selector(mesh: str) -> str:
+    """Monarch's label selector of mesh ``mesh``'s worker pods (its attach form)."""
+    return f"{WORKER_LABEL}=monarch-worker,{MESH_LABEL}={dns_name(mesh)}"
+
+
+def _rank(pod: Any, label: str) -> int:
+    try:
+        return int((pod.metadata.labels or {}).get(label, -1))
+    except ValueError:
+        return -1
+
+
+def _restarts(pod: Any) -> bool:
+    """Whether the pod restarts its container (a pool's): an ended container is not its end."""
+    return (pod.spec.restart_policy or "Always") != "Never"
 
 
 def _ready(pod: Any) -> bool:
@@ -297,10 +401,13 @@ def _end_quietly(job: dict[str, Any]) -> None:
 
 def end(job: dict[str, Any]) -> bool:
     """Deletes a mesh's Job, its pods and its Secret (``_allocator.release``). True if
-    the Job was there to delete."""
+    the Job was there to delete. Standing pods a mesh attached to are not its own:
+    they stay (their agents end with the mesh, and their pods restart them)."""
     from kubernetes import client
     from kubernetes.client.rest import ApiException
 
+    if job.get("attached"):
+        return False
     try:
         api = api_client(job.get("kubeconfig") or None)
     except MeshSpecError:
@@ -339,10 +446,9 @@ def end_reason(job: dict[str, Any], wait: float = 3.0, host: str | None = None) 
         return None
     deadline = time.monotonic() + (wait if host is None else max(wait, HOST_WAIT_S))
     while True:
+        selector = job["selector"] if job.get("attached") else f"{JOB_LABEL}={job['name']}"
         try:
-            pods = core.list_namespaced_pod(
-                job["namespace"], label_selector=f"{JOB_LABEL}={job['name']}"
-            ).items
+            pods = core.list_namespaced_pod(job["namespace"], label_selector=selector).items
         except (ApiException, OSError):
             return None
         if host is not None:
@@ -351,10 +457,19 @@ def end_reason(job: dict[str, Any], wait: float = 3.0, host: str | None = None) 
         else:
             ends = [pod_end(p) for p in pods]
             why = None if not pods or None in ends else "; ".join(e for e in ends if e)
-            why = why and f"its Kubernetes Job {job['name']} ended: {why}"
+            owner = f"pods {selector}" if job.get("attached") else f"Kubernetes Job {job['name']}"
+            why = why and f"its {owner} ended: {why}"
         if why or time.monotonic() >= deadline:
             return why
         time.sleep(0.2)
 
 
-__all__ = ["KubernetesPods", "api_client", "end", "end_reason", "pod_end"]
+__all__ = [
+    "KubernetesPods",
+    "agent_container",
+    "api_client",
+    "default_selector",
+    "end",
+    "end_reason",
+    "pod_end",
+]

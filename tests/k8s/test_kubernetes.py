@@ -356,3 +356,82 @@ print(t.status.token)
     assert len(c.eval("w.where.call().get(timeout=60).values()")) == 2
     c.run("procs.stop()")  # as the service account: deletes the Job, its pods and Secret
     nothing_left(bed)
+
+
+POOL = """
+from kubernetes import utils
+import json, sys
+for item in json.loads(sys.stdin.read())["items"]:
+    utils.create_from_dict(api, item, namespace=NS)
+""".replace("NS", repr(NAMESPACE))
+
+POOL_READY = """
+import time
+deadline = time.monotonic() + 60
+def ready():
+    pods = core.list_namespaced_pod(NS, label_selector="monarch.pytorch.org/mesh-name=pool").items
+    ok = [p for p in pods if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])]
+    return len(ok) == 2 and all((p.status.container_statuses or [None])[0].restart_count >= RESTARTS for p in ok)
+while not ready():
+    assert time.monotonic() < deadline, [p.status for p in core.list_namespaced_pod(NS).items]
+    time.sleep(0.2)
+"""
+
+
+def pool_ready(bed: KubeBed, restarts: int) -> None:
+    bed.api(POOL_READY.replace("NS", repr(NAMESPACE)).replace("RESTARTS", str(restarts)), timeout=90)
+
+
+def test_meshes_attach_to_a_pool_of_standing_pods_one_at_a_time(bed, controllers, state_home):
+    made = bed.run_in_login(
+        [
+            sys.executable,
+            "-m",
+            "monarch_kernel",
+            "k8s-pool",
+            "pool",
+            "--replicas",
+            "2",
+            "--image",
+            "monarch-kernel:test",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert made.returncode == 0, made.stderr
+    prelude = "from kubernetes import client, config\napi = config.new_client_from_config()\n"
+    applied = bed.run_in_login(
+        [sys.executable, "-c", prelude + POOL], input=made.stdout, capture_output=True, text=True, timeout=60
+    )
+    assert applied.returncode == 0, applied.stderr
+    try:
+        pool_ready(bed, restarts=0)
+        c = new(controllers, bed, state_home)
+        c.run(
+            f"job = KubernetesJob(namespace={NAMESPACE!r})\njob.add_mesh('pool', 2)"
+        )  # Monarch's attach form
+        c.run("procs = job.state(cached_path=None).pool.spawn_procs(per_host={'procs': 2}, name='onpool')")
+        c.run("w = procs.spawn('where', Where)")
+        assert sorted({h for h, _, _ in c.eval("w.where.call().get(timeout=60).values()")}) == [
+            "pool-0",
+            "pool-1",
+        ]
+        # A second mesh on pods that serve one is refused; the first goes on.
+        with pytest.raises(ControllerError, match="pod pool-0 serves a mesh already"):
+            c.run("job.state(cached_path=None).pool.spawn_procs(per_host={'procs': 1}, name='second')")
+        assert len(c.eval("w.where.call().get(timeout=60).values()")) == 4
+        # Its end ends the agents; the pods restart them for the next mesh, and stay.
+        c.run("procs.stop()")
+        pool_ready(bed, restarts=1)
+        c.run("again = job.state(cached_path=None).pool.spawn_procs(per_host={'procs': 1}, name='next')")
+        assert len(c.eval("again.spawn('where', Where).where.call().get(timeout=60).values()")) == 2
+        c.run("job.kill()")
+        pool_ready(bed, restarts=2)
+        assert {p["name"] for p in objects(bed)["pods"]} == {"pool-0", "pool-1"}
+    finally:
+        bed.api(
+            f"client.AppsV1Api(api).delete_namespaced_stateful_set('pool', {NAMESPACE!r})\n"
+            f"core.delete_namespaced_secret('monarch-pool-pool', {NAMESPACE!r})\n"
+            f"core.delete_collection_namespaced_pod({NAMESPACE!r}, label_selector='monarch.pytorch.org/mesh-name=pool')"
+        )

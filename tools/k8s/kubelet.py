@@ -11,8 +11,13 @@ For each pod bound to one of ``--nodes``, this process
   bed's Python first on ``PATH`` (the image "has monarch-kernel installed");
 - reports it through the API: Running with its IP, then Ready once its
   ``readinessProbe`` (``tcpSocket``) connects;
-- reports the container's end (exit code, ``Completed``/``Error``) and the pod's
-  phase (Succeeded, Failed), and frees the namespace (nothing of the pod may run on);
+- restarts the container when it exits if the pod's ``restartPolicy`` says so
+  (``Always``, ``OnFailure`` after a failure; at most once a second, its
+  ``restartCount`` and ``lastState`` reported), in the same namespace once nothing of
+  the last run is left there;
+- otherwise reports the container's end (exit code, ``Completed``/``Error``) and the
+  pod's phase (Succeeded, Failed), and frees the namespace (nothing of the pod may
+  run on);
 - on a pod's deletion, stops its processes (SIGTERM, then SIGKILL after the pod's
   grace period, at most ``MAX_GRACE_S``), records the container's end and deletes
   the pod for good, as a kubelet does.
@@ -62,6 +67,10 @@ class Running:
     started: str
     probe_port: int | None
     ready: bool = False
+    restarts: int = 0
+    #: When the container was last started (monotonic), and how it ended before.
+    launched: float = field(default_factory=time.monotonic)
+    last: dict[str, Any] | None = None
     #: Set once its deletion was seen: when SIGKILL follows the SIGTERM.
     kill_at: float | None = None
     env: dict[str, str] = field(default_factory=dict)
@@ -135,12 +144,16 @@ class Kubelet:
                 self.start(pod)
             return
         if r.proc.poll() is not None:
+            policy = pod.spec.restart_policy or "Always"
+            if policy == "Always" or (policy == "OnFailure" and r.proc.returncode != 0):
+                self.restart(pod, r)
+                return
             self.report_end(pod, r)
             self.finish(uid)
             return
         if not r.ready and self.probe(r):
             r.ready = True
-            self.patch(pod, ready=True, running_since=r.started)
+            self.patch(pod, ready=True, running_since=r.started, restarts=r.restarts)
 
     # -- starting and stopping --------------------------------------------------------
 
@@ -151,11 +164,51 @@ class Kubelet:
         c = pod.spec.containers[0]
         ns, addr = self.free[0]
         try:
-            env = self.environment(pod, c, addr)
+            proc = self.launch(pod, ns, addr)
         except LookupError as e:
             self.waiting(pod, "CreateContainerConfigError", str(e))
             return
         self.free.pop(0)
+        probe = (
+            c.readiness_probe.tcp_socket.port if c.readiness_probe and c.readiness_probe.tcp_socket else None
+        )
+        r = Running(
+            pod.metadata.uid, pod.metadata.name, pod.metadata.namespace, (ns, addr), proc, _now(), probe
+        )
+        self.running[r.uid] = r
+        self.patch(pod, ip=addr, running_since=r.started, ready=probe is None)
+        r.ready = probe is None
+
+    def restart(self, pod: Any, r: Running) -> None:
+        """The container of ``r`` exited and its pod restarts it (restartPolicy), in
+        the same namespace once nothing of it runs there, at most once a second."""
+        code = r.proc.returncode
+        last = {
+            "terminated": {
+                "exitCode": 128 - code if code < 0 else code,
+                "reason": "Completed" if code == 0 else "Error",
+                "startedAt": r.started,
+                "finishedAt": _now(),
+            }
+        }
+        while pids_in([r.slot[0]]):
+            self.signal(r, signal.SIGKILL)
+            time.sleep(0.05)
+        time.sleep(max(0.0, 1.0 - (time.monotonic() - r.launched)))
+        try:
+            r.proc = self.launch(pod, *r.slot)
+        except LookupError as e:
+            self.waiting(pod, "CreateContainerConfigError", str(e))
+            return
+        r.restarts += 1
+        r.started, r.launched, r.ready, r.last = _now(), time.monotonic(), r.probe_port is None, last
+        self.patch(pod, running_since=r.started, ready=r.ready, restarts=r.restarts, last=last)
+
+    def launch(self, pod: Any, ns: str, addr: str) -> subprocess.Popen[bytes]:
+        """Starts the pod's container in namespace ``ns`` (LookupError: its environment
+        names a secret or key that is not there)."""
+        c = pod.spec.containers[0]
+        env = self.environment(pod, c, addr)
         home = self.folder / "pods" / f"{pod.metadata.namespace}_{pod.metadata.name}"
         home.mkdir(parents=True, exist_ok=True)
         venv_bin = str(Path(sys.executable).parent)
@@ -178,15 +231,7 @@ class Kubelet:
             start_new_session=True,
         )
         log.close()
-        probe = (
-            c.readiness_probe.tcp_socket.port if c.readiness_probe and c.readiness_probe.tcp_socket else None
-        )
-        r = Running(
-            pod.metadata.uid, pod.metadata.name, pod.metadata.namespace, (ns, addr), proc, _now(), probe
-        )
-        self.running[r.uid] = r
-        self.patch(pod, ip=addr, running_since=r.started, ready=probe is None)
-        r.ready = probe is None
+        return proc
 
     def environment(self, pod: Any, c: Any, ip: str) -> dict[str, str]:
         """The container's environment as a kubelet resolves it (LookupError: a secret
@@ -251,7 +296,16 @@ class Kubelet:
 
     # -- reporting --------------------------------------------------------------------
 
-    def patch(self, pod: Any, *, ip: str | None = None, running_since: str, ready: bool) -> None:
+    def patch(
+        self,
+        pod: Any,
+        *,
+        ip: str | None = None,
+        running_since: str,
+        ready: bool,
+        restarts: int = 0,
+        last: dict[str, Any] | None = None,
+    ) -> None:
         ready_s = "True" if ready else "False"
         status: dict[str, Any] = {
             "phase": "Running",
@@ -261,7 +315,9 @@ class Kubelet:
                 {"type": "ContainersReady", "status": ready_s, "lastTransitionTime": _now()},
                 {"type": "Ready", "status": ready_s, "lastTransitionTime": _now()},
             ],
-            "containerStatuses": [self.container(pod, {"running": {"startedAt": running_since}}, ready)],
+            "containerStatuses": [
+                self.container(pod, {"running": {"startedAt": running_since}}, ready, restarts, last)
+            ],
         }
         if ip is not None:
             status |= {"podIP": ip, "podIPs": [{"ip": ip}], "hostIP": ip, "hostIPs": [{"ip": ip}]}
@@ -292,17 +348,22 @@ class Kubelet:
                 raise
 
     @staticmethod
-    def container(pod: Any, state: dict[str, Any], ready: bool) -> dict[str, Any]:
+    def container(
+        pod: Any, state: dict[str, Any], ready: bool, restarts: int = 0, last: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         c = pod.spec.containers[0]
-        return {
+        out = {
             "name": c.name,
             "image": c.image,
             "imageID": f"docker-pullable://{c.image}",
             "ready": ready,
-            "restartCount": 0,
+            "restartCount": restarts,
             "started": "running" in state,
             "state": state,
         }
+        if last is not None:
+            out["lastState"] = last
+        return out
 
 
 def main(argv: list[str] | None = None) -> None:
