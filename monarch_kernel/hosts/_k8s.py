@@ -51,6 +51,8 @@ POD_IP_ENV = "MONARCH_BIND_HOST"
 PORT_ENV = "MONARCH_AGENT_PORT"
 #: Seconds Kubernetes keeps a Job whose agents all ended (their idle timeout).
 FINISHED_TTL_S = 30
+#: Seconds without any pod before ``spawn_procs`` says so (whatever its timeout).
+NO_POD_S = 30.0
 #: Seconds ``end_reason`` gives the kubelet to report how one pod ended.
 HOST_WAIT_S = 2.0
 
@@ -268,12 +270,24 @@ class KubernetesPods:
 
     def _wait_ready(self, core: Any, selector: str, rank_label: str, mesh: str, what: str) -> list[Any]:
         """The pods ``selector`` finds, ranks 0 to ``pods``-1 by ``rank_label``, once
-        all are Ready; a pod that fails first, or the timeout, raises
-        ``MeshStartError`` with what Kubernetes says."""
-        deadline = time.monotonic() + (self.timeout if self.timeout is not None else float("inf"))
+        all are Ready; a pod that fails first, the timeout, or no pod at all after
+        ``NO_POD_S`` (a selector that matches nothing, a Job whose pods are refused)
+        raises ``MeshStartError`` with what Kubernetes says."""
+        started = time.monotonic()
+        deadline = started + (self.timeout if self.timeout is not None else float("inf"))
         seen: list[Any] = []
         while True:
             seen = core.list_namespaced_pod(self.namespace, label_selector=selector).items
+            if not seen and time.monotonic() - started > NO_POD_S:
+                raise MeshStartError(
+                    f"no pod has the labels {selector} in namespace {self.namespace!r} after {NO_POD_S:g} s; "
+                    + (
+                        "make them with `monarch-kernel k8s-pool NAME` (the selector is Monarch's for mesh NAME)"
+                        if self.selector
+                        else f"see `kubectl -n {self.namespace} describe job` (a quota or admission refusing them?)"
+                    ),
+                    mesh=mesh,
+                )
             by_index = {_rank(p, rank_label): p for p in seen}
             for p in seen:
                 why = pod_end(p)

@@ -435,3 +435,18 @@ def test_meshes_attach_to_a_pool_of_standing_pods_one_at_a_time(bed, controllers
             f"core.delete_namespaced_secret('monarch-pool-pool', {NAMESPACE!r})\n"
             f"core.delete_collection_namespaced_pod({NAMESPACE!r}, label_selector='monarch.pytorch.org/mesh-name=pool')"
         )
+
+
+def test_attaching_to_pods_that_do_not_exist_says_how_to_make_them(bed, controllers, state_home):
+    c = new(controllers, bed, state_home)
+    c.run("import monarch_kernel.hosts._k8s as k8s\nk8s.NO_POD_S = 1.0")  # (30 s by default)
+    c.run(f"job = KubernetesJob(namespace={NAMESPACE!r})\njob.add_mesh('nosuchpool', 2)")
+    with pytest.raises(ControllerError) as failed:
+        c.run("job.state(cached_path=None).nosuchpool.spawn_procs(per_host={'procs': 1})")
+    message = str(failed.value)
+    assert (
+        "no pod has the labels app.kubernetes.io/name=monarch-worker,monarch.pytorch.org/mesh-name=nosuchpool"
+        in message
+    )
+    assert "monarch-kernel k8s-pool NAME" in message
+    nothing_left(bed)
