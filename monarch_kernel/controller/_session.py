@@ -108,9 +108,6 @@ class Session:
         self.state.dead.clear()
         self.state.changed()
         #: Actor meshes by name: (payload, buffers, pickled shape) as recorded by the agent.
-        #: The workspace's folders of the last sync (``sync_workspace``): a respawned
-        #: rank imports from them again before its actors are re-created.
-        self.workspace_folders: list[str] | None = None
         self.records: dict[str, tuple[bytes, list[bytes], bytes]] = {
             a.name: (a.payload, list(a.buffers), a.shape) for a in actors
         }
@@ -312,11 +309,9 @@ class Session:
                 addrs[w["rank"]] = w["addr"]
             ref = dataclasses.replace(self.state.ref, addrs=tuple(addrs))
             self.state.ref = ref
-            if self.workspace_folders is not None:  # (its actors' classes may come from there)
-                folders = self.workspace_folders
-                _native.wait_all(
-                    self._builtin(ranks, "workspace_use", self.name, folders, [], False), timeout
-                )
+            # A respawned rank imports from the workspace its host's last sync of this
+            # mesh named, if any (its actors' classes may come from there).
+            _native.wait_all(self._builtin(ranks, "workspace_use", self.name, None, [], False), timeout)
             # The ranks stay dead until their actors are back: a call made meanwhile
             # (another thread's) fails as to a dead rank, not with "no actor named".
             for name, (payload, buffers, shape_blob) in list(self.records.items()):
@@ -546,7 +541,6 @@ class Session:
         finally:
             if buffer is not None:
                 buffer.drop()
-        self.workspace_folders = dirs
         used = answers(
             self._builtin(live, "workspace_use", self.name, dirs, sorted(wanted), bool(auto_reload)),
             live,

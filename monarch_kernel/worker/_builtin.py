@@ -118,12 +118,15 @@ class WorkerBuiltin(Actor):
         return _workspace.apply(mesh, manifest, buffer, index)
 
     @endpoint
-    def workspace_use(self, mesh: str, folders: list[str], changed: list[str], reload: bool) -> list[str]:
+    def workspace_use(
+        self, mesh: str, folders: list[str] | None, changed: list[str], reload: bool
+    ) -> list[str]:
         """Workspace sync: this proc imports from the host's copy, and reloads what
-        changed on request (``_workspace``)."""
+        changed on request; ``folders`` None: as the last sync of its mesh on this
+        host said, if any (a respawned proc; ``_workspace``)."""
         from monarch_kernel.worker import _workspace
 
-        return _workspace.use(mesh, folders, changed, reload)
+        return _workspace.use(mesh, folders, changed, reload, self._d.token)
 
     @endpoint
     def usage(self) -> dict[str, Any]:

@@ -22,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 MANIFEST = ".monarch-workspace.json"
+#: Which folders of the copy the mesh's procs import from, and the mesh's token: a
+#: respawned proc of that mesh (only) imports from them again.
+USED = ".monarch-workspace-use.json"
 
 
 def base(mesh: str) -> Path:
@@ -106,12 +109,25 @@ def _inside(root: Path, rel: str) -> Path:
     return path
 
 
-def use(mesh: str, folders: list[str], changed: list[str], reload: bool) -> list[str]:
+def use(mesh: str, folders: list[str] | None, changed: list[str], reload: bool, token: str) -> list[str]:
     """This proc imports from the workspace's ``folders`` (relative to the copy,
     "" for its root) before anything else, sees files that are new, and with
     ``reload`` reloads the modules it had imported from the ``changed`` files; their
-    names."""
+    names. ``folders`` None (a respawned proc): those the last sync of this mesh
+    (``token``) on this host named, if there was one."""
     root = base(mesh)
+    if folders is None:
+        try:
+            used = json.loads((root / USED).read_text())
+        except (OSError, ValueError):
+            return []
+        if not isinstance(used, dict) or used.get("token") != token:
+            return []  # (a copy an earlier mesh of this name left)
+        folders = [str(f) for f in used.get("folders", [])]
+    else:
+        tmp = root / f".{USED}.{os.getpid()}"
+        tmp.write_text(json.dumps({"folders": folders, "token": token}))
+        os.replace(tmp, root / USED)
     os.environ.setdefault("WORKSPACE_DIR", str(root))
     for folder in reversed(folders):
         path = str(root / folder) if folder else str(root)

@@ -5,6 +5,8 @@ empty folder there), so a module in it reaches the workers only through
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,8 @@ from tools.testcluster import Cluster
 PRIVATE = private_mount('mount -t tmpfs tmpfs "$0" && cd "$0" && exec "$@"')
 
 USES = """
-from monarch_kernel import Actor, endpoint
+import os, time
+from monarch_kernel import Actor, attach, endpoint
 from monarch_kernel.job import SSHJob
 
 class Uses(Actor):
@@ -26,6 +29,10 @@ class Uses(Actor):
     def value(self):
         import helpers
         return [helpers.VALUE, helpers.__file__]
+
+    @endpoint
+    def pid(self):
+        return os.getpid()
 """
 
 
@@ -56,6 +63,22 @@ def test_a_local_module_edited_between_two_calls_reaches_ssh_hosts_through_sync(
         again = c.eval("repr(procs.sync_workspace(auto_reload=True).get())")
         assert again == "synced 1 changed file (10 B) to 2 hosts; 0 unchanged; reloaded helpers (ranks 0-1)"
         assert [v for v, _ in c.eval("u.value.call().get(timeout=60).values()")] == [2, 2]
+        victim = c.eval("u.pid.call().get(timeout=60).values()")[1]
+        c.close()  # the mesh is named: it outlives its controller
+        # A new controller (which never synced) respawns a rank: it imports from its
+        # host's copy again, as the last sync of this mesh there said.
+        c = Controller(cluster, str(state_home), prefix=[*PRIVATE, str(notebook)])
+        c.run(USES)
+        c.run("procs = attach('ws')")
+        os.kill(victim, signal.SIGKILL)  # (the test hosts share this machine's pids)
+        c.run(
+            "deadline = time.time() + 30\nwhile procs.status()[1] != 'dead' and time.time() < deadline: time.sleep(0.05)"
+        )
+        assert c.eval("procs.respawn()") == [1]
+        assert [v for v, _ in c.eval("procs.spawn('uses2', Uses).value.call().get(timeout=60).values()")] == [
+            2,
+            2,
+        ]
         c.run("procs.stop()")
     finally:
         c.close()
