@@ -42,7 +42,7 @@ from monarch_kernel.errors import (
     MonarchKernelError,
     SupervisionError,
 )
-from monarch_kernel.hosts import AgentProcess, MeshRecord, agent_alive, end_reason, registry, release
+from monarch_kernel.hosts import AgentProcess, MeshRecord, agent_alive, end_reason, follow, registry, release
 from monarch_kernel.mesh import (
     Extent,
     Future,
@@ -87,6 +87,7 @@ class Session:
         self.rec = rec
         self.name = rec.name
         self.token = rec.token
+        follow(rec.job)  # (to tell later how its hosts ended)
         self.client = client
         self.agent = agent
         self.epoch = epoch

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         Allocation,
         Allocator,
         end_reason,
+        follow,
         new_tls_identity,
         release,
     )
@@ -50,6 +51,7 @@ _LAZY: dict[str, str] = {
     "apply_in_worker": "monarch_kernel.hosts._placement",
     "connect": "monarch_kernel.hosts._admin",
     "end_reason": "monarch_kernel.hosts._allocator",
+    "follow": "monarch_kernel.hosts._allocator",
     "GPUS_ENV": "monarch_kernel.hosts._placement",
     "group_of": "monarch_kernel.hosts._admin",
     "host_id": "monarch_kernel.hosts._host_id",
@@ -81,6 +83,7 @@ __all__ = [
     "apply_in_worker",
     "connect",
     "end_reason",
+    "follow",
     "GPUS_ENV",
     "group_of",
     "host_id",

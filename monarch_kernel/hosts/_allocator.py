@@ -219,6 +219,14 @@ def release(job: dict[str, Any]) -> bool:
     return bool(module is not None and module.end(job))
 
 
+def follow(job: dict[str, Any]) -> None:
+    """A session of the job's mesh starts: the allocator may follow its hosts from now
+    on, to tell later how they ended (Kubernetes: a watch of the mesh's pods)."""
+    module = _module_of(job)
+    if module is not None and hasattr(module, "follow"):
+        module.follow(job)
+
+
 def end_reason(job: dict[str, Any], wait: float = 3.0, host: str | None = None) -> str | None:
     """Why a job's agents went away (or, with ``host``, that host's agent), in words,
     if the allocator can tell (a SLURM job that ended, a Kubernetes pod deleted or
@@ -247,6 +255,7 @@ __all__ = [
     "Allocation",
     "Allocator",
     "end_reason",
+    "follow",
     "new_tls_identity",
     "release",
     "stop_started",

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -420,6 +421,8 @@ def end(job: dict[str, Any]) -> bool:
     from kubernetes import client
     from kubernetes.client.rest import ApiException
 
+    with _lock:
+        _done.add((str(job["namespace"]), _selector(job)))
     if job.get("attached"):
         return False
     try:
@@ -445,6 +448,62 @@ def end(job: dict[str, Any]) -> bool:
     return found
 
 
+#: Why each pod of a followed mesh ended, as first seen: (namespace, pod) -> words;
+#: forgotten when a pod of that name runs again.
+#: The kubelet deletes a pod for good once its containers stopped, often before the
+#: controller asks (an eviction's reason would be gone with it).
+_ended: dict[tuple[str, str], str] = {}
+#: The meshes followed (their selectors), and those whose end was asked for.
+_followed: set[tuple[str, str]] = set()
+_done: set[tuple[str, str]] = set()
+_lock = threading.Lock()
+
+
+def _selector(job: dict[str, Any]) -> str:
+    return str(job["selector"]) if job.get("attached") else f"{JOB_LABEL}={job['name']}"
+
+
+def follow(job: dict[str, Any]) -> None:
+    """Watches the mesh's pods (a thread of its own, until ``end``) and keeps how each
+    ended, for ``end_reason`` (``_allocator.follow``: a session of the mesh starts)."""
+    key = (str(job["namespace"]), _selector(job))
+    with _lock:
+        if key in _followed:
+            return
+        _followed.add(key)
+        _done.discard(key)
+    threading.Thread(target=_watch, args=(job, key), name="monarch-k8s-watch", daemon=True).start()
+
+
+def _watch(job: dict[str, Any], key: tuple[str, str]) -> None:
+    from kubernetes import client, watch
+
+    try:
+        core = client.CoreV1Api(api_client(job.get("kubeconfig") or None))
+    except MeshSpecError:
+        return
+    ns, selector = key
+    while key not in _done:
+        try:
+            for ev in watch.Watch().stream(
+                core.list_namespaced_pod, ns, label_selector=selector, timeout_seconds=10
+            ):
+                pod = ev["object"]
+                why = pod_end(pod) or (
+                    f"pod {pod.metadata.name} was deleted" if ev["type"] == "DELETED" else None
+                )
+                if why:  # the first words of its end are the ones to keep
+                    _ended.setdefault((ns, pod.metadata.name), why)
+                else:  # it runs (again: a pool's pod of the same name, restarted)
+                    _ended.pop((ns, pod.metadata.name), None)
+                if key in _done:
+                    break
+        except Exception:  # the API went away for a while: look again
+            time.sleep(1.0)
+    with _lock:
+        _followed.discard(key)
+
+
 def end_reason(job: dict[str, Any], wait: float = 3.0, host: str | None = None) -> str | None:
     """Why the agent of pod ``host`` (or, without it, every agent of the mesh) went
     away, in Kubernetes' words; None while it runs. Given ``wait`` s for Kubernetes
@@ -459,15 +518,19 @@ def end_reason(job: dict[str, Any], wait: float = 3.0, host: str | None = None) 
     except MeshSpecError:
         return None
     deadline = time.monotonic() + (wait if host is None else max(wait, HOST_WAIT_S))
+    selector = _selector(job)
     while True:
-        selector = job["selector"] if job.get("attached") else f"{JOB_LABEL}={job['name']}"
+        if host is not None and (job["namespace"], host) in _ended:
+            return _ended[(job["namespace"], host)]
         try:
             pods = core.list_namespaced_pod(job["namespace"], label_selector=selector).items
         except (ApiException, OSError):
             return None
         if host is not None:
             mine = [p for p in pods if p.metadata.name == host]
-            why = pod_end(mine[0]) if mine else f"pod {host} was deleted"
+            why = (
+                pod_end(mine[0]) if mine else _ended.get((job["namespace"], host), f"pod {host} was deleted")
+            )
         else:
             ends = [pod_end(p) for p in pods]
             why = None if not pods or None in ends else "; ".join(e for e in ends if e)
@@ -485,5 +548,6 @@ __all__ = [
     "default_selector",
     "end",
     "end_reason",
+    "follow",
     "pod_end",
 ]

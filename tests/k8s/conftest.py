@@ -1,6 +1,6 @@
 """Fixtures of the Kubernetes tests: ``bed``, a real control plane (kube-apiserver,
 etcd, kube-controller-manager, kube-scheduler, kwok) with 4 pod hosts (see tools/k8s),
-for the session. Every test in this folder is marked ``k8s``; ``make test`` builds
+for the module (it is removed before the tests that follow). Every test in this folder is marked ``k8s``; ``make test`` builds
 the binaries first (``make k8s-bed``, cached outside the repository)."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.k8s)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def bed() -> Iterator[KubeBed]:
     if reason := unavailable():
         pytest.skip(f"no k8s test bed: {reason}")
