@@ -200,7 +200,7 @@ def stop_started(error: MeshStartError, started: list[AgentInfo], cfg: AgentConf
 
 
 #: The modules of allocators whose job needs ending beyond its agents, by job kind.
-_KINDS = {"slurm": "monarch_kernel.hosts._slurm", "k8s": "monarch_kernel.hosts._k8s"}
+_KINDS = {"slurm": "monarch_kernel.hosts._slurm", "k8s": "monarch_kernel.hosts._k8s_ends"}
 
 
 def _module_of(job: dict[str, Any]) -> Any:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -193,21 +192,21 @@ class KubernetesPods:
             }
             core.patch_namespaced_secret(name, self.namespace, {"metadata": {"ownerReferences": [owner]}})
         except ApiException as e:
-            _end_quietly(job)
+            end_quietly(job)
             raise MeshStartError(
                 f"Kubernetes refused the mesh's Job in namespace {self.namespace!r}: {_said(e)}. "
                 "The account needs to create Jobs and Secrets there (README: Kubernetes)",
                 mesh=cfg.name,
             ) from None
         except Exception as e:  # the API went away meanwhile (urllib3, OSError)
-            _end_quietly(job)
+            end_quietly(job)
             raise MeshStartError(
                 f"cannot reach the Kubernetes API at {api.configuration.host}: {e}", mesh=cfg.name
             ) from None
         try:
             pods = self._wait_ready(core, f"{JOB_LABEL}={name}", INDEX_LABEL, cfg.name, f"pods of Job {name}")
         except BaseException:  # an interrupt too: nothing may stay scheduled
-            _end_quietly(job)
+            end_quietly(job)
             raise
         agents = [
             AgentInfo(addr=f"{p.status.pod_ip}:{self.port}", pid=0, host=p.metadata.name, job_id=name)
@@ -406,23 +405,21 @@ def _said(e: Any) -> str:
         return f"{e.status} {e.reason}"
 
 
-def _end_quietly(job: dict[str, Any]) -> None:
-    """``end(job)`` after a failed start, whose own error is the one to raise."""
+def end_quietly(job: dict[str, Any]) -> None:
+    """``delete_job(job)`` after a failed start, whose own error is the one to raise."""
     try:
-        end(job)
+        delete_job(job)
     except Exception:
         pass
 
 
-def end(job: dict[str, Any]) -> bool:
-    """Deletes a mesh's Job, its pods and its Secret (``_allocator.release``). True if
-    the Job was there to delete. Standing pods a mesh attached to are not its own:
-    they stay (their agents end with the mesh, and their pods restart them)."""
+def delete_job(job: dict[str, Any]) -> bool:
+    """Deletes a mesh's Job, its pods and its Secret. True if the Job was there to
+    delete. Standing pods a mesh attached to are not its own: they stay (their agents
+    end with the mesh, and their pods restart them)."""
     from kubernetes import client
     from kubernetes.client.rest import ApiException
 
-    with _lock:
-        _done.add((str(job["namespace"]), _selector(job)))
     if job.get("attached"):
         return False
     try:
@@ -448,106 +445,12 @@ def end(job: dict[str, Any]) -> bool:
     return found
 
 
-#: Why each pod of a followed mesh ended, as first seen: (namespace, pod) -> words;
-#: forgotten when a pod of that name runs again.
-#: The kubelet deletes a pod for good once its containers stopped, often before the
-#: controller asks (an eviction's reason would be gone with it).
-_ended: dict[tuple[str, str], str] = {}
-#: The meshes followed (their selectors), and those whose end was asked for.
-_followed: set[tuple[str, str]] = set()
-_done: set[tuple[str, str]] = set()
-_lock = threading.Lock()
-
-
-def _selector(job: dict[str, Any]) -> str:
-    return str(job["selector"]) if job.get("attached") else f"{JOB_LABEL}={job['name']}"
-
-
-def follow(job: dict[str, Any]) -> None:
-    """Watches the mesh's pods (a thread of its own, until ``end``) and keeps how each
-    ended, for ``end_reason`` (``_allocator.follow``: a session of the mesh starts)."""
-    key = (str(job["namespace"]), _selector(job))
-    with _lock:
-        if key in _followed:
-            return
-        _followed.add(key)
-        _done.discard(key)
-    threading.Thread(target=_watch, args=(job, key), name="monarch-k8s-watch", daemon=True).start()
-
-
-def _watch(job: dict[str, Any], key: tuple[str, str]) -> None:
-    from kubernetes import client, watch
-
-    try:
-        core = client.CoreV1Api(api_client(job.get("kubeconfig") or None))
-    except MeshSpecError:
-        return
-    ns, selector = key
-    while key not in _done:
-        try:
-            for ev in watch.Watch().stream(
-                core.list_namespaced_pod, ns, label_selector=selector, timeout_seconds=10
-            ):
-                pod = ev["object"]
-                why = pod_end(pod) or (
-                    f"pod {pod.metadata.name} was deleted" if ev["type"] == "DELETED" else None
-                )
-                if why:  # the first words of its end are the ones to keep
-                    _ended.setdefault((ns, pod.metadata.name), why)
-                else:  # it runs (again: a pool's pod of the same name, restarted)
-                    _ended.pop((ns, pod.metadata.name), None)
-                if key in _done:
-                    break
-        except Exception:  # the API went away for a while: look again
-            time.sleep(1.0)
-    with _lock:
-        _followed.discard(key)
-
-
-def end_reason(job: dict[str, Any], wait: float = 3.0, host: str | None = None) -> str | None:
-    """Why the agent of pod ``host`` (or, without it, every agent of the mesh) went
-    away, in Kubernetes' words; None while it runs. Given ``wait`` s for Kubernetes
-    to record the end (the agent can go first), and at least ``HOST_WAIT_S`` for one
-    pod: its agent's connection breaks as the container ends, before the kubelet
-    reports how it ended."""
-    from kubernetes import client
-    from kubernetes.client.rest import ApiException
-
-    try:
-        core: Any = client.CoreV1Api(api_client(job.get("kubeconfig") or None))
-    except MeshSpecError:
-        return None
-    deadline = time.monotonic() + (wait if host is None else max(wait, HOST_WAIT_S))
-    selector = _selector(job)
-    while True:
-        if host is not None and (job["namespace"], host) in _ended:
-            return _ended[(job["namespace"], host)]
-        try:
-            pods = core.list_namespaced_pod(job["namespace"], label_selector=selector).items
-        except (ApiException, OSError):
-            return None
-        if host is not None:
-            mine = [p for p in pods if p.metadata.name == host]
-            why = (
-                pod_end(mine[0]) if mine else _ended.get((job["namespace"], host), f"pod {host} was deleted")
-            )
-        else:
-            ends = [pod_end(p) for p in pods]
-            why = None if not pods or None in ends else "; ".join(e for e in ends if e)
-            owner = f"pods {selector}" if job.get("attached") else f"Kubernetes Job {job['name']}"
-            why = why and f"its {owner} ended: {why}"
-        if why or time.monotonic() >= deadline:
-            return why
-        time.sleep(0.2)
-
-
 __all__ = [
     "KubernetesPods",
     "agent_container",
     "api_client",
     "default_selector",
-    "end",
-    "end_reason",
-    "follow",
+    "delete_job",
+    "end_quietly",
     "pod_end",
 ]
