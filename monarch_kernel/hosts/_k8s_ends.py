@@ -49,6 +49,7 @@ def follow(job: dict[str, Any]) -> None:
 
 def _watch(job: dict[str, Any], key: tuple[str, str]) -> None:
     from kubernetes import client, watch
+    from kubernetes.client.rest import ApiException
 
     try:
         core = client.CoreV1Api(api_client(job.get("kubeconfig") or None))
@@ -70,6 +71,10 @@ def _watch(job: dict[str, Any], key: tuple[str, str]) -> None:
                     _ended.pop((ns, pod.metadata.name), None)
                 if key in _done:
                     break
+        except ApiException as e:
+            if e.status in (401, 403):  # not allowed to watch pods: end_reason lists them instead
+                break
+            time.sleep(1.0)
         except Exception:  # the API went away for a while: look again
             time.sleep(1.0)
     with _lock:
