@@ -450,3 +450,17 @@ def test_attaching_to_pods_that_do_not_exist_says_how_to_make_them(bed, controll
     )
     assert "monarch-kernel k8s-pool NAME" in message
     nothing_left(bed)
+
+
+def test_gpus_per_pod_become_the_pods_gpu_requests_and_one_proc_per_gpu(bed, controllers, state_home):
+    c = new(controllers, bed, state_home)
+    c.run(
+        "procs = new_job(1, gpus_per_pod=2).state(cached_path=None).trainers.spawn_procs(per_host={'gpus': 2}, name='g')"
+    )
+    assert c.eval("procs.sizes") == {"hosts": 1, "gpus": 2}
+    asked = bed.api(
+        f"print([c.resources.limits for p in core.list_namespaced_pod({NAMESPACE!r}).items for c in p.spec.containers])"
+    )
+    assert "'nvidia.com/gpu': '2'" in asked, asked
+    c.run("procs.stop()")
+    nothing_left(bed)
