@@ -532,12 +532,11 @@ class Session:
         blob, index = ws.pack(files, wanted)
         buffer = TransferBuffer(blob) if index else None
         try:
-            applied = [
-                self._builtin(
-                    [r], "workspace_apply", self.name, manifest, buffer, [i for i in index if i[0] in set(p)]
-                )
-                for r, p in zip(first, plans)
-            ]
+            applied = []
+            for r, plan in zip(first, plans):
+                need = set(plan)  # (what this host lacks, of the buffer's files)
+                part = [i for i in index if i[0] in need]
+                applied.append(self._builtin([r], "workspace_apply", self.name, manifest, buffer, part))
             removed = answers([c for (c,) in applied], first, "sync_workspace")
         finally:
             if buffer is not None:

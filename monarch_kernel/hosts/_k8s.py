@@ -204,7 +204,7 @@ class KubernetesPods:
                 f"cannot reach the Kubernetes API at {api.configuration.host}: {e}", mesh=cfg.name
             ) from None
         try:
-            pods = self._wait_ready(core, f"{JOB_LABEL}={name}", INDEX_LABEL, cfg.name, f"pods of Job {name}")
+            pods = self._wait_ready(core, job_selector(job), INDEX_LABEL, cfg.name, f"pods of Job {name}")
         except BaseException:  # an interrupt too: nothing may stay scheduled
             end_quietly(job)
             raise
@@ -338,9 +338,20 @@ def agent_container(
     return container
 
 
+def worker_labels(mesh: str) -> dict[str, str]:
+    """Monarch's labels of mesh ``mesh``'s worker pods."""
+    return {WORKER_LABEL: "monarch-worker", MESH_LABEL: dns_name(mesh)}
+
+
 def default_selector(mesh: str) -> str:
     """Monarch's label selector of mesh ``mesh``'s worker pods (its attach form)."""
-    return f"{WORKER_LABEL}=monarch-worker,{MESH_LABEL}={dns_name(mesh)}"
+    return ",".join(f"{k}={v}" for k, v in worker_labels(mesh).items())
+
+
+def job_selector(job: dict[str, Any]) -> str:
+    """The label selector of a mesh's pods, from its job record: those of its Job, or
+    those of the pool it attached to."""
+    return str(job["selector"]) if job.get("attached") else f"{JOB_LABEL}={job['name']}"
 
 
 def _rank(pod: Any, label: str) -> int:
@@ -437,7 +448,7 @@ def delete_job(job: dict[str, Any]) -> bool:
             raise
     # The garbage collector deletes the pods too; deleting them here ends them now.
     try:
-        core.delete_collection_namespaced_pod(ns, label_selector=f"{JOB_LABEL}={name}")
+        core.delete_collection_namespaced_pod(ns, label_selector=job_selector(job))
         core.delete_namespaced_secret(name, ns)
     except ApiException as e:
         if e.status != 404:
@@ -452,5 +463,7 @@ __all__ = [
     "default_selector",
     "delete_job",
     "end_quietly",
+    "job_selector",
     "pod_end",
+    "worker_labels",
 ]

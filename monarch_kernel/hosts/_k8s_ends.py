@@ -9,14 +9,14 @@ import time
 from typing import Any
 
 from monarch_kernel.errors import MeshSpecError
-from monarch_kernel.hosts._k8s import HOST_WAIT_S, JOB_LABEL, api_client, delete_job, pod_end
+from monarch_kernel.hosts._k8s import HOST_WAIT_S, api_client, delete_job, job_selector, pod_end
 
 
 def end(job: dict[str, Any]) -> bool:
     """The kind's end (``_allocator.release``): stops following the mesh's pods, then
     deletes its Job, pods and Secret (``_k8s.delete_job``)."""
     with _lock:
-        _done.add((str(job["namespace"]), _selector(job)))
+        _done.add((str(job["namespace"]), job_selector(job)))
     return delete_job(job)
 
 
@@ -31,14 +31,10 @@ _done: set[tuple[str, str]] = set()
 _lock = threading.Lock()
 
 
-def _selector(job: dict[str, Any]) -> str:
-    return str(job["selector"]) if job.get("attached") else f"{JOB_LABEL}={job['name']}"
-
-
 def follow(job: dict[str, Any]) -> None:
     """Watches the mesh's pods (a thread of its own, until ``end``) and keeps how each
     ended, for ``end_reason`` (``_allocator.follow``: a session of the mesh starts)."""
-    key = (str(job["namespace"]), _selector(job))
+    key = (str(job["namespace"]), job_selector(job))
     with _lock:
         if key in _followed:
             return
@@ -95,7 +91,7 @@ def end_reason(job: dict[str, Any], wait: float = 3.0, host: str | None = None) 
     except MeshSpecError:
         return None
     deadline = time.monotonic() + (wait if host is None else max(wait, HOST_WAIT_S))
-    selector = _selector(job)
+    selector = job_selector(job)
     while True:
         if host is not None and (job["namespace"], host) in _ended:
             return _ended[(job["namespace"], host)]

@@ -7,7 +7,7 @@ import secrets
 from typing import Any
 
 from monarch_kernel.hosts._allocator import AgentConfig, new_tls_identity
-from monarch_kernel.hosts._k8s import DEFAULT_PORT, MESH_LABEL, WORKER_LABEL, agent_container, dns_name
+from monarch_kernel.hosts._k8s import DEFAULT_PORT, agent_container, dns_name, worker_labels
 
 
 def pool_manifests(
@@ -35,7 +35,7 @@ def pool_manifests(
         bind_host="auto",
         tls=new_tls_identity(),
     )
-    labels = {WORKER_LABEL: "monarch-worker", MESH_LABEL: dns_name(name)}
+    labels = worker_labels(name)
     return [
         {
             "apiVersion": "v1",
