@@ -425,7 +425,14 @@ class ActorMesh(MeshTrait, Generic[R]):
 
     def stop(self) -> Future[None]:
         """Stops these actors (their ``__cleanup__`` runs); the procs stay."""
-        calls = [c.stop_actor(self._name) for c in self._proc.conns(list(self._shape.ranks))]
+        ranks = list(self._shape.ranks)
+        conns = self._proc.conns(ranks)
+        if self._proc.hosts and FAN_OUT:  # SPAWN-1: as a call, through the hosts' relays
+            fan = self._proc.state().fanout(self._proc.hosts)
+            stopping = _native.Endpoint.stopping(self._name)
+            calls = fan.call(stopping, conns, ranks, list(range(len(ranks))), b"", [], False, "")
+        else:
+            calls = [c.stop_actor(self._name) for c in conns]
         session = session_for(self._proc)
         if session is not None:
             session.forget_actor(self._name, list(self._shape.ranks))

@@ -22,6 +22,9 @@ import sys
 
 #: How long a worker's calls to a peer wait for it to be reachable again (RESUME-5).
 PEER_RESUME_LIMIT_S = 120.0
+#: In a worker forked from the template (FORK-1): how many modules it had when it was
+#: forked (``sys.modules`` keeps the order of import: the ones after are its own).
+MODULES_AT_FORK: int | None = None
 
 
 def main() -> None:
@@ -101,8 +104,7 @@ def template() -> None:
     import socket
     import threading
 
-    from monarch_kernel import _native, hosts, mesh, worker  # noqa: F401 (each child's imports)
-    from monarch_kernel.worker import _debug, _display, _main_thread, _output, _spmd  # noqa: F401
+    _import_what_workers_use()
 
     # The IPython shell that %%mesh cells run in (about 200 modules and 16 MiB a
     # process): made once here, its pages shared by every child; made in each
@@ -110,6 +112,8 @@ def template() -> None:
     # Only for a controller that runs cells (a notebook's kernel): a script's mesh
     # has no cells, and its hosts save the 0.1 s of CPU the shell takes.
     if os.environ.get("MONARCH_WORKER_SHELL") == "1":
+        from monarch_kernel.worker import _display
+
         _display.ensure()
     if threading.active_count() != 1:  # a fork copies only the forking thread
         raise RuntimeError(f"the worker template started threads: {threading.enumerate()}")
@@ -159,6 +163,18 @@ def template() -> None:
         reap()
 
 
+def _import_what_workers_use() -> None:
+    """FORK-1: imports, in the template, every module that ``main()`` and an actor's
+    spawn and first call import, so that each child shares them instead of importing
+    them again (``monarch_kernel.mesh`` and ``hosts`` import their parts on first use:
+    at 1,024 workers, importing those parts in each child was 1,024 times the
+    unmarshalling and class-making the template does once)."""
+    from monarch_kernel import _caller, _native, actor, worker  # noqa: F401
+    from monarch_kernel.hosts import apply_in_worker  # noqa: F401
+    from monarch_kernel.mesh import ActorMesh, ProcMesh, ProcRef, ValueMesh, call_builtin  # noqa: F401
+    from monarch_kernel.worker import _debug, _display, _main_thread, _output, _spmd  # noqa: F401
+
+
 def _become_worker(rank: int, fds: list[int], template_pid: int) -> None:
     """In a child of the template: take the worker's pipes and socket, then run as
     ``main()``; never returns."""
@@ -167,6 +183,8 @@ def _become_worker(rank: int, fds: list[int], template_pid: int) -> None:
 
     from monarch_kernel import _native
 
+    global MODULES_AT_FORK
+    MODULES_AT_FORK = len(sys.modules)
     code = 1
     try:
         signal.set_wakeup_fd(-1)

@@ -193,3 +193,58 @@ fn port_messages_and_calls_on_one_connection_arrive_in_the_order_sent() {
         assert_eq!(reply_kind(&r), ReplyKind::Result);
     }
 }
+
+#[test]
+fn a_connection_opens_with_its_first_call_not_before() {
+    // LINK-1: a controller names every worker of a mesh, but calls most of them through
+    // their agents: a connection nobody calls on costs no TCP, TLS or stream.
+    let rt = runtime();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let conn = WorkerConn::open(rt.handle(), &addr, "tok").unwrap();
+    let accept =
+        |within| rt.block_on(async { tokio::time::timeout(within, listener.accept()).await });
+    let quiet = accept(Duration::from_millis(500));
+    assert!(quiet.is_err(), "the connection opened before any call");
+    let p = Bytes::from_static(b"x");
+    let _slot = conn.call(&target(&p), 0).1.unwrap();
+    let opened = accept(Duration::from_secs(10));
+    assert!(opened.is_ok(), "the first call did not open the connection");
+}
+
+#[test]
+fn a_spawn_and_a_stop_sent_on_the_stream_reach_the_inbox_as_such() {
+    // SPAWN-1: a spawn or a stop takes a call's path, and the worker queues it as the
+    // spawn or stop it is, with its payload, in order with the calls before it.
+    use monarch_kernel_native::proto::v1::CallCommand;
+    use monarch_kernel_native::rpc::inbox::Kind;
+    let rt = runtime();
+    let host = WorkerHost::bind(rt.handle(), "127.0.0.1:0", "tok").unwrap();
+    let conn = WorkerConn::open(rt.handle(), &host.addr, "tok").unwrap();
+    let p = Bytes::from_static(b"class and args");
+    let mut sent = Vec::new();
+    for command in [CallCommand::Spawn, CallCommand::Endpoint, CallCommand::Stop] {
+        let mut t = target(&p);
+        t.command = command;
+        sent.push(conn.call(&t, 0).1.unwrap());
+    }
+    let lane = host.inbox.lane(LANE_LOOP).unwrap();
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        got.extend(lane.take_wait(Some(Duration::from_secs(10))));
+    }
+    let kinds: Vec<Kind> = got.iter().map(|i| i.kind).collect();
+    assert_eq!(kinds, [Kind::Spawn, Kind::Call, Kind::Stop]);
+    assert_eq!(got[0].actor, "echo");
+    assert_eq!(got[0].payload, p);
+    for item in &got {
+        host.inbox
+            .reply(item.token, ReplyKind::Result, Bytes::new(), vec![]);
+    }
+    for s in sent {
+        let r = s.wait(Some(Duration::from_secs(10))).unwrap().unwrap();
+        assert_eq!(reply_kind(&r), ReplyKind::Result);
+    }
+}

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
+import psutil
 import pytest
 
 from monarch_kernel import Actor, ActorMesh, ProcMesh, Shape, _native, endpoint
@@ -167,6 +168,26 @@ def test_a_call_fanned_out_through_a_tls_agent_reaches_its_workers_over_tls(tls_
     assert counter.incr.call().get(timeout=TIMEOUT).values() == [1, 1]
     assert _native.calls_sent() == before + 1
     assert _native.WorkerConn.relay(tls_mesh.agent.addr, tls_mesh.token).tls
+
+
+def test_a_spawn_and_a_stop_go_through_the_agent_and_no_worker_is_connected_to(state_home):
+    # SPAWN-1: a spawn and a stop to a mesh across hosts go as calls do (RELAY-1), one
+    # message to the host's agent each; LINK-1: the connections to the workers that
+    # this process names but never calls directly are never opened.
+    with _tls_mesh(2) as m:
+        ref = dataclasses.replace(m.procs._proc, hosts=((m.agent.addr, 0, 2),))
+        procs = ProcMesh(ref, Shape.of({"procs": 2}))
+        before = _native.calls_sent()
+        counter = procs.spawn("fanned", Counter)
+        assert _native.calls_sent() == before + 1
+        assert counter.incr.call().get(timeout=TIMEOUT).values() == [1, 1]
+        counter.stop().get(timeout=TIMEOUT)
+        assert _native.calls_sent() == before + 3
+        with pytest.raises(SupervisionError, match="no actor named 'fanned'"):
+            counter.incr.call().get(timeout=TIMEOUT)
+        ports = {int(a.rsplit(":", 1)[1]) for a in m.addrs}
+        mine = [c for c in psutil.Process().net_connections("tcp") if c.raddr and c.raddr.port in ports]
+        assert mine == [], mine
 
 
 def test_a_process_without_the_mesh_ca_gets_a_tls_error_naming_the_address(tls_mesh):

@@ -5,7 +5,7 @@ use super::detach;
 use super::errors::to_py;
 use super::pending::PendingCall;
 use crate::node;
-use crate::proto::v1::PortMessage;
+use crate::proto::v1::{CallCommand, PortMessage};
 use crate::rpc::client::{Fanout, Target, WorkerConn};
 use bytes::Bytes;
 use pyo3::buffer::PyBuffer;
@@ -185,9 +185,21 @@ pub struct PyEndpoint {
     method: String,
     dims: Vec<String>,
     sizes: Vec<u32>,
+    /// What a call to it does: call `method`, or spawn or stop `actor` (SPAWN-1).
+    command: CallCommand,
 }
 
 impl PyEndpoint {
+    fn command_to(actor: String, command: CallCommand) -> Self {
+        PyEndpoint {
+            actor,
+            method: String::new(),
+            dims: Vec::new(),
+            sizes: Vec::new(),
+            command,
+        }
+    }
+
     /// A call of this endpoint with `payload` and `buffers`.
     fn target<'a>(
         &'a self,
@@ -205,6 +217,7 @@ impl PyEndpoint {
             dims: &self.dims,
             sizes: &self.sizes,
             origin,
+            command: self.command,
         }
     }
 }
@@ -224,7 +237,23 @@ impl PyEndpoint {
             method,
             dims,
             sizes,
+            command: CallCommand::Endpoint,
         })
+    }
+
+    /// SPAWN-1: what a spawn of actor `actor` sent as a call is addressed to: its
+    /// payload is the pickled (class, args, kwargs), and each reply says the
+    /// constructor returned, as `WorkerConn.spawn_actor`'s.
+    #[staticmethod]
+    fn spawning(actor: String) -> Self {
+        Self::command_to(actor, CallCommand::Spawn)
+    }
+
+    /// SPAWN-1: what a stop of actor `actor` sent as a call is addressed to (an empty
+    /// payload; each reply says the actor ended, as `WorkerConn.stop_actor`'s).
+    #[staticmethod]
+    fn stopping(actor: String) -> Self {
+        Self::command_to(actor, CallCommand::Stop)
     }
 
     #[getter]

@@ -12,7 +12,7 @@ use super::resume::{self, Admit, Begin};
 use super::tls::ServerIdentity;
 use super::{RpcError, MAX_MESSAGE_BYTES};
 use crate::proto::v1::worker_server::{Worker, WorkerServer};
-use crate::proto::v1::Replies;
+use crate::proto::v1::{CallCommand, Replies};
 use crate::proto::v1::{
     Calls, CancelReply, CancelRequest, PingReply, PingRequest, Reply, ReplyKind, SpawnActorRequest,
     StatsReply, StatsRequest, StopActorRequest,
@@ -191,10 +191,11 @@ impl Worker for Service {
                         .await;
                     }
                     let sink = (!c.oneway).then_some(Sink::Stream(caller, c.call_id));
-                    let kind = if c.port.is_some() {
-                        Kind::Port
-                    } else {
-                        Kind::Call
+                    let kind = match (&c.port, c.command()) {
+                        (Some(_), _) => Kind::Port,
+                        (None, CallCommand::Endpoint) => Kind::Call,
+                        (None, CallCommand::Spawn) => Kind::Spawn, // SPAWN-1
+                        (None, CallCommand::Stop) => Kind::Stop,
                     };
                     let it = Incoming {
                         token: 0,

@@ -5,7 +5,7 @@
 #![allow(dead_code)]
 
 use bytes::Bytes;
-use monarch_kernel_native::proto::v1::ReplyKind;
+use monarch_kernel_native::proto::v1::{CallCommand, ReplyKind};
 use monarch_kernel_native::rpc::client::Target;
 use monarch_kernel_native::rpc::inbox::LANE_LOOP;
 use monarch_kernel_native::rpc::server::WorkerHost;
@@ -48,6 +48,7 @@ pub fn target<'a>(payload: &'a Bytes) -> Target<'a> {
         dims: &[],
         sizes: &[],
         origin: "",
+        command: CallCommand::Endpoint,
     }
 }
 

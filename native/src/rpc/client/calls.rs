@@ -4,7 +4,7 @@
 
 use super::pending::fail_all;
 use super::WorkerConn;
-use crate::proto::v1::{Call, Delivery, PortMessage};
+use crate::proto::v1::{Call, CallCommand, Delivery, PortMessage};
 use crate::rpc::resume;
 use crate::rpc::slot::Slot;
 use crate::rpc::{RpcError, MAX_MESSAGE_BYTES};
@@ -125,6 +125,7 @@ impl WorkerConn {
             fan_out: Vec::new(),
             resent: false,
             port: Some(port),
+            command: CallCommand::Endpoint as i32,
         };
         if let Err(err) = Self::fits(&msg) {
             return (call_id, Slot::done_with(Err(err)));
@@ -173,6 +174,7 @@ impl WorkerConn {
             dims,
             sizes,
             origin,
+            command,
         } = *target;
         Call {
             call_id,
@@ -189,6 +191,7 @@ impl WorkerConn {
             fan_out,
             resent: false,
             port: None,
+            command: command as i32,
         }
     }
 
@@ -241,4 +244,6 @@ pub struct Target<'a> {
     pub sizes: &'a [u32],
     /// Where the call comes from (output routing; may be empty).
     pub origin: &'a str,
+    /// What it does: call an endpoint, or spawn or stop actor `actor` (SPAWN-1).
+    pub command: CallCommand,
 }

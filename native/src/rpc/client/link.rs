@@ -39,6 +39,8 @@ pub(super) struct Link {
     /// This connection's caller id (RESUME-1).
     pub(super) caller: u64,
     pub(super) abandoned: Arc<Notify>,
+    /// LINK-1: the stream opens with the first call, not with the connection.
+    pub(super) lazy: bool,
 }
 
 /// What the connection task keeps from one stream to the next.
@@ -56,6 +58,8 @@ struct StreamState {
     /// Whether calls may have reached a server that never said who it is (a stream
     /// that broke after connecting, before its answer's headers).
     maybe_delivered: bool,
+    /// The call that opened a lazy connection (LINK-1), sent first on its first stream.
+    first: Option<Call>,
 }
 
 /// How one stream ended.
@@ -71,6 +75,17 @@ impl Link {
     /// connection is lost or dropped.
     pub(super) async fn run(self, mut rx: mpsc::UnboundedReceiver<Call>) {
         let mut s = StreamState::default();
+        if self.lazy {
+            // LINK-1: nothing is opened (no TCP, TLS or stream) until a call goes on
+            // this connection: a controller names every worker of a mesh, but its calls
+            // to 1,024 procs on 64 hosts go through their hosts' relays (RELAY-1).
+            let first = tokio::select! {
+                m = rx.recv() => m,
+                _ = self.abandoned.notified() => None,
+            };
+            let Some(first) = first else { return };
+            s.first = Some(first);
+        }
         let mut attempt = 0u32;
         let mut broken_since: Option<std::time::Instant> = None;
         loop {
@@ -137,6 +152,9 @@ impl Link {
             req.metadata_mut().insert(STREAM_HEADER, v);
         }
         let mut c = self.client.clone();
+        if let Some(call) = st.first.take() {
+            let _ = gtx.send(call);
+        }
         let opening = c.messages(req);
         tokio::pin!(opening);
         // A first stream sends calls as they come, with its opening; a resumed one only

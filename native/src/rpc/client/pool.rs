@@ -190,6 +190,9 @@ impl WorkerConn {
             token: Arc::from(token),
             caller: resume::random_id(),
             abandoned: abandoned.clone(),
+            // LINK-1: a worker's connection opens with its first call. A relay's opens
+            // at once: its keepalive is how a lost head is noticed (TREE-1).
+            lazy: peer == Peer::Worker,
         };
         rt.spawn(link.run(rx));
         Ok(WorkerConn {
