@@ -3,6 +3,7 @@ nothing outlives a stopped mesh, a killed controller or a killed agent."""
 
 from __future__ import annotations
 
+import ast
 import os
 import signal
 import subprocess
@@ -50,61 +51,57 @@ def test_workers_run_in_their_own_session_forked_by_the_agents_template(procs2):
         assert parent(pid) == template
 
 
+def _in_a_script(actor: str, call: str) -> list[object]:
+    """What ``call`` on an actor mesh of the class ``actor`` (source) on 2 procs
+    gives, run from a script of its own: its actor travels by value, and the script's
+    controller is no IPython shell (as this test process may be)."""
+    script = "\n".join(
+        [
+            "import sys",
+            "from monarch_kernel import Actor, endpoint, this_host",
+            textwrap.dedent(actor),
+            "procs = this_host().spawn_procs(per_host={'procs': 2})",
+            "try:",
+            f"    print('got', repr(procs.spawn('probe', Probe).{call}.call().get(timeout=60).values()))",
+            "finally:",
+            "    procs.stop()",
+        ]
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    line = next((x for x in done.stdout.splitlines() if x.startswith("got ")), None)
+    assert line is not None, done.stdout + done.stderr
+    return ast.literal_eval(line[4:])
+
+
 def test_a_forked_worker_serves_actors_with_what_its_template_imported(state_home):
     """FORK-1: the template imports every module of this package that a worker uses
     to start and to spawn and serve an actor, so the workers share those pages: a
     forked worker imports none of its own (at 1,024 workers, importing them in each
-    worker was about half of a worker's start). A script's actor travels by value,
-    so the worker imports no module of the script's either."""
-    script = textwrap.dedent(
-        """
-        import sys
-        from monarch_kernel import Actor, endpoint, this_host
-
-        class ImportsSinceFork(Actor):
+    worker was about half of a worker's start)."""
+    probe = """
+        class Probe(Actor):
             @endpoint
             def ours(self):
                 n = sys.modules["__main__"].MODULES_AT_FORK
                 assert n is not None, "this worker was not forked from a template"
                 return [m for m in list(sys.modules)[n:] if m.split(".")[0] == "monarch_kernel"]
-
-        procs = this_host().spawn_procs(per_host={"procs": 2})
-        try:
-            print("imported", procs.spawn("imports", ImportsSinceFork).ours.call().get(timeout=60).values())
-        finally:
-            procs.stop()
         """
-    )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert "imported [[], []]" in done.stdout, done.stdout + done.stderr
+    assert _in_a_script(probe, "ours") == [[], []]
 
 
 def test_a_scripts_workers_get_no_ipython_shell_from_the_template(state_home):
     """FORK-1: the template makes the shell of %%mesh cells only for a controller
     that runs cells (tests/kernel: test_a_kernels_workers_...); a script's workers
-    have none. (A script of its own: this test process may have made a shell.)"""
-    script = textwrap.dedent(
-        """
-        import sys
-        from monarch_kernel import Actor, endpoint, this_host
-
-        class ShellSeen(Actor):
+    have none."""
+    probe = """
+        class Probe(Actor):
             @endpoint
             def seen(self):
                 shell = sys.modules.get("IPython.core.interactiveshell")
                 return shell is not None and shell.InteractiveShell.initialized()
-
-        procs = this_host().spawn_procs(per_host={"procs": 2})
-        try:
-            print("seen", procs.spawn("shell_seen", ShellSeen).seen.call().get(timeout=60).values())
-        finally:
-            procs.stop()
         """
-    )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert "seen [False, False]" in done.stdout, done.stdout + done.stderr
+    assert _in_a_script(probe, "seen") == [False, False]
 
 
 def test_workers_asked_to_start_by_exec_are_children_of_the_agent(state_home):
