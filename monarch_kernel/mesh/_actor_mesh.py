@@ -435,7 +435,7 @@ class ActorMesh(MeshTrait, Generic[R]):
             calls = [c.stop_actor(self._name) for c in conns]
         session = session_for(self._proc)
         if session is not None:
-            session.forget_actor(self._name, list(self._shape.ranks))
+            session.forget_actor(self._name, ranks)
         what, proc, shape = f"stop of {self._name}", self._proc, self._shape
         local = Shape(shape.extent)
 
