@@ -61,6 +61,7 @@ def main() -> None:
         os.close(fd)
     from monarch_kernel import _native
 
+    _native.set_runtime_threads(1)  # NODE-2: before anything starts the runtime
     tls = cfg.tls or {}
     agent = _native.start_agent(
         cfg.name,

@@ -35,6 +35,7 @@ def main() -> None:
     tls = json.loads(sys.stdin.readline() or "{}")
     from monarch_kernel import _native
 
+    _native.set_runtime_threads(1)  # NODE-2: before anything starts the runtime
     _native.exit_when_stdin_closes()  # (after both lines: it reads stdin from now on)
     # A worker has no supervisor to abandon its calls to a peer gone for good: they
     # fail after this long without a connection (RESUME-5).

@@ -341,5 +341,16 @@ fn the_fan_out_keeps_each_workers_calls_in_the_order_sent_whichever_path_each_ta
     let last = send(&t, &[0]);
     assert!(last[0].relayed.is_none());
     assert_eq!(text(&last[0].slot), "0:0:8:x");
+    // A broadcast while a direct call to proc 0 runs: proc 0's copy goes direct,
+    // behind that call, and holds proc 0 there for the next call to both; proc 1's
+    // goes through the relay.
+    let running = send(&target(&slow), &[0]);
+    assert!(running[0].relayed.is_none());
+    assert!(send(&broadcast, &[0, 1]).is_empty());
+    let after = send(&t, &[0, 1]);
+    assert!(after[0].relayed.is_none() && after[1].relayed.is_some());
+    assert_eq!(text(&running[0].slot), "0:0:9:slow");
+    let got: Vec<String> = after.iter().map(|s| text(&s.slot)).collect();
+    assert_eq!(got, ["0:0:11:x", "1:1:5:x"]);
     host.stop(&rt);
 }

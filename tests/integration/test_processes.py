@@ -111,8 +111,30 @@ def test_workers_asked_to_start_by_exec_are_children_of_the_agent(state_home):
         for pid in _worker_pids(procs):
             assert parent(pid) == agent_pid
             assert os.getsid(pid) == pid
+            assert _runtime_threads(pid) == 1  # NODE-2, as a forked worker
     finally:
         procs.stop()
+
+
+def _runtime_threads(pid: int) -> int:
+    """How many threads of process ``pid`` run its native runtime's tasks."""
+    names = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/comm") as f:
+            names.append(f.read().strip())
+    return names.count("monarch-node")
+
+
+def test_workers_and_agents_run_their_native_runtime_on_one_thread_a_controller_on_two(procs2):
+    """NODE-2: a worker's and an agent's runtime tasks are a few connections' I/O, on
+    one thread; the controller keeps two; the count is fixed once the runtime runs."""
+    from monarch_kernel import _native
+
+    assert [_runtime_threads(pid) for pid in _worker_pids(procs2)] == [1, 1]
+    assert _runtime_threads(procs2._session("test").agent.popen.pid) == 1
+    assert _runtime_threads(os.getpid()) == 2
+    assert _native.set_runtime_threads(1) is False
+    assert _runtime_threads(os.getpid()) == 2
 
 
 def test_a_killed_template_takes_its_workers_and_each_is_reported(own_procs2):

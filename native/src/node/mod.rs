@@ -5,6 +5,7 @@
 //! ([`shutdown`]). NODE-1: no code in this crate creates a second runtime.
 
 use crate::sync::lock;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 use tokio::runtime::{Handle, Runtime};
@@ -14,11 +15,28 @@ static RUNTIME: Mutex<Option<Runtime>> = Mutex::new(None);
 /// A cheap handle for spawning, set together with `RUNTIME`.
 static HANDLE: OnceLock<Handle> = OnceLock::new();
 
+/// How many threads run the runtime's tasks (NODE-2): 2 unless the process said
+/// otherwise before its first use.
+static THREADS: AtomicUsize = AtomicUsize::new(2);
+
+/// NODE-2: sets how many threads run the runtime's tasks; only before its first use
+/// (false after: the runtime keeps the threads it started with). A worker and an
+/// agent take one: their tasks are a few connections' I/O, and with two, a message
+/// that one thread reads often wakes the other to run its task (more switches per
+/// call, on CPUs that a host's procs share). A controller keeps two.
+pub fn set_threads(n: usize) -> bool {
+    if HANDLE.get().is_some() {
+        return false;
+    }
+    THREADS.store(n.max(1), Ordering::SeqCst);
+    true
+}
+
 /// The handle of this process's runtime, creating the runtime on first use.
 pub fn handle() -> &'static Handle {
     HANDLE.get_or_init(|| {
         let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            .worker_threads(THREADS.load(Ordering::SeqCst))
             .thread_name("monarch-node")
             .enable_all()
             .build()

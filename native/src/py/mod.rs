@@ -108,6 +108,13 @@ fn shutdown_runtime(py: Python<'_>) {
     });
 }
 
+/// NODE-2: how many threads run the native runtime's tasks; only before its first
+/// use (False after).
+#[pyfunction]
+fn set_runtime_threads(n: usize) -> bool {
+    crate::node::set_threads(n)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register_python_bindings(m)?;
@@ -117,6 +124,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     tls::register_python_bindings(m)?;
     transfer::register_python_bindings(m)?;
     m.add_function(wrap_pyfunction!(shutdown_runtime, m)?)?;
+    m.add_function(wrap_pyfunction!(set_runtime_threads, m)?)?;
     m.add("MAX_MESSAGE_BYTES", crate::rpc::MAX_MESSAGE_BYTES)?;
     Ok(())
 }

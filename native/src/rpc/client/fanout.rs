@@ -151,8 +151,8 @@ impl Fanout {
                 .collect::<Result<Vec<_>, _>>()?;
             for (&i, conn) in part.direct.iter().zip(direct) {
                 let (call_id, slot) = conn.call(target, ranks[i]);
+                order.sent_direct(procs[i], slot.as_ref()); // (None: a broadcast)
                 if let Some(slot) = slot {
-                    order.sent_direct(procs[i], &slot);
                     out[i] = Some(Sent {
                         call_id,
                         slot,

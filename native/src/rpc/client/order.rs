@@ -7,11 +7,13 @@
 //! relay delivers a caller's calls to a worker in the order they come), so a worker
 //! switches to the other path only when nothing sent on the first can still arrive
 //! after: every call sent there has been answered (and so has run), and a broadcast
-//! sent through the relay has been followed there by a call that was answered (a
-//! broadcast has no reply of its own). Within that rule, a call to one proc of a host
-//! goes direct (one hop, the latency of a call on one host) and a call to several
-//! procs of a host goes through its relay (one message per host). A broadcast always
-//! goes through the relays: it is not held back for direct calls still unanswered.
+//! sent there has been followed there by a call that was answered (a broadcast has no
+//! reply of its own). Within that rule, a call to one proc of a host goes direct (one
+//! hop, the latency of a call on one host) and a call to several procs of a host goes
+//! through its relay (one message per host). A broadcast goes through the relays,
+//! but to a worker whose direct path is still busy it goes direct, behind the calls
+//! there (one message per such worker), and holds the worker on that path until a
+//! direct call after it is answered: the mirror of the relay's rule.
 //!
 //! [`Order`] keeps, for each worker of one mesh, what its calls still hold it to; the
 //! fan-out ([`Fanout`](super::Fanout)) asks it for every call's paths and tells it what
@@ -63,39 +65,62 @@ fn unanswered(calls: &mut VecDeque<Weak<Slot>>) -> bool {
     false
 }
 
-/// A broadcast sent through the relay, until it is known to have run.
+/// A broadcast sent on one path, until it is known to have run.
 enum Broadcast {
-    /// No call through the relay since.
+    /// No call on that path since.
     Unfollowed,
-    /// The first call sent through the relay after it: answered, the broadcast has run.
+    /// The first call sent on that path after it: answered, the broadcast has run.
     FollowedBy(Weak<Slot>),
 }
 
-/// What one worker's calls still hold it to.
+/// What one path of one worker still holds: its calls not known answered (oldest
+/// first), and its last broadcast until it is known to have run.
 #[derive(Default)]
-struct Held {
-    /// Calls sent direct, not known answered, oldest first.
-    direct: VecDeque<Weak<Slot>>,
-    /// Calls sent through the relay, not known answered, oldest first.
-    relayed: VecDeque<Weak<Slot>>,
-    /// The last broadcast, until it is known to have run.
+struct OnPath {
+    calls: VecDeque<Weak<Slot>>,
     broadcast: Option<Broadcast>,
 }
 
-impl Held {
-    /// Whether something sent through the relay may still arrive.
-    fn relay_busy(&mut self) -> bool {
+impl OnPath {
+    /// Whether something sent on this path may still arrive.
+    fn busy(&mut self) -> bool {
         match &self.broadcast {
             Some(Broadcast::Unfollowed) => return true,
             Some(Broadcast::FollowedBy(c)) if !answered(c) => return true,
             Some(Broadcast::FollowedBy(_)) => self.broadcast = None,
             None => {}
         }
-        unanswered(&mut self.relayed)
+        unanswered(&mut self.calls)
+    }
+
+    /// Records a call sent on this path (None: a broadcast).
+    fn sent(&mut self, call: Option<&Arc<Slot>>) {
+        match call {
+            None => self.broadcast = Some(Broadcast::Unfollowed),
+            Some(call) => {
+                self.calls.push_back(Arc::downgrade(call));
+                if matches!(self.broadcast, Some(Broadcast::Unfollowed)) {
+                    self.broadcast = Some(Broadcast::FollowedBy(Arc::downgrade(call)));
+                }
+            }
+        }
     }
 
     fn is_clear(&self) -> bool {
-        self.direct.is_empty() && self.relayed.is_empty() && self.broadcast.is_none()
+        self.calls.is_empty() && self.broadcast.is_none()
+    }
+}
+
+/// What one worker's calls still hold it to, on each path.
+#[derive(Default)]
+struct Held {
+    direct: OnPath,
+    relayed: OnPath,
+}
+
+impl Held {
+    fn is_clear(&self) -> bool {
+        self.direct.is_clear() && self.relayed.is_clear()
     }
 }
 
@@ -111,21 +136,24 @@ pub struct Order {
 
 impl Order {
     /// The path of a call to worker `proc`; `alone`: whether it is the only proc of
-    /// its host this call goes to; `oneway`: a broadcast.
+    /// its host this call goes to; `oneway`: a broadcast (the relay, unless the
+    /// worker's direct path is busy).
     pub fn path(&mut self, proc: u32, alone: bool, oneway: bool) -> Path {
-        if oneway {
-            return Path::Relay;
-        }
-        let free = if alone { Path::Direct } else { Path::Relay };
+        let free = if alone && !oneway {
+            Path::Direct
+        } else {
+            Path::Relay
+        };
         let Some(held) = self.held.get_mut(proc as usize) else {
             return free;
         };
         if held.is_clear() {
             return free;
         }
-        if held.relay_busy() {
+        // (only one path is ever busy: a worker leaves one only once it is clear)
+        if held.relayed.busy() {
             Path::Relay
-        } else if unanswered(&mut held.direct) {
+        } else if held.direct.busy() {
             Path::Direct
         } else {
             free
@@ -193,24 +221,16 @@ impl Order {
             .collect()
     }
 
-    /// Records a call sent direct to `proc`; `call`: the slot its reply completes.
-    pub fn sent_direct(&mut self, proc: u32, call: &Arc<Slot>) {
-        self.held_mut(proc).direct.push_back(Arc::downgrade(call));
+    /// Records a call sent direct to `proc`; `call`: the slot its reply completes,
+    /// None for a broadcast.
+    pub fn sent_direct(&mut self, proc: u32, call: Option<&Arc<Slot>>) {
+        self.held_mut(proc).direct.sent(call);
     }
 
     /// Records a call sent to `proc` through its relay; `call`: the slot its reply
     /// completes, None for a broadcast.
     pub fn sent_relayed(&mut self, proc: u32, call: Option<&Arc<Slot>>) {
-        let held = self.held_mut(proc);
-        match call {
-            None => held.broadcast = Some(Broadcast::Unfollowed),
-            Some(call) => {
-                held.relayed.push_back(Arc::downgrade(call));
-                if matches!(held.broadcast, Some(Broadcast::Unfollowed)) {
-                    held.broadcast = Some(Broadcast::FollowedBy(Arc::downgrade(call)));
-                }
-            }
-        }
+        self.held_mut(proc).relayed.sent(call);
     }
 }
 
@@ -235,9 +255,13 @@ mod tests {
         let mut slots = vec![None; procs.len()];
         for part in &plan {
             for &i in &part.direct {
-                let s = Slot::new();
-                order.sent_direct(procs[i], &s);
-                slots[i] = Some(s);
+                if oneway {
+                    order.sent_direct(procs[i], None);
+                } else {
+                    let s = Slot::new();
+                    order.sent_direct(procs[i], Some(&s));
+                    slots[i] = Some(s);
+                }
             }
             for &i in &part.relayed {
                 if oneway {
@@ -353,6 +377,26 @@ mod tests {
         assert_eq!(order.path(0, true, false), Path::Direct);
         // Proc 1 got the broadcast too, and nothing after it.
         assert_eq!(order.path(1, true, false), Path::Relay);
+    }
+
+    #[test]
+    fn a_broadcast_to_a_worker_with_an_unanswered_direct_call_goes_direct_behind_it() {
+        let mut order = Order::default();
+        // A call to proc 0 alone: direct.
+        let (_, one) = send(&mut order, &[0], &[0], false);
+        // The broadcast to both procs of host 0: proc 0's direct path is busy, so its
+        // copy goes direct, behind that call; proc 1's goes through the relay.
+        let (plan, _) = send(&mut order, &[0, 1], &[0, 0], true);
+        assert_eq!(plan, vec![part(0, &[0], &[1])]);
+        answer(one[0].as_ref().unwrap());
+        // The call before it is answered, but the broadcast may not have run: proc 0
+        // stays direct, even for a call to the whole host...
+        assert_eq!(order.path(0, false, false), Path::Direct);
+        let (plan, after) = send(&mut order, &[0, 1], &[0, 0], false);
+        assert_eq!(plan, vec![part(0, &[0], &[1])]);
+        // ...until a direct call after the broadcast is answered.
+        answer(after[0].as_ref().unwrap());
+        assert_eq!(order.path(0, false, false), Path::Relay);
     }
 
     #[test]
