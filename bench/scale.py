@@ -82,11 +82,12 @@ def _cpu_of(pids: list[int]) -> float:
 
 def _runtime_cpu() -> float:
     """CPU seconds this process's native runtime threads (``monarch-node``: the
-    connections, the relays' replies, the slots calls wait on) have used."""
+    connections, the relays' replies, the slots calls wait on; ``monarch-block``: its
+    blocking pool) have used."""
     total = 0
     for task in Path("/proc/self/task").iterdir():
         try:
-            if (task / "comm").read_text().strip() == "monarch-node":
+            if (task / "comm").read_text().strip() in ("monarch-node", "monarch-block"):
                 total += _ticks(task / "stat")
         except OSError:
             continue

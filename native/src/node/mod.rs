@@ -35,9 +35,20 @@ pub fn set_threads(n: usize) -> bool {
 /// The handle of this process's runtime, creating the runtime on first use.
 pub fn handle() -> &'static Handle {
     HANDLE.get_or_init(|| {
+        let workers = THREADS.load(Ordering::SeqCst);
+        let started = AtomicUsize::new(0);
         let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(THREADS.load(Ordering::SeqCst))
-            .thread_name("monarch-node")
+            .worker_threads(workers)
+            // The runtime starts its task threads as it is built, before any thread of
+            // its blocking pool: those are named apart, so a process's task threads can
+            // be counted (NODE-2) and their CPU read apart.
+            .thread_name_fn(move || {
+                if started.fetch_add(1, Ordering::SeqCst) < workers {
+                    "monarch-node".into()
+                } else {
+                    "monarch-block".into()
+                }
+            })
             .enable_all()
             .build()
             .expect("cannot start the tokio runtime (out of threads or file descriptors?)");
