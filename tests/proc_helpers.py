@@ -31,6 +31,18 @@ def wait_for(predicate: Callable[[], Any], within: float = WITHIN, every: float 
         time.sleep(every)
 
 
+def logged(procs: Any, marker: str, count: int, tail: int = 200, within: float = WITHIN) -> list[str]:
+    """The lines of ``procs.logs()`` that contain ``marker``, sorted, once there are
+    ``count`` of them (or ``within`` seconds pass): each rank's line reaches its agent
+    in its own time, so the first one listed says nothing of the others."""
+    deadline = time.monotonic() + within
+    while True:
+        got = sorted(ln for ln in procs.logs(tail=tail) if marker in ln)
+        if len(got) >= count or time.monotonic() >= deadline:
+            return got
+        time.sleep(0.1)
+
+
 def alive(pid: int) -> bool:
     """True while ``pid`` runs (a zombie, dead but not yet reaped, does not count)."""
     try:

@@ -8,7 +8,7 @@ import os
 import textwrap
 
 import pytest
-from proc_helpers import wait_for
+from proc_helpers import logged
 
 from monarch_kernel import Actor, endpoint, this_host
 from monarch_kernel.errors import ActorError, MeshSpecError
@@ -35,7 +35,7 @@ if __name__ == "__main__":
 
 
 def _said(procs, marker: str) -> list[str]:
-    return wait_for(lambda: sorted(ln for ln in procs.logs(tail=200) if marker in ln), every=0.1)
+    return logged(procs, marker, count=len(procs))
 
 
 def test_a_torchrun_script_runs_on_every_proc_and_again_after_an_edit(fresh_procs2, tmp_path):

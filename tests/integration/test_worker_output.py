@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from mortal import proc_rank
-from proc_helpers import WITHIN, wait_for
+from proc_helpers import WITHIN, logged, wait_for
 
 from monarch_kernel import Actor, endpoint
 
@@ -57,7 +57,7 @@ def test_logs_gives_the_last_lines_of_one_rank(fresh_procs2, capfd):
         lambda: [ln for ln in fresh_procs2.logs(rank=1, tail=5) if "hello from" in ln], every=0.1
     )
     assert lines == ["hello from rank 1"]
-    both = wait_for(lambda: sorted(ln for ln in fresh_procs2.logs(tail=100) if "hello from" in ln), every=0.1)
+    both = logged(fresh_procs2, "hello from", count=2, tail=100)
     assert both == ["hello from rank 0", "hello from rank 1"]
     _printed_here(capfd, both)
 
