@@ -8,7 +8,6 @@ runtime with the GIL released.
 from __future__ import annotations
 
 import inspect
-import os
 import pickle
 import random
 from collections.abc import Callable, Iterator, Sequence
@@ -29,6 +28,7 @@ from monarch_kernel.errors import (
 from monarch_kernel.mesh import _buffers, _port
 from monarch_kernel.mesh._control import session_for
 from monarch_kernel.mesh._future import Future, cancel_calls
+from monarch_kernel.mesh._proc_ref import FAN_OUT
 from monarch_kernel.mesh._serial import dumps, loads, loads_exception
 from monarch_kernel.mesh._shape import MeshTrait, Point, Shape
 from monarch_kernel.mesh._value_mesh import ValueMesh
@@ -40,10 +40,6 @@ R = TypeVar("R")
 
 #: Longest a call waits for its receivers to pull its large buffers (XFER-2).
 SEND_WAIT_S = 60.0
-#: Whether a call to a mesh across hosts goes as one message per host, through each
-#: host's agent (RELAY-1), where ORDER-1 allows (``_native.Fanout``); ``MONARCH_FANOUT=0``
-#: sends every call to each worker directly (one message per proc).
-FAN_OUT = os.environ.get("MONARCH_FANOUT", "1") != "0"
 _RESULT = _native.REPLY_RESULT
 _EXCEPTION = _native.REPLY_EXCEPTION
 _FENCED = _native.REPLY_FENCED
@@ -427,12 +423,10 @@ class ActorMesh(MeshTrait, Generic[R]):
         """Stops these actors (their ``__cleanup__`` runs); the procs stay."""
         ranks = list(self._shape.ranks)
         conns = self._proc.conns(ranks)
-        if self._proc.hosts and FAN_OUT:  # SPAWN-1: as a call, through the hosts' relays
-            fan = self._proc.state().fanout(self._proc.hosts)
-            stopping = _native.Endpoint.stopping(self._name)
-            calls = fan.call(stopping, conns, ranks, list(range(len(ranks))), b"", [], False, "")
-        else:
-            calls = [c.stop_actor(self._name) for c in conns]
+        name = self._name
+        calls = self._proc.command_calls(
+            _native.Endpoint.stopping(name), conns, ranks, lambda c: c.stop_actor(name)
+        )
         session = session_for(self._proc)
         if session is not None:
             session.forget_actor(self._name, ranks)

@@ -22,7 +22,7 @@ from monarch_kernel.errors import (
     SerializationError,
 )
 from monarch_kernel.mesh import _control
-from monarch_kernel.mesh._actor_mesh import FAN_OUT, ActorMesh, check_endpoint_names, decode_all
+from monarch_kernel.mesh._actor_mesh import ActorMesh, check_endpoint_names, decode_all
 from monarch_kernel.mesh._buffers import HEADER, drop_now, drop_when_done
 from monarch_kernel.mesh._builtin import call_builtin
 from monarch_kernel.mesh._control import MeshControl, MeshFailure, session_for
@@ -137,14 +137,15 @@ class ProcMesh(MeshTrait):
         if origin:
             _origin.touched.add(self._proc.name)
         try:
-            if self._proc.hosts and FAN_OUT:  # SPAWN-1: as a call, through the hosts' relays
-                fan = self._proc.state().fanout(self._proc.hosts)
-                spawning = _native.Endpoint.spawning(name)
-                calls = fan.call(
-                    spawning, conns, ranks, list(range(len(ranks))), payload, buffers, False, origin
-                )
-            else:
-                calls = [c.spawn_actor(name, payload, buffers, origin) for c in conns]
+            calls = self._proc.command_calls(
+                _native.Endpoint.spawning(name),
+                conns,
+                ranks,
+                lambda c: c.spawn_actor(name, payload, buffers, origin),
+                payload,
+                buffers,
+                origin,
+            )
         except BaseException:
             drop_now(regs)  # (some may have gone; their readers release what they read)
             raise

@@ -3,8 +3,9 @@ to explain a failed call in terms a user can act on."""
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,11 @@ from monarch_kernel.errors import (
     SupervisionError,
 )
 from monarch_kernel.mesh._shape import Extent, Point
+
+#: Whether a call to a mesh across hosts goes as one message per host, through each
+#: host's agent (RELAY-1), where ORDER-1 allows (``_native.Fanout``); ``MONARCH_FANOUT=0``
+#: sends every call to each worker directly (one message per proc).
+FAN_OUT = os.environ.get("MONARCH_FANOUT", "1") != "0"
 
 
 @dataclass(eq=False)
@@ -118,6 +124,26 @@ class ProcRef:
         if st is None:
             st = _states.setdefault((self.name, self.token), MeshState(self))
         return st
+
+    def command_calls(
+        self,
+        command: Any,
+        conns: list[Any],
+        ranks: list[int],
+        unary: Callable[[Any], Any],
+        payload: bytes = b"",
+        buffers: Sequence[Any] = (),
+        origin: str = "",
+    ) -> list[Any]:
+        """The calls of a spawn or a stop (``command``: ``_native.Endpoint.spawning``
+        or ``stopping``) to procs ``ranks`` on ``conns``: as a call, through the hosts'
+        relays, for a mesh across hosts (SPAWN-1); else ``unary(conn)``, the RPC, on
+        each connection."""
+        if self.hosts and FAN_OUT:
+            fan = self.state().fanout(self.hosts)
+            local = list(range(len(ranks)))
+            return list(fan.call(command, conns, ranks, local, payload, list(buffers), False, origin))
+        return [unary(c) for c in conns]
 
     def conns(self, ranks: Sequence[int]) -> list[Any]:
         """Connections to procs ``ranks`` where they are now; fails fast (without
