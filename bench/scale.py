@@ -13,6 +13,9 @@ measures, beside baselines taken in the same run:
   on the call's path (the calling thread, and the native runtime less its idle use,
   measured in alternation) and in all (its supervision too),
   beside the same on 16 hosts x 4 procs;
+- beside the call rows, the machine's bound: the same fan-out to as many bare Python
+  processes, each answering a pipe byte with one thread and with three (a worker's
+  wakes per call), ``bench/bare_fanout.py``;
 - a worker killed among them: the time until the controller is told (``on_failure``);
 - ``stop()``.
 
@@ -38,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from bench import bare_fanout
 from monarch_kernel import Actor, endpoint
 from tools.testcluster import Cluster, ClusterError
 
@@ -231,7 +235,9 @@ def inside(cfg: dict[str, Any]) -> dict[str, float]:
 
 
 def measure() -> dict[str, float]:
-    """Brings the cluster up, measures, removes it; the figures."""
+    """Measures the bare fan-out, brings the cluster up, measures, removes it; the figures."""
+    n = HOSTS * PER_HOST
+    bare = {"bare_one": bare_fanout.median(n, "one"), "bare_three": bare_fanout.median(n, "three")}
     cluster = Cluster.up(hosts=HOSTS)
     state = tempfile.mkdtemp(prefix="bench-scale-")
     try:
@@ -253,7 +259,7 @@ def measure() -> dict[str, float]:
         if done.returncode:
             raise ClusterError(f"the measuring controller failed ({done.returncode}):\n{done.stderr[-3000:]}")
         figures: dict[str, float] = json.loads(done.stdout.splitlines()[-1])
-        return figures
+        return {**figures, **bare}
     except subprocess.SubprocessError as e:
         raise ClusterError(f"{e}\n{(getattr(e, 'stderr', None) or '')[-3000:]}") from e
     finally:
@@ -297,6 +303,14 @@ def to_rows(f: dict[str, float]) -> list[Row]:
             "",
             nan,
             "(a bound of this machine)",
+        ),
+        (
+            f"  bare fan-out here: {n} Python processes answer a pipe byte, 3 threads each",
+            f["bare_three"] * ms,
+            "ms",
+            "one thread each",
+            f["bare_one"] * ms,
+            "(no protocol: the wakes alone)",
         ),
         (
             f"messages per call() to {n} procs on {HOSTS} hosts",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -123,7 +124,7 @@ class SlurmHosts:
         except BaseException:  # an interrupt while SLURM queues: nothing may stay queued
             _end_launch(launcher, lines)
             raise
-        agents = sorted((a for a in map(AgentInfo.parse_ready, lines) if a), key=lambda a: a.host)
+        agents = sorted((a for a in map(AgentInfo.parse_ready, lines) if a), key=lambda a: node_order(a.host))
         if len(agents) < self.nodes:
             _end_launch(launcher, lines)
             said = "\n".join(lines).strip()[-1500:] or "(none)"
@@ -141,6 +142,13 @@ class SlurmHosts:
             Path(out_path).unlink(missing_ok=True)  # nothing more comes: the agents log on their hosts
         job = {"kind": "slurm", "job_id": agents[0].job_id, "launcher_pid": launcher.pid, "tag": self.tag}
         return Allocation(agents, job)
+
+
+def node_order(host: str) -> tuple[tuple[int, int | str], ...]:
+    """The key that puts node names in SLURM's order (its hostlists' ``h[1-64]``):
+    numbers by value, so ``h2`` comes before ``h10``. The ranks of a SLURM mesh follow
+    it, host by host."""
+    return tuple((1, int(t)) if t.isdigit() else (0, t) for t in re.split(r"(\d+)", host) if t)
 
 
 def _end_launch(launcher: subprocess.Popen[bytes], lines: list[str]) -> None:

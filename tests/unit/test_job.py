@@ -135,3 +135,12 @@ def test_span_and_traced_log_their_work(caplog):
     assert [m.split(" took")[0] for m in said if " took " in m] == ["span work", "span step", "span fetch"], (
         said
     )
+
+
+def test_a_slurm_meshs_hosts_are_in_slurms_node_order_numbers_by_value():
+    from monarch_kernel.hosts._slurm import node_order
+
+    names = ["h10", "h2", "h1", "gpu-b-03", "gpu-a-12", "gpu-a-3", "h64", "login"]
+    assert sorted(names, key=node_order) == [
+        "gpu-a-3", "gpu-a-12", "gpu-b-03", "h1", "h2", "h10", "h64", "login",
+    ]  # fmt: skip
