@@ -5,6 +5,7 @@ tensor) spells them."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 
 def rank_runs(ranks: Iterable[int]) -> list[str]:
@@ -24,4 +25,11 @@ def rank_runs(ranks: Iterable[int]) -> list[str]:
     return runs
 
 
-__all__ = ["rank_runs"]
+def ranks_span(ranks: Any) -> str:
+    """``rank 3``, or ``ranks 0-3, 8, 10-11``: ``ranks`` (any iterable of ints) as
+    runs, sorted."""
+    got = set(ranks)
+    return f"rank {next(iter(got))}" if len(got) == 1 else "ranks " + ", ".join(rank_runs(got))
+
+
+__all__ = ["rank_runs", "ranks_span"]

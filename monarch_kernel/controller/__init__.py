@@ -15,7 +15,8 @@ front ends (which see a session only as a ``MeshSession``):
 - ``interrupt(futures)``, ``escalate_interrupted()``: the stop button;
 - ``describe_wait(calls)``: what a long wait waits behind (a busy or silent rank);
 - ``mesh_table()``, ``down(names)``, ``plan_down_all(force)``, ``left_running(keep)``:
-  ``ls`` and ``down``;
+  ``ls`` and ``down``; ``text_lines(rows)``, ``states_count(states)``: a mesh's procs
+  for ``status`` and ``attach`` (a summary beyond 32 procs);
 - ``TORCH_BACKENDS``, ``prefer_huge_pages()``.
 
 CONTROL-1: importing this package installs it as this process's controller
@@ -50,7 +51,14 @@ from monarch_kernel.controller._supervision import MeshFailure
 from monarch_kernel.controller._view import ask_workers, meshes_view, view_of
 from monarch_kernel.controller._waits import calls_of, describe_wait
 from monarch_kernel.hosts import MeshInfo
-from monarch_kernel.mesh import escalate_interrupted, install_controller, interrupt, prefer_huge_pages
+from monarch_kernel.mesh import (
+    escalate_interrupted,
+    install_controller,
+    interrupt,
+    prefer_huge_pages,
+    states_count,
+    text_lines,
+)
 from monarch_kernel.torch import BACKENDS as TORCH_BACKENDS
 
 
@@ -118,8 +126,10 @@ __all__ = [
     "sessions_lock",
     "set_frontend",
     "spmd_actors",
+    "states_count",
     "stop_all_ephemeral",
     "stop_record",
+    "text_lines",
     "this_host",
     "this_proc",
     "view_of",

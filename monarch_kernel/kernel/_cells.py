@@ -18,7 +18,7 @@ from IPython.core.error import UsageError
 from IPython.display import display, update_display
 
 from monarch_kernel import Shape, _origin, controller
-from monarch_kernel._ranks import rank_runs
+from monarch_kernel._ranks import ranks_span
 from monarch_kernel.controller import DisplayMessage
 from monarch_kernel.errors import (
     FULL_TRACEBACK_ENV,
@@ -48,13 +48,6 @@ def output_mode(group: str, nranks: int, live: bool = True) -> str:
     if group == "auto":
         group = "rank" if nranks <= BLOCKS_UP_TO else "merge"
     return "order" if group == "rank" and not live else group
-
-
-def ranks_span(ranks: Any) -> str:
-    """``rank 3``, or ``ranks 0-3, 8, 10-11``: ``ranks`` (any iterable of ints) as
-    runs, sorted."""
-    got = set(ranks)
-    return f"rank {next(iter(got))}" if len(got) == 1 else "ranks " + ", ".join(rank_runs(got))
 
 
 class MeshCellError(MonarchKernelError):

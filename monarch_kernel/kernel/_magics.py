@@ -233,7 +233,9 @@ class MeshMagics(Magics):
             raise UsageError(str(e)) from None
         s = self._session(args.name)
         actors = ", ".join(a for a in s.records if not a.startswith("__")) or "none"
-        print(f"attached to mesh {args.name!r} (epoch {s.epoch}): {procs.status()}; actor meshes: {actors}")
+        print(
+            f"attached to mesh {args.name!r} (epoch {s.epoch}), {controller.states_count(procs.status())}; actor meshes: {actors}"
+        )
         return procs
 
     def _mesh_ls(self, rest: str) -> None:
@@ -313,8 +315,7 @@ class MeshMagics(Magics):
         procs = s.procs()
         rows = procs.proc_rows()
         print(f"mesh {s.name!r} (epoch {s.epoch}), {len(rows)} procs:")
-        for row in rows:
-            print(f"  rank {row.rank}: {row.state:<12} pid {row.pid or '?'}  restarts {row.restarts}")
+        print("\n".join(controller.text_lines(rows)))
         _show(procs)
         return None
 

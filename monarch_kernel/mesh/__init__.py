@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from monarch_kernel.mesh._port import deliver as deliver_port_message
     from monarch_kernel.mesh._proc_mesh import SPAWN_TIMEOUT, ProcMesh, current_proc
     from monarch_kernel.mesh._proc_ref import MeshState, ProcRef, death_error, describe, tail_lines
+    from monarch_kernel.mesh._proc_rows import states_count, text_lines
     from monarch_kernel.mesh._role import (
         here,
         install_actors,
@@ -64,6 +65,8 @@ _LAZY: dict[str, str] = {
     "call_builtin": "monarch_kernel.mesh._builtin",
     "Channel": "monarch_kernel.mesh._port",
     "current_proc": "monarch_kernel.mesh._proc_mesh",
+    "states_count": "monarch_kernel.mesh._proc_rows",
+    "text_lines": "monarch_kernel.mesh._proc_rows",
     "death_error": "monarch_kernel.mesh._proc_ref",
     "decode_reply": "monarch_kernel.mesh._actor_mesh",
     "deliver_port_message": "monarch_kernel.mesh._port:deliver",
@@ -169,8 +172,10 @@ __all__ = [
     "set_this_proc",
     "Shape",
     "SPAWN_TIMEOUT",
+    "states_count",
     "stop_owned",
     "tail_lines",
+    "text_lines",
     "TransferBuffer",
     "unhandled_fault_hook",
     "user_fault_hook",

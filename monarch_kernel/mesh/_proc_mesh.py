@@ -9,7 +9,6 @@ import pickle
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from monarch_kernel import _native, _origin
@@ -28,6 +27,7 @@ from monarch_kernel.mesh._builtin import call_builtin
 from monarch_kernel.mesh._control import MeshControl, MeshFailure, session_for
 from monarch_kernel.mesh._future import Done, Future, wait_calls
 from monarch_kernel.mesh._proc_ref import ProcRef
+from monarch_kernel.mesh._proc_rows import ProcRow, html_table, text_lines
 from monarch_kernel.mesh._role import here
 from monarch_kernel.mesh._serial import dumps, loads
 from monarch_kernel.mesh._shape import MeshTrait, Point, Shape
@@ -37,21 +37,6 @@ T = TypeVar("T")
 
 #: Seconds to wait for every worker to construct an actor.
 SPAWN_TIMEOUT = 300.0
-
-
-@dataclass(frozen=True)
-class ProcRow:
-    """One proc of a mesh as the views show it (``ProcMesh.proc_rows()``)."""
-
-    rank: int
-    #: "alive", "unresponsive", "dead", "stopped" or "lost".
-    state: str
-    #: 0 where the agent did not say (this process does not control the mesh).
-    pid: int = 0
-    host: str = ""
-    restarts: int = 0
-    #: The first line of its death report, if it died.
-    error: str = ""
 
 
 class ProcMesh(MeshTrait):
@@ -406,23 +391,15 @@ class ProcMesh(MeshTrait):
         return {r: str(dead[r]).splitlines()[0] for r in self._shape.ranks if r in dead}
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        lines = [repr(self)] + [f"  rank {r.rank}: {r.state:<12} pid {r.pid or ''}" for r in self.proc_rows()]
-        p.text("\n".join(lines))
+        p.text("\n".join([repr(self), *text_lines(self.proc_rows())]))
 
     def _repr_html_(self) -> str:
-        """A static table (what nbconvert and GitHub show of a mesh)."""
+        """A static table (what nbconvert and GitHub show of a mesh); a summary from
+        ``COMPACT_FROM`` procs on (``_proc_rows``)."""
         import html
 
-        colors = {"alive": "#2a7", "unresponsive": "#c80", "dead": "#c33", "lost": "#c33", "stopped": "#888"}
-        cells = "".join(
-            f"<tr><td>{r.rank}</td><td style='color:{colors.get(r.state, '#000')}'>{html.escape(r.state)}</td>"
-            f"<td>{r.pid or ''}</td><td>{r.restarts if r.pid else ''}</td></tr>"
-            for r in self.proc_rows()
-        )
-        return (
-            f"<b>ProcMesh {html.escape(self.name)}</b> {html.escape(str(self._shape.extent))}"
-            f"<table><tr><th>rank</th><th>state</th><th>pid</th><th>restarts</th></tr>{cells}</table>"
-        )
+        title = f"<b>ProcMesh {html.escape(self.name)}</b> {html.escape(str(self._shape.extent))}"
+        return title + html_table(self.proc_rows())
 
     def __reduce__(self) -> Any:
         return (ProcMesh, (self._proc, self._shape))

@@ -7,9 +7,18 @@ import textwrap
 from collections.abc import Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
+from monarch_kernel._ranks import ranks_span
 from monarch_kernel.mesh._shape import MeshTrait, Point, Shape
 
 R = TypeVar("R")
+
+#: From this many values on, a notebook shows a value mesh grouped by value
+#: (``_repr_pretty_``), as a ``%%mesh`` cell merges the lines of many ranks.
+GROUP_FROM = 33
+#: At most this many distinct values are shown in a grouped view.
+SHOWN = 32
+#: A value's text longer than this is cut in a grouped view.
+VALUE_CHARS = 200
 
 
 class ValueMesh(MeshTrait, Generic[R]):
@@ -59,6 +68,25 @@ class ValueMesh(MeshTrait, Generic[R]):
 
     def __repr__(self) -> str:
         return f"ValueMesh({self.extent}):\n" + textwrap.indent(pprint.pformat(tuple(self.items())), "  ")
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        """A notebook's view: ``repr`` up to ``GROUP_FROM`` values; from there each
+        distinct value once, with the ranks (flat indices) that have it:
+        ``[ranks 0-1023] 0.31``, not 1,024 lines."""
+        if cycle or len(self._values) < GROUP_FROM:
+            p.text("ValueMesh(...)" if cycle else repr(self))
+            return
+        groups: dict[str, list[int]] = {}
+        for rank, v in enumerate(self._values):
+            text = repr(v)
+            if len(text) > VALUE_CHARS:
+                text = text[: VALUE_CHARS - 3] + "..."
+            groups.setdefault(text, []).append(rank)
+        lines = [f"ValueMesh({self.extent}): {len(self._values):,} values, {len(groups):,} distinct"]
+        lines += [f"  [{ranks_span(ranks)}] {text}" for text, ranks in list(groups.items())[:SHOWN]]
+        if len(groups) > SHOWN:
+            lines.append(f"  ... and {len(groups) - SHOWN:,} more (.values() has them all, .item(...) one)")
+        p.text("\n".join(lines))
 
     def __reduce__(self) -> Any:
         return (ValueMesh, (self._shape, self._values))

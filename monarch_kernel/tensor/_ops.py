@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from monarch_kernel._ranks import rank_runs
+from monarch_kernel._ranks import ranks_span
 from monarch_kernel.errors import MeshTensorError, RemoteException
 from monarch_kernel.mesh import Future, ProcMesh
 from monarch_kernel.tensor import _commands as C
@@ -144,7 +144,7 @@ class TensorView:
         self.tensor, self.rows = tensor, rows
 
     def _label(self, ranks: list[int]) -> str:
-        return "rank " + str(ranks[0]) if len(ranks) == 1 else f"ranks {', '.join(rank_runs(ranks))}"
+        return ranks_span(ranks)
 
     def __repr__(self) -> str:
         head = repr(self.tensor)

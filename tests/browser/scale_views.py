@@ -9,13 +9,20 @@ host's namespace), with a JSON config: ``{"hosts", "per_host", "partition",
 
 - the inspector under the cell is a grid of one cell per rank, in one group per host
   (in SLURM's node order: h2 before h10), each group's summary saying all its procs
-  are alive; a rank's cell names its rank,
-  state and pid on hover, and its logs and stacks come on a click;
+  are alive; a rank's cell names its rank, state and pid on hover, and its logs and
+  stacks come on a click;
+- a ``%%mesh`` cell on every rank shows one merged display (``[ranks 0-127] loss
+  0.31``, each rank's output folded under it), and ``%mesh pull`` brings a value
+  from every rank;
+- a new kernel (Kernel > Restart) reattaches with ``%mesh attach``, and ``%mesh
+  status`` says ``1,024 procs on 64 hosts: 1,024 alive`` (a summary, not a line per
+  proc) under a live inspector;
 - the Meshes panel shows the same grid at its default width without a sideways
   scroll bar;
 - a worker killed with SIGKILL turns its cell dead in both views.
 
-Screenshots ``scale-inspector.png`` and ``scale-panel.png`` go to ``shots``. Exits 0
+Screenshots ``scale-inspector-live.png`` (before the restart) and ``scale-panel.png``
+(at the end) go to ``shots``. Exits 0
 when all of that held; a failure raises (and leaves ``scale-*-failure.png``)."""
 
 from __future__ import annotations
@@ -27,14 +34,25 @@ import signal
 import subprocess
 import sys
 import tempfile
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
 
 import jupyter_servers
-from test_inspector_browser import _notebook, _opened
+from test_inspector_browser import _notebook, _opened, _wait_for_idle_kernel
 
 from monarch_kernel.kernel._install import install
+
+#: Run on every rank (``%%mesh``): one line all print, one only rank 0 prints.
+CELL = """%%mesh
+from monarch_kernel import current_rank
+x = current_rank().rank * 2
+print("loss 0.31")
+if x == 0:
+    print("rank 0 saved the checkpoint")"""
+#: A small value from every rank.
+PULL = "xs = %mesh pull x\nlen(xs.values()), sum(xs.values())"
 
 #: Long enough for 1,024 procs on 64 hosts on a 2-CPU machine (they come up in ~15 s).
 UP_MS = 300_000
@@ -56,7 +74,8 @@ def main(cfg: dict[str, Any]) -> None:
         }
         args = ("--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate")
         up = f"procs = %mesh up {name} --procs {per_host} --slurm nodes={hosts},partition={cfg['partition']}"
-        _notebook(root / "scale.ipynb", [up])
+        again = f"procs = %mesh attach {name}\n%mesh status"
+        _notebook(root / "scale.ipynb", [up, CELL, PULL, again])
         try:
             with (
                 jupyter_servers.jupyter_server("jupyterlab", root, env, args) as (server, token),
@@ -64,7 +83,7 @@ def main(cfg: dict[str, Any]) -> None:
                     f"{server}?token={token}", "lab/tree", "scale.ipynb", str(shots / "scale-inspector")
                 ) as page,
             ):
-                _check(page, name, hosts, per_host, shots)
+                _check(page, f"{server}?token={token}", name, hosts, per_host, shots)
         finally:
             down = [sys.executable, "-m", "monarch_kernel", "down", name]
             subprocess.run(down, env=env, check=False, capture_output=True)
@@ -73,14 +92,15 @@ def main(cfg: dict[str, Any]) -> None:
     )
 
 
-def _check(page: Any, name: str, hosts: int, per_host: int, shots: Path) -> None:
-    """Runs the notebook's cell and checks both views (the module's list)."""
+def _check(page: Any, url: str, name: str, hosts: int, per_host: int, shots: Path) -> None:
+    """Runs the notebook's cells and checks both views (the module's list)."""
     from playwright.sync_api import expect
 
     n = hosts * per_host
-    page.locator(".jp-Notebook .jp-Cell").first.locator(".cm-content").click(timeout=60_000)
+    cells = page.locator(".jp-Notebook .jp-Cell")
+    cells.first.locator(".cm-content").click(timeout=60_000)
     page.keyboard.press("Shift+Enter")
-    inspector = page.locator(".monarch-inspector")
+    inspector = cells.first.locator(".monarch-inspector")
     expect(inspector.locator(".monarch-cell")).to_have_count(n, timeout=UP_MS)
     groups = inspector.locator(".monarch-host")
     expect(groups).to_have_count(hosts, timeout=30_000)
@@ -95,10 +115,21 @@ def _check(page: Any, name: str, hosts: int, per_host: int, shots: Path) -> None
     pid = int(re.search(r"pid (\d+)", cell.get_attribute("title") or "").group(1))  # type: ignore[union-attr]
     cell.click()  # details on demand: its logs and stacks
     expect(inspector.locator(".monarch-detail")).to_contain_text("Thread", timeout=60_000)
+    _cells(page, n)
     news = page.locator(".jp-Notification-Toast-Close")  # Lab's news toast, not ours
     if news.count():
         news.first.click()
     page.screenshot(path=str(shots / "scale-inspector-live.png"))
+
+    # A new kernel reattaches: its status is a summary, and its inspector is live.
+    _restart_kernel(url)
+    cells.nth(3).locator(".cm-content").click(timeout=30_000)
+    page.keyboard.press("Shift+Enter")
+    again = cells.nth(3).locator(".jp-OutputArea-output").first
+    expect(again).to_contain_text(f"attached to mesh '{name}' (epoch", timeout=120_000)
+    expect(again).to_contain_text(f"{n:,} procs on {hosts} hosts: {n:,} alive", timeout=60_000)
+    inspector = cells.nth(3).locator(".monarch-inspector")
+    expect(inspector.locator(".monarch-cell")).to_have_count(n, timeout=60_000)
 
     page.locator('.jp-SideBar [data-id="monarch-meshes"]').click(timeout=30_000)
     mesh = page.locator(f'.monarch-panel .monarch-mesh[data-mesh="{name}"]')
@@ -113,6 +144,37 @@ def _check(page: Any, name: str, hosts: int, per_host: int, shots: Path) -> None
     mesh.locator(f'.monarch-cell[data-rank="{rank}"]').click()
     expect(mesh.locator(".monarch-detail")).to_contain_text(f"rank {rank} · dead", timeout=30_000)
     page.screenshot(path=str(shots / "scale-panel.png"))
+
+
+def _restart_kernel(url: str) -> None:
+    """Restarts the notebook's kernel (its server's REST API, as Kernel > Restart
+    does) and waits until the new one is idle."""
+    base, token = url.split("?token=")
+    with urllib.request.urlopen(f"{base}/api/sessions?token={token}", timeout=10) as r:
+        kernel = next(s["kernel"]["id"] for s in json.load(r) if s.get("path") == "scale.ipynb")
+    restart = urllib.request.Request(f"{base}/api/kernels/{kernel}/restart?token={token}", method="POST")
+    urllib.request.urlopen(restart, timeout=60).close()
+    _wait_for_idle_kernel(url, "scale.ipynb", timeout=120)
+
+
+def _cells(page: Any, n: int) -> None:
+    """A ``%%mesh`` cell on every rank shows its output merged, each line once with
+    the ranks that printed it, each rank's own output folded under it; ``%mesh pull``
+    brings a value from every rank."""
+    from playwright.sync_api import expect
+
+    cells = page.locator(".jp-Notebook .jp-Cell")
+    cells.nth(1).locator(".cm-content").click(timeout=30_000)
+    page.keyboard.press("Shift+Enter")
+    page.keyboard.press("Shift+Enter")
+    merged = cells.nth(1).locator(".jp-OutputArea-output")
+    expect(merged).to_have_count(1, timeout=120_000)  # one display, not a block per rank
+    expect(merged).to_contain_text(f"[ranks 0-{n - 1}] loss 0.31", timeout=120_000)
+    expect(merged).to_contain_text("[rank 0] rank 0 saved the checkpoint")
+    merged.locator("summary").click()  # each rank's own output, on demand
+    expect(merged.locator("details")).to_contain_text(re.compile(rf"\[rank {n - 1}\]\s+loss 0\.31"))
+    pulled = cells.nth(2).locator(".jp-OutputArea-output")
+    expect(pulled).to_contain_text(f"({n}, {n * (n - 1)})", timeout=120_000)
 
 
 if __name__ == "__main__":

@@ -143,7 +143,8 @@ def test_merged_outputs_show_each_line_once_with_the_ranks_that_printed_it(kerne
 
 
 def test_ranks_are_named_as_runs():
-    from monarch_kernel.kernel._cells import output_mode, ranks_span
+    from monarch_kernel._ranks import ranks_span
+    from monarch_kernel.kernel._cells import output_mode
 
     assert ranks_span([3]) == "rank 3"
     assert ranks_span(range(1024)) == "ranks 0-1023"

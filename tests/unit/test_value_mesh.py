@@ -120,3 +120,20 @@ def test_a_value_mesh_survives_pickling(dumps):
     back = pickle.loads(dumps(vm))
     assert back == vm
     assert back.item(hosts=1, gpus=1) == "h1g1"
+
+
+def test_a_notebook_shows_a_large_value_mesh_grouped_by_value():
+    import IPython.lib.pretty
+
+    same = ValueMesh(Shape.of({"hosts": 64, "procs": 16}), [0.31] * 1023 + [float("nan")])
+    assert IPython.lib.pretty.pretty(same).splitlines() == [
+        "ValueMesh({hosts: 64, procs: 16}): 1,024 values, 2 distinct",
+        "  [ranks 0-1022] 0.31",
+        "  [rank 1023] nan",
+    ]
+    every = IPython.lib.pretty.pretty(ValueMesh(Shape.of({"procs": 1024}), list(range(1024)))).splitlines()
+    assert every[0] == "ValueMesh({procs: 1024}): 1,024 values, 1,024 distinct"
+    assert every[1:3] == ["  [rank 0] 0", "  [rank 1] 1"] and len(every) == 1 + 32 + 1
+    assert every[-1] == "  ... and 992 more (.values() has them all, .item(...) one)"
+    small = ValueMesh(Shape.of({"procs": 2}), [12, 13])  # a small one: its repr
+    assert IPython.lib.pretty.pretty(small) == repr(small)

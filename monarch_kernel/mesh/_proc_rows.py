@@ -1,0 +1,92 @@
+"""A mesh's procs as text and HTML for a person: ``ProcMesh``'s repr in a notebook
+(``_repr_pretty_``, ``_repr_html_``, what nbconvert and GitHub show), ``%mesh status``
+and ``%mesh attach``. A line (or table row) per proc up to ``COMPACT_FROM`` procs;
+from there, as the inspector's grid from the same size, a summary: how many procs in
+each state, each state's ranks as runs, and a line per proc that is not alive (the
+ones a person looks for among 1,024)."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from monarch_kernel._ranks import ranks_span
+
+#: From this many procs on, the views summarize (the inspector's and the Meshes
+#: panel's grid starts at the same size).
+COMPACT_FROM = 33
+#: At most this many procs that are not alive are listed one by one in a summary.
+LISTED = 32
+_COLORS = {"alive": "#2a7", "unresponsive": "#c80", "dead": "#c33", "lost": "#c33", "stopped": "#888"}
+
+
+@dataclass(frozen=True)
+class ProcRow:
+    """One proc of a mesh as the views show it (``ProcMesh.proc_rows()``)."""
+
+    rank: int
+    #: "alive", "unresponsive", "dead", "stopped" or "lost".
+    state: str
+    #: 0 where the agent did not say (this process does not control the mesh).
+    pid: int = 0
+    host: str = ""
+    restarts: int = 0
+    #: The first line of its death report, if it died.
+    error: str = ""
+
+
+def states_count(states: Sequence[str], hosts: int = 0) -> str:
+    """``1,024 procs on 64 hosts: 1,023 alive, 1 dead``: how many procs are in each
+    state (``hosts``: how many hosts they are on, 0 to leave it out)."""
+    counts: dict[str, int] = {}
+    for s in states:
+        counts[s] = counts.get(s, 0) + 1
+    on = f" on {hosts} hosts" if hosts else ""
+    return f"{len(states):,} procs{on}: " + ", ".join(f"{n:,} {s}" for s, n in counts.items())
+
+
+def row_line(row: ProcRow) -> str:
+    where = f"  {row.host}" if row.host else ""
+    line = f"  rank {row.rank}: {row.state:<12} pid {row.pid or '?'}  restarts {row.restarts}{where}"
+    return f"{line}  ({row.error})" if row.error else line
+
+
+def text_lines(rows: Sequence[ProcRow]) -> list[str]:
+    """The procs as lines of text: one per proc, or the summary (module doc)."""
+    if len(rows) < COMPACT_FROM:
+        return [row_line(r) for r in rows]
+    lines = [f"  {states_count([r.state for r in rows], len({r.host for r in rows if r.host}))}"]
+    lines += [f"  {state:<12} {ranks_span(ranks)}" for state, ranks in _by_state(rows).items()]
+    odd = [r for r in rows if r.state != "alive"]
+    lines += [row_line(r) for r in odd[:LISTED]]
+    if len(odd) > LISTED:
+        lines.append(f"  ... and {len(odd) - LISTED} more procs that are not alive")
+    return lines
+
+
+def html_table(rows: Sequence[ProcRow]) -> str:
+    """The procs as an HTML table: a row per proc, or the summary then a row per proc
+    that is not alive."""
+    head = "<tr><th>rank</th><th>state</th><th>pid</th><th>restarts</th></tr>"
+    listed = rows if len(rows) < COMPACT_FROM else [r for r in rows if r.state != "alive"][:LISTED]
+    cells = "".join(
+        f"<tr><td>{r.rank}</td><td style='color:{_COLORS.get(r.state, '#000')}'>{html.escape(r.state)}</td>"
+        f"<td>{r.pid or ''}</td><td>{r.restarts if r.pid else ''}</td></tr>"
+        for r in listed
+    )
+    table = f"<table>{head}{cells}</table>" if listed else ""
+    if len(rows) < COMPACT_FROM:
+        return table
+    summary = "<br>".join(html.escape(line.strip()) for line in text_lines(rows)[: 1 + len(_by_state(rows))])
+    return f"<div>{summary}</div>{table}"
+
+
+def _by_state(rows: Sequence[ProcRow]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for r in rows:
+        out.setdefault(r.state, []).append(r.rank)
+    return out
+
+
+__all__ = ["COMPACT_FROM", "ProcRow", "html_table", "row_line", "states_count", "text_lines"]
