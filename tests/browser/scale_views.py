@@ -21,8 +21,9 @@ host's namespace), with a JSON config: ``{"hosts", "per_host", "partition",
   scroll bar;
 - a worker killed with SIGKILL turns its cell dead in both views.
 
-Screenshots ``scale-inspector-live.png`` (before the restart) and ``scale-panel.png``
-(at the end) go to ``shots``. Exits 0
+Screenshots ``scale-inspector-live.png`` (the grid), ``scale-mesh-cell.png`` (the
+``%%mesh`` cell, each rank's output unfolded) and ``scale-panel.png`` (at the end)
+go to ``shots``. Exits 0
 when all of that held; a failure raises (and leaves ``scale-*-failure.png``)."""
 
 from __future__ import annotations
@@ -115,11 +116,9 @@ def _check(page: Any, url: str, name: str, hosts: int, per_host: int, shots: Pat
     pid = int(re.search(r"pid (\d+)", cell.get_attribute("title") or "").group(1))  # type: ignore[union-attr]
     cell.click()  # details on demand: its logs and stacks
     expect(inspector.locator(".monarch-detail")).to_contain_text("Thread", timeout=60_000)
+    _shot(page, shots / "scale-inspector-live.png")
     _cells(page, n)
-    news = page.locator(".jp-Notification-Toast-Close")  # Lab's news toast, not ours
-    if news.count():
-        news.first.click()
-    page.screenshot(path=str(shots / "scale-inspector-live.png"))
+    _shot(page, shots / "scale-mesh-cell.png")
 
     # A new kernel reattaches: its status is a summary, and its inspector is live.
     _restart_kernel(url)
@@ -143,7 +142,16 @@ def _check(page: Any, url: str, name: str, hosts: int, per_host: int, shots: Pat
         expect(dead).to_have_attribute("data-state", "dead", timeout=30_000)
     mesh.locator(f'.monarch-cell[data-rank="{rank}"]').click()
     expect(mesh.locator(".monarch-detail")).to_contain_text(f"rank {rank} · dead", timeout=30_000)
-    page.screenshot(path=str(shots / "scale-panel.png"))
+    _shot(page, shots / "scale-panel.png")
+
+
+def _shot(page: Any, path: Path) -> None:
+    """A screenshot, with JupyterLab's own news toast closed first."""
+    news = page.locator(".jp-Notification-Toast-Close")
+    if news.count():
+        news.first.click()
+        news.first.wait_for(state="detached", timeout=10_000)
+    page.screenshot(path=str(path))
 
 
 def _restart_kernel(url: str) -> None:
@@ -167,9 +175,9 @@ def _cells(page: Any, n: int) -> None:
     cells.nth(1).locator(".cm-content").click(timeout=30_000)
     page.keyboard.press("Shift+Enter")
     page.keyboard.press("Shift+Enter")
-    merged = cells.nth(1).locator(".jp-OutputArea-output")
-    expect(merged).to_have_count(1, timeout=120_000)  # one display, not a block per rank
+    merged = cells.nth(1).locator(".jp-OutputArea-output", has_text="loss 0.31")
     expect(merged).to_contain_text(f"[ranks 0-{n - 1}] loss 0.31", timeout=120_000)
+    expect(merged).to_have_count(1)  # one display, not a block per rank (the rest: the wait's bar)
     expect(merged).to_contain_text("[rank 0] rank 0 saved the checkpoint")
     merged.locator("summary").click()  # each rank's own output, on demand
     expect(merged.locator("details")).to_contain_text(re.compile(rf"\[rank {n - 1}\]\s+loss 0\.31"))
