@@ -221,7 +221,6 @@ class AgentClient:
             self._channel = grpc.secure_channel(addr, creds, options=options)
         self._stub = agent_pb2_grpc.HostAgentStub(self._channel)
         self._md = (("authorization", f"Bearer {token}"),)
-        self._token, self._ca_pem = token, ca_pem
 
     def _call(self, name: str, request: Any, timeout: float, wait_for_ready: bool = False) -> Any:
         """``wait_for_ready``: a channel between connections (a partition that just
@@ -354,6 +353,13 @@ class AgentClient:
     def list_workers(self, timeout: float = 5.0) -> list[dict[str, Any]]:
         return [worker_dict(w) for w in self.list_workers_raw(timeout)]
 
+    def ping_workers_future(self, epoch: int, timeout: float, usage: bool = False) -> Any:
+        """SUPERVISE-2: the agent pings each of its running workers (passing ``epoch``)
+        and answers for all, with what each uses if ``usage`` (VIEW-2); a grpc future
+        of the ``PingWorkersReply`` (no thread)."""
+        req = self._pb.PingWorkersRequest(epoch=epoch, timeout_ms=max(10, int(timeout * 1000)), usage=usage)
+        return self._stub.PingWorkers.future(req, metadata=self._md, timeout=timeout + 1.0)
+
     def list_workers_raw(self, timeout: float = 5.0) -> list[Any]:
         """:meth:`list_workers`, as the agent's WorkerInfo messages."""
         return list(self._call("ListWorkers", self._pb.ListWorkersRequest(), timeout).workers)
@@ -379,11 +385,10 @@ class AgentClient:
         """Stops the workers and the agent (epoch 0: as an administrator, never fenced)."""
         self._call("Shutdown", self._pb.ShutdownRequest(epoch=epoch), timeout)
 
-    def watch(self) -> AgentWatch:
+    def watch(self) -> Any:
         """A stream of agent events as they happen (iterate it; ``.cancel()`` ends it).
-        Holding it open is the controller's lease on the mesh. Held by the native
-        runtime (WATCH-1): waiting on it costs no thread wake-up and no GIL."""
-        return AgentWatch(self, self._pb, self._grpc)
+        Holding it open is the controller's lease on the mesh."""
+        return self._stub.Watch(self._pb.WatchRequest(), metadata=self._md)
 
     def watch_in_thread(
         self, on_event: Callable[[Any], None], on_end: Callable[[BaseException | None], None]
@@ -410,46 +415,6 @@ class AgentClient:
 
     def close(self) -> None:
         self._channel.close()
-
-
-class AgentWatch:
-    """An agent's ``Watch`` stream (WATCH-1, ``_native.AgentWatch``): iterate it for
-    its ``AgentEvent`` messages; it ends as a grpcio stream does (StopIteration when
-    the agent closes it, a ``grpc.RpcError`` with the status otherwise: CANCELLED after
-    ``cancel()``), so the supervision that reads it treats it as one."""
-
-    def __init__(self, client: AgentClient, pb: Any, grpc: Any) -> None:
-        from monarch_kernel import _native
-
-        self._native = _native.AgentWatch(client.addr, client._token, client._ca_pem)
-        self._pb, self._grpc = pb, grpc
-
-    def __iter__(self) -> AgentWatch:
-        return self
-
-    def __next__(self) -> Any:
-        event = self._native.next()
-        if event is not None:
-            return self._pb.AgentEvent.FromString(event)
-        code, details = self._native.ended or (1, "")
-        if code == 0:
-            raise StopIteration
-        raise _watch_error(self._grpc, code, details)
-
-    def cancel(self) -> None:
-        self._native.cancel()
-
-    close = cancel
-
-
-def _watch_error(grpc: Any, code: int, details: str) -> Exception:
-    """How a Watch stream ended, as grpcio says it: a ``grpc.RpcError`` with
-    ``code()`` and ``details()``."""
-    status = next((c for c in grpc.StatusCode if c.value[0] == code), grpc.StatusCode.UNKNOWN)
-    err = grpc.RpcError(f"{status.name}: {details}")
-    err.code = lambda: status
-    err.details = lambda: details
-    return err  # type: ignore[no-any-return]
 
 
 _clients: dict[tuple[str, str, str | None], AgentClient] = {}

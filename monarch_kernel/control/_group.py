@@ -123,16 +123,14 @@ class AgentGroup:
         """Each rank's ``WorkerPing`` from its host's agent (one message per host), an
         exception for a rank not running on its host, None where its agent did not
         answer."""
-        from monarch_kernel import _native
-
-        agents = [(link.client.addr, link.client._token, link.client._ca_pem) for link in self.links]
-        replies = _native.ping_agents(agents, epoch, timeout, usage)  # WATCH-1: no grpcio thread
+        sent = [(link, link.client.ping_workers_future(epoch, timeout, usage)) for link in self.links]
         out: dict[int, Any] = {}
-        for link, reply in zip(self.links, replies):
-            if reply is None:  # the agent did not answer: its ranks say nothing
+        for link, fut in sent:
+            try:
+                pings = {p.rank: p for p in fut.result().pings}
+            except Exception:  # the agent did not answer: its ranks say nothing
                 out.update(dict.fromkeys(link.ranks))
                 continue
-            pings = {p.rank: p for p in link.client._pb.PingWorkersReply.FromString(reply).pings}
             for r in link.ranks:
                 p = pings.get(r)
                 out[r] = MonarchKernelError(f"rank {r} is not running on {link.host}") if p is None else p

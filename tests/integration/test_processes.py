@@ -10,7 +10,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 from proc_helpers import alive, parent, still_alive
@@ -136,25 +135,6 @@ def test_workers_and_agents_run_their_native_runtime_on_one_thread_a_controller_
     assert _runtime_threads(os.getpid()) == 2
     assert _native.set_runtime_threads(1) is False
     assert _runtime_threads(os.getpid()) == 2
-
-
-def _voluntary_switches(native_id: int | None) -> int:
-    status = Path(f"/proc/self/task/{native_id}/status").read_text()
-    return int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("voluntary_ctxt_switches")))
-
-
-def test_a_controllers_watch_of_an_agent_sleeps_until_the_agent_says_something(procs2):
-    """WATCH-1: the thread that reads an agent's Watch stream waits in the native
-    runtime with the GIL released; grpcio's iterator woke it ten times a second (a
-    thousand wake-ups a second, each taking the GIL, at 64 agents)."""
-    import threading
-
-    watchers = [t for t in threading.enumerate() if t.name.startswith("monarch-watch-")]
-    assert watchers, [t.name for t in threading.enumerate()]
-    before = [_voluntary_switches(t.native_id) for t in watchers]
-    time.sleep(2.0)  # idle: no worker prints, none exits
-    woke = [_voluntary_switches(t.native_id) - b for t, b in zip(watchers, before)]
-    assert all(w <= 2 for w in woke), woke
 
 
 def test_a_killed_template_takes_its_workers_and_each_is_reported(own_procs2):

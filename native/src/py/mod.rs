@@ -17,7 +17,6 @@ mod pending;
 mod server;
 mod tls;
 mod transfer;
-mod watch;
 
 use pyo3::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -124,7 +123,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     agent::register_python_bindings(m)?;
     tls::register_python_bindings(m)?;
     transfer::register_python_bindings(m)?;
-    watch::register_python_bindings(m)?;
     m.add_function(wrap_pyfunction!(shutdown_runtime, m)?)?;
     m.add_function(wrap_pyfunction!(set_runtime_threads, m)?)?;
     m.add("MAX_MESSAGE_BYTES", crate::rpc::MAX_MESSAGE_BYTES)?;
