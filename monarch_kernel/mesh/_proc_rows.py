@@ -56,10 +56,8 @@ def text_lines(rows: Sequence[ProcRow]) -> list[str]:
     """The procs as lines of text: one per proc, or the summary (module doc)."""
     if len(rows) < COMPACT_FROM:
         return [row_line(r) for r in rows]
-    lines = [f"  {states_count([r.state for r in rows], len({r.host for r in rows if r.host}))}"]
-    lines += [f"  {state:<12} {ranks_span(ranks)}" for state, ranks in _by_state(rows).items()]
     odd = [r for r in rows if r.state != "alive"]
-    lines += [row_line(r) for r in odd[:LISTED]]
+    lines = [f"  {line}" for line in _summary(rows)] + [row_line(r) for r in odd[:LISTED]]
     if len(odd) > LISTED:
         lines.append(f"  ... and {len(odd) - LISTED} more procs that are not alive")
     return lines
@@ -68,25 +66,28 @@ def text_lines(rows: Sequence[ProcRow]) -> list[str]:
 def html_table(rows: Sequence[ProcRow]) -> str:
     """The procs as an HTML table: a row per proc, or the summary then a row per proc
     that is not alive."""
+    compact = len(rows) >= COMPACT_FROM
+    listed = [r for r in rows if r.state != "alive"][:LISTED] if compact else rows
     head = "<tr><th>rank</th><th>state</th><th>pid</th><th>restarts</th></tr>"
-    listed = rows if len(rows) < COMPACT_FROM else [r for r in rows if r.state != "alive"][:LISTED]
     cells = "".join(
         f"<tr><td>{r.rank}</td><td style='color:{_COLORS.get(r.state, '#000')}'>{html.escape(r.state)}</td>"
         f"<td>{r.pid or ''}</td><td>{r.restarts if r.pid else ''}</td></tr>"
         for r in listed
     )
     table = f"<table>{head}{cells}</table>" if listed else ""
-    if len(rows) < COMPACT_FROM:
-        return table
-    summary = "<br>".join(html.escape(line.strip()) for line in text_lines(rows)[: 1 + len(_by_state(rows))])
-    return f"<div>{summary}</div>{table}"
+    summary = f"<div>{'<br>'.join(html.escape(line) for line in _summary(rows))}</div>" if compact else ""
+    return summary + table
 
 
-def _by_state(rows: Sequence[ProcRow]) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = {}
+def _summary(rows: Sequence[ProcRow]) -> list[str]:
+    """How many procs are in each state, then each state's ranks as runs."""
+    by_state: dict[str, list[int]] = {}
     for r in rows:
-        out.setdefault(r.state, []).append(r.rank)
-    return out
+        by_state.setdefault(r.state, []).append(r.rank)
+    hosts = len({r.host for r in rows if r.host})
+    return [states_count([r.state for r in rows], hosts)] + [
+        f"{state:<12} {ranks_span(ranks)}" for state, ranks in by_state.items()
+    ]
 
 
 __all__ = ["COMPACT_FROM", "ProcRow", "html_table", "row_line", "states_count", "text_lines"]
