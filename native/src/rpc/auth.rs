@@ -25,7 +25,8 @@ pub enum TokenError {
     NotAscii,
 }
 
-fn bearer(token: &str) -> Result<String, TokenError> {
+/// The value a client presents: `Bearer <token>`.
+pub(crate) fn bearer(token: &str) -> Result<String, TokenError> {
     if token.is_empty() {
         return Err(TokenError::Empty);
     }

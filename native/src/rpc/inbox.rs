@@ -74,6 +74,9 @@ pub(crate) enum Sink {
     Stream(u64, u64),
     /// As the answer of a unary RPC.
     Unary(oneshot::Sender<Reply>),
+    /// On the pipe of the agent that relayed the call (PIPE-1), with the caller's call
+    /// id, written by the thread that replies.
+    Pipe(Arc<super::pipe::PipeWriter>, u64),
 }
 
 /// The lane of everything not routed elsewhere: async actors, spawns, stops, cancels.
@@ -298,6 +301,12 @@ impl Inbox {
             }
             Some(Sink::Unary(tx)) => {
                 let _ = tx.send(reply);
+            }
+            Some(Sink::Pipe(pipe, call_id)) => {
+                reply.call_id = call_id;
+                pipe.send(super::pipe::frame(&crate::proto::v1::Replies {
+                    replies: vec![reply],
+                }));
             }
             None => {}
         }

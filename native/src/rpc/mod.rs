@@ -6,6 +6,7 @@ pub mod auth;
 pub mod batch;
 pub mod client;
 pub mod inbox;
+pub mod pipe;
 pub mod resume;
 pub mod server;
 pub mod slot;

@@ -8,11 +8,12 @@ use super::inbox::{Inbox, Incoming, Kind};
 use super::auth::TokenCheck;
 use super::batch::Batched;
 use super::inbox::Sink;
+use super::pipe;
 use super::resume::{self, Admit, Begin};
 use super::tls::ServerIdentity;
 use super::{RpcError, MAX_MESSAGE_BYTES};
 use crate::proto::v1::worker_server::{Worker, WorkerServer};
-use crate::proto::v1::{CallCommand, Replies};
+use crate::proto::v1::{Call, CallCommand, Replies};
 use crate::proto::v1::{
     Calls, CancelReply, CancelRequest, PingReply, PingRequest, Reply, ReplyKind, SpawnActorRequest,
     StatsReply, StatsRequest, StopActorRequest,
@@ -107,6 +108,122 @@ fn item(kind: Kind, call_id: u64, actor: String) -> Incoming {
     }
 }
 
+/// Queues an admitted call `c` for the dispatcher, its reply to `sink`: first, if it
+/// carries buffers by reference, pulls them, in arrival order (XFER-2).
+async fn queue_call(inbox: &Inbox, token: &Arc<str>, c: Call, sink: Option<Sink>) {
+    if c.payload.starts_with(crate::transfer::HEADER) {
+        let (p, b, t) = (c.payload.clone(), c.buffers.clone(), token.clone());
+        let _ =
+            tokio::task::spawn_blocking(move || crate::transfer::prefetch(&p, &b, t.as_bytes()))
+                .await;
+    }
+    let kind = match (&c.port, c.command()) {
+        (Some(_), _) => Kind::Port,
+        (None, CallCommand::Endpoint) => Kind::Call,
+        (None, CallCommand::Spawn) => Kind::Spawn, // SPAWN-1
+        (None, CallCommand::Stop) => Kind::Stop,
+    };
+    let it = Incoming {
+        token: 0,
+        kind,
+        call_id: c.call_id,
+        actor: c.actor,
+        method: c.method,
+        payload: c.payload,
+        buffers: c.buffers,
+        rank: c.rank,
+        dims: c.dims,
+        sizes: c.sizes,
+        origin: c.origin,
+        port: c.port,
+    };
+    inbox.push(it, sink);
+}
+
+/// PIPE-1: serves the pipes of the agent of this host on the abstract socket named
+/// after `addr` (none if that name is taken or the socket cannot be made: the agent
+/// then keeps gRPC). Each pipe: the token first, then calls, queued as the `Messages`
+/// stream's are; replies go back on it from the thread that makes them.
+fn serve_pipes(
+    rt: &tokio::runtime::Handle,
+    inbox: &Arc<Inbox>,
+    auth: &TokenCheck,
+    addr: &str,
+    token: &Arc<str>,
+) {
+    use std::os::linux::net::SocketAddrExt;
+    let Ok(name) = std::os::unix::net::SocketAddr::from_abstract_name(pipe::name_of(addr)) else {
+        return;
+    };
+    let listener = match std::os::unix::net::UnixListener::bind_addr(&name) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("monarch worker: relayed calls stay on gRPC: no pipe at {addr}: {e}");
+            return;
+        }
+    };
+    if listener.set_nonblocking(true).is_err() {
+        return;
+    }
+    let _guard = rt.enter();
+    let Ok(listener) = tokio::net::UnixListener::from_std(listener) else {
+        return;
+    };
+    let (inbox, auth, token) = (inbox.clone(), auth.clone(), token.clone());
+    rt.spawn(async move {
+        loop {
+            let conn = tokio::select! {
+                c = listener.accept() => c,
+                _ = inbox.stopped() => return,
+            };
+            let Ok((stream, _)) = conn else { continue };
+            let (inbox, auth, token) = (inbox.clone(), auth.clone(), token.clone());
+            tokio::spawn(async move { serve_pipe(stream, &inbox, &auth, &token).await });
+        }
+    });
+}
+
+/// One agent's pipe (PIPE-1), until it or this worker ends.
+async fn serve_pipe(
+    stream: tokio::net::UnixStream,
+    inbox: &Arc<Inbox>,
+    auth: &TokenCheck,
+    token: &Arc<str>,
+) {
+    let Ok(sock) = stream.into_std().and_then(pipe::socket) else {
+        return;
+    };
+    let mut rd = pipe::FrameReader::new(sock.clone());
+    let writer = pipe::PipeWriter::new(sock);
+    match rd.next().await {
+        Ok(Some(hello)) if auth.accepts(&hello) => {}
+        _ => return, // (not the mesh's agent: closed unanswered)
+    }
+    loop {
+        let frame = tokio::select! {
+            f = rd.next() => f,
+            _ = inbox.stopped() => return,
+        };
+        let Ok(Some(frame)) = frame else { return };
+        let Ok(batch) = <Calls as prost::Message>::decode(frame) else {
+            return; // a malformed frame ends the pipe: the agent's calls on it fail as lost
+        };
+        for c in batch.calls {
+            inbox.received.fetch_add(1, Ordering::Relaxed);
+            if let Err(m) = inbox.admit(c.epoch) {
+                if !c.oneway {
+                    writer.send(pipe::frame(&Replies {
+                        replies: vec![fenced(c.call_id, m)],
+                    }));
+                }
+                continue;
+            }
+            let sink = (!c.oneway).then(|| Sink::Pipe(writer.clone(), c.call_id));
+            queue_call(inbox, token, c, sink).await;
+        }
+    }
+}
+
 type ReplyStream = Pin<Box<dyn Stream<Item = Result<Replies, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -182,36 +299,8 @@ impl Worker for Service {
                             }
                         }
                     }
-                    if c.payload.starts_with(crate::transfer::HEADER) {
-                        // XFER-2: its buffers now, in arrival order, before it queues.
-                        let (p, b, t) = (c.payload.clone(), c.buffers.clone(), token.clone());
-                        let _ = tokio::task::spawn_blocking(move || {
-                            crate::transfer::prefetch(&p, &b, t.as_bytes())
-                        })
-                        .await;
-                    }
                     let sink = (!c.oneway).then_some(Sink::Stream(caller, c.call_id));
-                    let kind = match (&c.port, c.command()) {
-                        (Some(_), _) => Kind::Port,
-                        (None, CallCommand::Endpoint) => Kind::Call,
-                        (None, CallCommand::Spawn) => Kind::Spawn, // SPAWN-1
-                        (None, CallCommand::Stop) => Kind::Stop,
-                    };
-                    let it = Incoming {
-                        token: 0,
-                        kind,
-                        call_id: c.call_id,
-                        actor: c.actor,
-                        method: c.method,
-                        payload: c.payload,
-                        buffers: c.buffers,
-                        rank: c.rank,
-                        dims: c.dims,
-                        sizes: c.sizes,
-                        origin: c.origin,
-                        port: c.port,
-                    };
-                    inbox.push(it, sink);
+                    queue_call(&inbox, &token, c, sink).await;
                 }
                 // (after the calls: an acknowledgement never runs ahead of a call)
                 inbox.callers.received(caller, &batch.received);
@@ -292,6 +381,8 @@ impl WorkerHost {
         })
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        let token: Arc<str> = Arc::from(token);
+        serve_pipes(rt, &inbox, &auth, &addr, &token);
         let svc = tonic::service::interceptor::InterceptedService::new(svc, auth);
         let stopping = inbox.clone();
         let _guard = rt.enter();

@@ -38,6 +38,7 @@ mod fanout;
 mod link;
 mod order;
 mod pending;
+mod pipe;
 mod pool;
 mod service;
 mod unary;

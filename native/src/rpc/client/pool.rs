@@ -194,7 +194,25 @@ impl WorkerConn {
             // at once: its keepalive is how a lost head is noticed (TREE-1).
             lazy: peer == Peer::Worker,
         };
-        rt.spawn(link.run(rx));
+        // PIPE-1: a relay's calls to a worker of its host go on the worker's pipe when
+        // it has one (cancels, pings and stops keep `client`).
+        let piped = (peer == Peer::Relayed)
+            .then(|| super::pipe::connect(addr))
+            .flatten();
+        match piped {
+            Some(stream) => super::pipe::run(
+                rt,
+                stream,
+                addr.to_string(),
+                token,
+                rx,
+                pending.clone(),
+                abandoned.clone(),
+            ),
+            None => {
+                rt.spawn(link.run(rx));
+            }
+        }
         Ok(WorkerConn {
             addr: addr.to_string(),
             token: token.to_string(),
