@@ -185,6 +185,8 @@ pub struct Inbox {
     next_token: AtomicU64,
     /// Calls received, for `Stats`.
     pub(crate) received: AtomicU64,
+    /// Pipes opened to this worker with the mesh token (PIPE-1).
+    pub(crate) pipes: AtomicU64,
     /// The highest controller epoch seen (fencing, see worker.proto).
     epoch: AtomicU64,
     /// Flips to true once, on shutdown: ends every `Messages` stream, so callers see
@@ -214,6 +216,7 @@ impl Inbox {
             requests: Requests::default(),
             next_token: AtomicU64::new(1),
             received: AtomicU64::new(0),
+            pipes: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
         }))
     }
@@ -327,6 +330,11 @@ impl Inbox {
             ));
         }
         Ok(())
+    }
+
+    /// How many pipes (PIPE-1) have been opened to this worker with the mesh token.
+    pub fn pipes(&self) -> u64 {
+        self.pipes.load(Ordering::Relaxed)
     }
 
     /// The highest controller epoch seen.

@@ -196,7 +196,9 @@ async fn serve_pipe(
     let mut rd = pipe::FrameReader::new(sock.clone());
     let writer = pipe::PipeWriter::new(sock);
     match rd.next().await {
-        Ok(Some(hello)) if auth.accepts(&hello) => {}
+        Ok(Some(hello)) if auth.accepts(&hello) => {
+            inbox.pipes.fetch_add(1, Ordering::Relaxed);
+        }
         _ => return, // (not the mesh's agent: closed unanswered)
     }
     loop {

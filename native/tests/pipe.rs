@@ -1,0 +1,180 @@
+//! PIPE-1 end to end, without Python: a relay's connection to a worker of its host
+//! takes the worker's pipe (a local Unix socket), its calls and replies go there, and a
+//! pipe that is not the mesh's agent's, or breaks, never runs a call or hangs one.
+
+use bytes::Bytes;
+use monarch_kernel_native::proto::v1::{Call, Calls, ReplyKind};
+use monarch_kernel_native::rpc::client::{reply_kind, WorkerConn};
+use monarch_kernel_native::rpc::inbox::LANE_LOOP;
+use monarch_kernel_native::rpc::pipe;
+use monarch_kernel_native::rpc::server::WorkerHost;
+use monarch_kernel_native::rpc::RpcError;
+use std::io::{Read, Write};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixStream};
+use std::time::Duration;
+
+mod common;
+
+use common::{echo_dispatcher, runtime, target};
+
+const WAIT: Option<Duration> = Some(Duration::from_secs(30));
+
+/// A raw connection to the pipe of the worker at `addr`.
+fn raw_pipe(addr: &str) -> UnixStream {
+    let name = SocketAddr::from_abstract_name(pipe::name_of(addr)).unwrap();
+    let s = UnixStream::connect_addr(&name).unwrap();
+    s.set_read_timeout(WAIT).unwrap();
+    s
+}
+
+fn one_call(call_id: u64) -> Bytes {
+    pipe::frame(&Calls {
+        calls: vec![Call {
+            call_id,
+            actor: "echo".into(),
+            method: "ping".into(),
+            payload: Bytes::from_static(b"x"),
+            ..Default::default()
+        }],
+        ..Default::default()
+    })
+}
+
+/// Whether the peer closed `s` (reads the end of the stream, with nothing before it;
+/// or a reset: the peer closed with what was sent to it unread).
+fn closed(s: &mut UnixStream) -> bool {
+    let mut buf = [0u8; 64];
+    match s.read(&mut buf) {
+        Ok(0) => true,
+        Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        Ok(_) => false,
+    }
+}
+
+#[test]
+fn a_relays_calls_to_a_worker_go_on_its_pipe_and_come_back_matched() {
+    let rt = runtime();
+    let host = WorkerHost::bind(rt.handle(), "127.0.0.1:0", "pipe-tok").unwrap();
+    let t = echo_dispatcher(&host, 20);
+    let conn = WorkerConn::relayed(rt.handle(), &host.addr, "pipe-tok").unwrap();
+    let payloads: Vec<Bytes> = (0..20).map(|i| Bytes::from(format!("m{i}"))).collect();
+    let slots: Vec<_> = payloads
+        .iter()
+        .map(|p| conn.call(&target(p), 0).1.unwrap())
+        .collect();
+    for (p, s) in payloads.iter().zip(slots) {
+        let r = s.wait(WAIT).unwrap().unwrap();
+        assert_eq!(reply_kind(&r), ReplyKind::Result);
+        assert_eq!(&r.payload, p);
+    }
+    t.join().unwrap();
+    assert_eq!(
+        host.inbox.pipes(),
+        1,
+        "the relay's calls did not take the pipe"
+    );
+}
+
+#[test]
+fn a_pipe_without_the_mesh_token_is_closed_and_its_calls_never_run() {
+    let rt = runtime();
+    let host = WorkerHost::bind(rt.handle(), "127.0.0.1:0", "right").unwrap();
+    for hello in ["Bearer wrong", "", "right"] {
+        let mut s = raw_pipe(&host.addr);
+        s.write_all(&pipe::frame_bytes(hello.as_bytes())).unwrap();
+        let _ = s.write_all(&one_call(1)); // (may find it closed already)
+        assert!(
+            closed(&mut s),
+            "a pipe that presented {hello:?} stayed open"
+        );
+    }
+    assert!(host.inbox.lane(LANE_LOOP).unwrap().take().is_empty());
+    assert_eq!(host.inbox.pipes(), 0);
+}
+
+#[test]
+fn a_malformed_or_oversized_frame_ends_that_pipe_only() {
+    let rt = runtime();
+    let host = WorkerHost::bind(rt.handle(), "127.0.0.1:0", "tok2").unwrap();
+    let hello = pipe::frame_bytes(b"Bearer tok2");
+    // Not a `Calls` message.
+    let mut s = raw_pipe(&host.addr);
+    s.write_all(&hello).unwrap();
+    s.write_all(&pipe::frame_bytes(&[0xff; 16])).unwrap();
+    assert!(closed(&mut s), "a malformed frame left the pipe open");
+    // A length over the limit: closed before anything that size is read or allocated.
+    let mut s = raw_pipe(&host.addr);
+    s.write_all(&hello).unwrap();
+    s.write_all(&((pipe::MAX_FRAME as u32) + 1).to_le_bytes())
+        .unwrap();
+    assert!(closed(&mut s), "an oversized frame left the pipe open");
+    assert!(host.inbox.lane(LANE_LOOP).unwrap().take().is_empty());
+    // The worker goes on: a relay's calls still come back.
+    let t = echo_dispatcher(&host, 1);
+    let conn = WorkerConn::relayed(rt.handle(), &host.addr, "tok2").unwrap();
+    let p = Bytes::from_static(b"after");
+    let r = conn.call(&target(&p), 0).1.unwrap().wait(WAIT).unwrap();
+    assert_eq!(r.unwrap().payload, p);
+    t.join().unwrap();
+}
+
+#[test]
+fn calls_waiting_on_a_pipe_fail_as_lost_once_when_the_worker_ends() {
+    let rt = runtime();
+    let host = WorkerHost::bind(rt.handle(), "127.0.0.1:0", "tok3").unwrap();
+    let conn = WorkerConn::relayed(rt.handle(), &host.addr, "tok3").unwrap();
+    let p = Bytes::from_static(b"x");
+    let pending = conn.call(&target(&p), 0).1.unwrap();
+    // Queued at the worker, never answered; then the worker ends.
+    let lane = host.inbox.lane(LANE_LOOP).unwrap();
+    assert_eq!(lane.take_wait(WAIT).len(), 1);
+    host.shutdown();
+    match pending.wait(WAIT) {
+        Some(Err(RpcError::ConnectionLost { reason, .. })) => {
+            assert!(reason.contains("pipe"), "{reason}")
+        }
+        other => panic!("the call waiting on the pipe ended as {other:?}"),
+    }
+    // A later call on the lost connection fails at once too (CLIENT-1).
+    let later = conn.call(&target(&p), 0).1.unwrap();
+    assert!(matches!(later.wait(WAIT), Some(Err(_))));
+}
+
+#[test]
+fn a_reply_larger_than_the_socket_buffer_arrives_whole_after_the_queued_ones() {
+    // The worker's reply goes out with a non-blocking send from the replying thread;
+    // one the socket cannot take at once waits for the blocking pool, and later ones
+    // queue behind it, in order.
+    let rt = runtime();
+    let host = WorkerHost::bind(rt.handle(), "127.0.0.1:0", "tok4").unwrap();
+    let inbox = host.inbox.clone();
+    let conn = WorkerConn::relayed(rt.handle(), &host.addr, "tok4").unwrap();
+    let big = Bytes::from(vec![7u8; 8 << 20]);
+    let p = Bytes::from_static(b"x");
+    let slots: Vec<_> = (0..4)
+        .map(|_| conn.call(&target(&p), 0).1.unwrap())
+        .collect();
+    let lane = inbox.lane(LANE_LOOP).unwrap();
+    let mut items = Vec::new();
+    while items.len() < 4 {
+        items.extend(lane.take_wait(WAIT));
+    }
+    for (i, it) in items.iter().enumerate() {
+        let payload = if i == 1 {
+            big.clone()
+        } else {
+            Bytes::from(format!("r{i}"))
+        };
+        inbox.reply(it.token, ReplyKind::Result, payload, vec![]);
+    }
+    for (i, s) in slots.iter().enumerate() {
+        let r = s.wait(WAIT).unwrap().unwrap();
+        if i == 1 {
+            assert_eq!(r.payload.len(), big.len());
+            assert!(r.payload.iter().all(|b| *b == 7));
+        } else {
+            assert_eq!(r.payload, Bytes::from(format!("r{i}")));
+        }
+    }
+}
