@@ -26,7 +26,9 @@
 //!
 //! The pieces, one concern a file: the connection tables and opening (`pool.rs`), the
 //! service a connection speaks (`service.rs`), the calls waiting for replies
-//! (`pending.rs`), the task that runs and resumes the `Messages` stream (`link.rs`),
+//! (`pending.rs`), the task that runs and resumes the `Messages` stream (`link.rs`), or,
+//! for a relay's connection to a worker of its host, the tasks of its pipe (`pipe.rs`,
+//! PIPE-1),
 //! what a failed RPC means (`failure.rs`), endpoint calls and their fan-out through a
 //! relay (`calls.rs`), which path each call to a worker takes (`order.rs`, ORDER-1) and
 //! a call to procs across hosts sent by those paths (`fanout.rs`), and the unary RPCs
