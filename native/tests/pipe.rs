@@ -178,3 +178,57 @@ fn a_reply_larger_than_the_socket_buffer_arrives_whole_after_the_queued_ones() {
         }
     }
 }
+
+#[test]
+fn a_pipe_name_taken_by_another_user_never_gets_the_token() {
+    // Any user of a host may bind an abstract name; one that took the worker's pipe
+    // name before it must not receive the agent's token: the agent sees the socket's
+    // owner (SO_PEERCRED) and keeps gRPC. Needs root (to run the squatter as nobody).
+    // SAFETY: getuid has no preconditions.
+    if unsafe { libc::getuid() } != 0 {
+        eprintln!("skipped: needs root to run a process as another user");
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let rt = runtime();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let squat = format!(
+        "import socket, sys\n\
+         s = socket.socket(socket.AF_UNIX)\n\
+         s.bind('\\0' + {name:?})\n\
+         s.listen()\n\
+         print('ready', flush=True)\n\
+         s.settimeout(5)\n\
+         try:\n    c, _ = s.accept(); c.settimeout(2); print(repr(c.recv(4096)), flush=True)\n\
+         except OSError: print('none', flush=True)\n",
+        name = pipe::name_of(&addr)
+    );
+    let mut child = std::process::Command::new("python3")
+        .args(["-c", &squat])
+        .uid(65534)
+        .gid(65534)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 runs the squatter");
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    // The worker cannot take its name, so it serves no pipe; its gRPC goes on.
+    let host = WorkerHost::serve(rt.handle(), listener, "secret-tok", None).unwrap();
+    let t = echo_dispatcher(&host, 1);
+    let conn = WorkerConn::relayed(rt.handle(), &host.addr, "secret-tok").unwrap();
+    let p = Bytes::from_static(b"via grpc");
+    let r = conn.call(&target(&p), 0).1.unwrap().wait(WAIT).unwrap();
+    assert_eq!(r.unwrap().payload, p);
+    t.join().unwrap();
+    line.clear();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    let _ = child.wait();
+    assert!(
+        !line.contains("secret-tok"),
+        "the squatter got the token: {line}"
+    );
+    assert_eq!(line.trim(), "b''", "the agent sent the squatter {line}");
+}

@@ -13,7 +13,11 @@
 //! after the worker's TCP address ([`name_of`]), so the agent finds it from what it
 //! already knows. It never leaves the host, so it carries no TLS; the agent's first
 //! frame is the mesh token (`Bearer ...`, checked in constant time as the gRPC
-//! service's), and a pipe that does not present it is closed. Frames: a 4-byte
+//! service's), and a pipe that does not present it is closed. Any user of the host
+//! may take an abstract name, so each end checks that the other runs as its own user
+//! ([`same_user`]) before anything is sent: an agent never gives the token to another
+//! user's socket that took the name first (it keeps gRPC, whose port the agent bound
+//! itself). Frames: a 4-byte
 //! little-endian length, then the message: `Calls` from the agent, `Replies` from the
 //! worker (one reply each, written as it is made).
 //!
@@ -40,6 +44,28 @@ pub const MAX_FRAME: usize = super::MAX_MESSAGE_BYTES + 64 * 1024;
 /// The abstract socket name of the pipe of the worker serving at `addr` (`ip:port`).
 pub fn name_of(addr: &str) -> String {
     format!("monarch-pipe/{addr}")
+}
+
+/// Whether the process at the other end of the Unix socket `fd` runs as this
+/// process's user (`SO_PEERCRED`: for a connecting agent, the user of the process that
+/// listens). An abstract name can be taken by any user of the host: an agent never
+/// sends the token to a pipe another user serves, and a worker closes a pipe another
+/// user opened.
+pub fn same_user(fd: RawFd) -> bool {
+    // SAFETY: `ucred` is plain data, filled in by getsockopt on a socket we hold, with
+    // its size passed.
+    unsafe {
+        let mut cred: libc::ucred = std::mem::zeroed();
+        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+        let ok = libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut cred as *mut libc::ucred as *mut libc::c_void,
+            &mut len,
+        ) == 0;
+        ok && cred.uid == libc::getuid()
+    }
 }
 
 /// Whether relayed calls may take pipes (`MONARCH_PIPE=0` says no).

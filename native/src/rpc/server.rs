@@ -177,6 +177,9 @@ fn serve_pipes(
                 _ = inbox.stopped() => return,
             };
             let Ok((stream, _)) = conn else { continue };
+            if !pipe::same_user(std::os::fd::AsRawFd::as_raw_fd(&stream)) {
+                continue; // (another user's process: closed unread)
+            }
             let (inbox, auth, token) = (inbox.clone(), auth.clone(), token.clone());
             tokio::spawn(async move { serve_pipe(stream, &inbox, &auth, &token).await });
         }

@@ -10,6 +10,7 @@ use crate::rpc::pipe::{self, PipeWriter};
 use crate::rpc::RpcError;
 use crate::sync::lock;
 use prost::Message;
+use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, Notify};
@@ -22,7 +23,15 @@ pub(super) fn connect(addr: &str) -> Option<std::os::unix::net::UnixStream> {
         return None;
     }
     let name = std::os::unix::net::SocketAddr::from_abstract_name(pipe::name_of(addr)).ok()?;
-    std::os::unix::net::UnixStream::connect_addr(&name).ok()
+    let s = std::os::unix::net::UnixStream::connect_addr(&name).ok()?;
+    if !pipe::same_user(s.as_raw_fd()) {
+        eprintln!(
+            "monarch agent: the pipe name of the worker at {addr} is held by another user: \
+             its calls stay on gRPC"
+        );
+        return None;
+    }
+    Some(s)
 }
 
 /// Runs the pipe `stream` for a relayed connection: calls from `rx` go out, replies
