@@ -557,7 +557,7 @@ def print_table(rows: list[tuple[str, float, str, str, float, str]]) -> None:
     print(f"{'metric':<{w}}  {'monarch-kernel':>16}  {'baseline':>26}  {'ratio':>7}  target")
     for name, val, unit, bname, bval, target in rows:
         base = f"{bval:,.1f} ({bname})" if bname else "-"
-        ratio = f"{val / bval:.2f}" if bname else "-"
+        ratio = f"{val / bval:.2f}" if bname and bval else "-"  # (an idle baseline may be 0)
         print(f"{name:<{w}}  {val:>10,.1f} {unit:<5}  {base:>26}  {ratio:>7}  {target}")
 
 
