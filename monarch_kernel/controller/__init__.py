@@ -15,7 +15,7 @@ front ends (which see a session only as a ``MeshSession``):
 - ``interrupt(futures)``, ``escalate_interrupted()``: the stop button;
 - ``describe_wait(calls)``: what a long wait waits behind (a busy or silent rank);
 - ``mesh_table()``, ``down(names)``, ``plan_down_all(force)``, ``left_running(keep)``:
-  ``ls`` and ``down``; ``text_lines(rows)``, ``states_count(states)``: a mesh's procs
+  ``ls`` and ``down``; ``status_text(title, rows)``, ``states_count(states)``: a mesh's procs
   for ``status`` and ``attach`` (a summary beyond 32 procs);
 - ``TORCH_BACKENDS``, ``prefer_huge_pages()``.
 
@@ -57,7 +57,7 @@ from monarch_kernel.mesh import (
     interrupt,
     prefer_huge_pages,
     states_count,
-    text_lines,
+    status_text,
 )
 from monarch_kernel.torch import BACKENDS as TORCH_BACKENDS
 
@@ -129,7 +129,7 @@ __all__ = [
     "states_count",
     "stop_all_ephemeral",
     "stop_record",
-    "text_lines",
+    "status_text",
     "this_host",
     "this_proc",
     "view_of",

@@ -314,8 +314,7 @@ class MeshMagics(Magics):
         s = self._session(args.name)
         procs = s.procs()
         rows = procs.proc_rows()
-        print(f"mesh {s.name!r} (epoch {s.epoch}), {len(rows)} procs:")
-        print("\n".join(controller.text_lines(rows)))
+        print(controller.status_text(f"mesh {s.name!r} (epoch {s.epoch})", rows))
         _show(procs)
         return None
 

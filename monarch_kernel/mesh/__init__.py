@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from monarch_kernel.mesh._port import deliver as deliver_port_message
     from monarch_kernel.mesh._proc_mesh import SPAWN_TIMEOUT, ProcMesh, current_proc
     from monarch_kernel.mesh._proc_ref import MeshState, ProcRef, death_error, describe, tail_lines
-    from monarch_kernel.mesh._proc_rows import states_count, text_lines
+    from monarch_kernel.mesh._proc_rows import states_count, status_text
     from monarch_kernel.mesh._role import (
         here,
         install_actors,
@@ -66,7 +66,7 @@ _LAZY: dict[str, str] = {
     "Channel": "monarch_kernel.mesh._port",
     "current_proc": "monarch_kernel.mesh._proc_mesh",
     "states_count": "monarch_kernel.mesh._proc_rows",
-    "text_lines": "monarch_kernel.mesh._proc_rows",
+    "status_text": "monarch_kernel.mesh._proc_rows",
     "death_error": "monarch_kernel.mesh._proc_ref",
     "decode_reply": "monarch_kernel.mesh._actor_mesh",
     "deliver_port_message": "monarch_kernel.mesh._port:deliver",
@@ -175,7 +175,7 @@ __all__ = [
     "states_count",
     "stop_owned",
     "tail_lines",
-    "text_lines",
+    "status_text",
     "TransferBuffer",
     "unhandled_fault_hook",
     "user_fault_hook",

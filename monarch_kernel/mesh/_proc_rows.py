@@ -63,6 +63,13 @@ def text_lines(rows: Sequence[ProcRow]) -> list[str]:
     return lines
 
 
+def status_text(title: str, rows: Sequence[ProcRow]) -> str:
+    """``%mesh status``'s text: ``title`` with the number of procs (left to the summary
+    when there is one: it counts them), then ``text_lines``."""
+    head = title if len(rows) >= COMPACT_FROM else f"{title}, {len(rows)} procs"
+    return "\n".join([f"{head}:", *text_lines(rows)])
+
+
 def html_table(rows: Sequence[ProcRow]) -> str:
     """The procs as an HTML table: a row per proc, or the summary then a row per proc
     that is not alive."""
@@ -90,4 +97,4 @@ def _summary(rows: Sequence[ProcRow]) -> list[str]:
     ]
 
 
-__all__ = ["COMPACT_FROM", "ProcRow", "html_table", "row_line", "states_count", "text_lines"]
+__all__ = ["COMPACT_FROM", "ProcRow", "html_table", "row_line", "states_count", "status_text", "text_lines"]

@@ -3,7 +3,7 @@ small mesh; from 33 procs on a summary, and a line per proc that is not alive.""
 
 from __future__ import annotations
 
-from monarch_kernel.mesh._proc_rows import ProcRow, html_table, states_count, text_lines
+from monarch_kernel.mesh._proc_rows import ProcRow, html_table, states_count, status_text, text_lines
 
 
 def _rows(n: int, dead: tuple[int, ...] = ()) -> list[ProcRow]:
@@ -51,3 +51,14 @@ def test_many_procs_not_alive_are_listed_up_to_a_bound():
 
 def test_states_are_counted_in_the_order_met():
     assert states_count(["alive", "alive", "dead", "alive"]) == "4 procs: 3 alive, 1 dead"
+
+
+def test_status_counts_the_procs_once():
+    # `%mesh status`: the title says how many procs, unless the summary under it does
+    # ("128 procs:" then "128 procs on 16 hosts: 128 alive" said it twice).
+    small = status_text("mesh 'm' (epoch 2)", _rows(2)).splitlines()
+    assert small[0] == "mesh 'm' (epoch 2), 2 procs:"
+    assert len(small) == 3
+    big = status_text("mesh 'm' (epoch 2)", _rows(128)).splitlines()
+    assert big[:2] == ["mesh 'm' (epoch 2):", "  128 procs on 8 hosts: 128 alive"]
+    assert sum("128 procs" in line for line in big) == 1
