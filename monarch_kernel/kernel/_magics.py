@@ -182,12 +182,13 @@ class MeshMagics(Magics):
         if args.procs is None and args.gpus is None:
             try:
                 procs = self._attach(args.name)
-                print(f"attached to running mesh {args.name!r}")
-                return _torch_dist(procs, args.torch_dist)
             except MeshNotFoundError:
                 raise UsageError(
                     f"%mesh up {args.name}: no such mesh is running; give its size: --procs N (or --gpus N)"
                 ) from None
+            print(self._attached_line(args.name, procs))
+            _show(procs)  # (as a new mesh's: the live inspector)
+            return _torch_dist(procs, args.torch_dist)
         per_host = {"gpus": args.gpus} if args.gpus is not None else {"procs": args.procs}
         if min(per_host.values()) < 1:
             raise UsageError("%mesh up: --procs / --gpus must be at least 1")
@@ -231,12 +232,14 @@ class MeshMagics(Magics):
             procs = self._attach(args.name)
         except MeshNotFoundError as e:
             raise UsageError(str(e)) from None
-        s = self._session(args.name)
-        actors = ", ".join(a for a in s.records if not a.startswith("__")) or "none"
-        print(
-            f"attached to mesh {args.name!r} (epoch {s.epoch}), {controller.states_count(procs.status())}; actor meshes: {actors}"
-        )
+        print(self._attached_line(args.name, procs))
         return procs
+
+    def _attached_line(self, name: str, procs: Any) -> str:
+        """What a reattach says: the mesh, its epoch, its procs' states, its actors."""
+        s = self._session(name)
+        actors = ", ".join(a for a in s.records if not a.startswith("__")) or "none"
+        return f"attached to mesh {name!r} (epoch {s.epoch}), {controller.states_count(procs.status())}; actor meshes: {actors}"
 
     def _mesh_ls(self, rest: str) -> None:
         """List running meshes."""

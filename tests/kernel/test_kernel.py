@@ -319,6 +319,13 @@ def test_meshes_survive_a_kernel_restart_with_their_namespaces(jupyter_path):
             "[rank 0]\nOut: 'kept'",
             "[rank 1]\nOut: 'kept'",
         ]
+        # `%mesh up NAME` with no size reattaches too, and says and shows what
+        # `%mesh attach` and a new mesh do: the states, and the live inspector.
+        again = k.run(f"%mesh up {name}")
+        assert again.error is None, again.traceback
+        assert f"attached to mesh '{name}' (epoch" in again.stdout and "2 procs: 2 alive" in again.stdout
+        opened = [m for m in again.raw if m["msg_type"] == "comm_open"]
+        assert any(m["content"]["target_name"] == "jupyter.widget" for m in opened), again.stdout
     finally:
         k.run(f"%mesh down {name}")
         stop(k)
