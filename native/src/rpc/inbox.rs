@@ -307,9 +307,7 @@ impl Inbox {
             }
             Some(Sink::Pipe(pipe, call_id)) => {
                 reply.call_id = call_id;
-                pipe.send(super::pipe::frame(&crate::proto::v1::Replies {
-                    replies: vec![reply],
-                }));
+                pipe.send_reply(reply);
             }
             None => {}
         }

@@ -28,6 +28,7 @@
 //! agent's environment keeps relayed calls on gRPC.
 
 use super::RpcError;
+use crate::proto::v1::{Replies, Reply};
 use crate::sync::lock;
 use bytes::{Bytes, BytesMut};
 use prost::Message;
@@ -271,6 +272,15 @@ impl PipeWriter {
     }
 }
 
+impl PipeWriter {
+    /// Sends `reply` as a `Replies` frame of its own (the worker's end).
+    pub fn send_reply(&self, reply: Reply) {
+        self.send(frame(&Replies {
+            replies: vec![reply],
+        }));
+    }
+}
+
 impl Drop for PipeWriter {
     fn drop(&mut self) {
         // SAFETY: shuts down the sending side of a socket held open by `sock`.
@@ -283,14 +293,13 @@ impl Drop for PipeWriter {
 fn flush(sock: &Socket, state: &Mutex<WriteState>) {
     let fd = sock.as_raw_fd();
     loop {
-        let front = lock(state).queue.front().cloned();
-        let Some(front) = front else {
+        let front = {
             let mut st = lock(state);
-            if st.queue.is_empty() {
-                st.flushing = false;
+            let Some(front) = st.queue.front().cloned() else {
+                st.flushing = false; // (a frame sent from now on starts another flush)
                 return;
-            }
-            continue;
+            };
+            front
         };
         // (blocking: the socket's other users send with MSG_DONTWAIT only while
         // nothing is queued, which is not now)

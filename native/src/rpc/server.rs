@@ -217,9 +217,7 @@ async fn serve_pipe(
             inbox.received.fetch_add(1, Ordering::Relaxed);
             if let Err(m) = inbox.admit(c.epoch) {
                 if !c.oneway {
-                    writer.send(pipe::frame(&Replies {
-                        replies: vec![fenced(c.call_id, m)],
-                    }));
+                    writer.send_reply(fenced(c.call_id, m));
                 }
                 continue;
             }
