@@ -232,3 +232,69 @@ fn a_pipe_name_taken_by_another_user_never_gets_the_token() {
     );
     assert_eq!(line.trim(), "b''", "the agent sent the squatter {line}");
 }
+
+/// Answers `n` items of `lane` (taken with the inbox's `take_wait`, which reads the
+/// pipes that wake it: PIPE-2) with their payloads, in the order taken.
+fn lane_dispatcher(host: &WorkerHost, lane: usize, n: usize) -> std::thread::JoinHandle<Vec<Bytes>> {
+    let inbox = host.inbox.clone();
+    std::thread::spawn(move || {
+        let l = inbox.lane(lane).unwrap();
+        let mut seen = Vec::new();
+        while seen.len() < n {
+            for item in inbox.take_wait(&l, WAIT) {
+                inbox.reply(item.token, ReplyKind::Result, item.payload.clone(), vec![]);
+                seen.push(item.payload);
+            }
+        }
+        seen
+    })
+}
+
+#[test]
+fn an_idle_actors_thread_reads_its_calls_from_the_pipe_itself_in_order() {
+    // PIPE-2: a call to an actor whose thread waits is read by that thread (one
+    // wake-up), not by the pipe's own thread; for a lane opened before the pipe, and
+    // for one opened after it (which must put itself before the pipe's thread).
+    let rt = runtime();
+    let host = WorkerHost::bind(rt.handle(), "127.0.0.1:0", "tok6").unwrap();
+    let before = host.inbox.open_lane().unwrap();
+    host.inbox.route("echo", Some(before));
+    let conn = WorkerConn::relayed(rt.handle(), &host.addr, "tok6").unwrap();
+    for (round, lane) in [(0, before), (1, usize::MAX)] {
+        let lane = if lane == usize::MAX {
+            // A new lane for the actor, opened with the pipe open already.
+            let after = host.inbox.open_lane().unwrap();
+            host.inbox.route("echo", Some(after));
+            after
+        } else {
+            lane
+        };
+        let read_before = host.inbox.read_by_lanes();
+        let t = lane_dispatcher(&host, lane, 10);
+        let sent: Vec<Bytes> = (0..10).map(|i| Bytes::from(format!("r{round}c{i}"))).collect();
+        for p in &sent {
+            // (a pause, so that the actor's thread is waiting when the call comes)
+            std::thread::sleep(Duration::from_millis(30));
+            let r = conn.call(&target(p), 0).1.unwrap().wait(WAIT).unwrap();
+            assert_eq!(&r.unwrap().payload, p);
+        }
+        assert_eq!(t.join().unwrap(), sent, "round {round}: calls taken out of order");
+        let by_lane = host.inbox.read_by_lanes() - read_before;
+        assert!(
+            by_lane > 0,
+            "round {round}: no call of 10 was read by the waiting actor's thread"
+        );
+    }
+    // Calls sent at once are queued in the order they were sent, whichever of the
+    // waiting threads reads them.
+    let lane = host.inbox.open_lane().unwrap();
+    host.inbox.route("echo", Some(lane));
+    let t = lane_dispatcher(&host, lane, 50);
+    let sent: Vec<Bytes> = (0..50).map(|i| Bytes::from(format!("burst{i}"))).collect();
+    let slots: Vec<_> = sent.iter().map(|p| conn.call(&target(p), 0).1.unwrap()).collect();
+    for (p, s) in sent.iter().zip(slots) {
+        assert_eq!(&s.wait(WAIT).unwrap().unwrap().payload, p);
+    }
+    assert_eq!(t.join().unwrap(), sent);
+    assert_eq!(host.inbox.pipes(), 1);
+}

@@ -119,7 +119,8 @@ impl PyWorkerServer {
     ) -> PyResult<Vec<PyIncoming>> {
         let lane = self.lane(lane)?;
         let t = timeout.map(|t| Duration::from_secs_f64(t.max(0.0)));
-        let items = detach(py, || lane.take_wait(t));
+        let inbox = &self.host.inbox;
+        let items = detach(py, || inbox.take_wait(&lane, t));
         to_py_items(py, items)
     }
 

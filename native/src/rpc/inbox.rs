@@ -8,6 +8,7 @@
 //! INBOX-2: each queued item that expects an answer holds a reply token; answering a
 //! token whose caller has gone is not an error (the reply is dropped).
 
+use super::pipe_in::{self, PipeIn};
 use super::resume::{Callers, Requests};
 use super::RpcError;
 use crate::proto::v1::{PortMessage, Reply, ReplyKind};
@@ -17,7 +18,7 @@ use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, watch};
 
 /// What an inbox item asks the dispatcher to do.
@@ -87,19 +88,27 @@ pub struct Lane {
     /// Items not yet taken by the dispatcher.
     queue: Mutex<VecDeque<Incoming>>,
     efd: OwnedFd,
+    /// What its thread waits on: `efd` (reported as 0), and the worker's pipes if it
+    /// reads them (PIPE-2: reported by their ids).
+    ep: OwnedFd,
 }
 
 impl Lane {
     fn new() -> Result<Self, RpcError> {
+        let io = |e: std::io::Error| RpcError::Io(e.to_string());
         // SAFETY: eventfd has no memory-safety preconditions; we check the result.
         let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if fd < 0 {
-            return Err(RpcError::Io(std::io::Error::last_os_error().to_string()));
+            return Err(io(std::io::Error::last_os_error()));
         }
+        // SAFETY: fd is a fresh descriptor that nothing else owns.
+        let efd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let ep = pipe_in::epoll().map_err(io)?;
+        pipe_in::watch(ep.as_raw_fd(), efd.as_raw_fd(), 0, false);
         Ok(Lane {
             queue: Mutex::new(VecDeque::new()),
-            // SAFETY: fd is a fresh descriptor that nothing else owns.
-            efd: unsafe { OwnedFd::from_raw_fd(fd) },
+            efd,
+            ep,
         })
     }
 
@@ -129,19 +138,30 @@ impl Lane {
     /// still looking at its jobs) is not lost: it makes the call return at once,
     /// maybe empty, so the thread looks at its jobs again.
     pub fn take_wait(&self, timeout: Option<Duration>) -> Vec<Incoming> {
-        let (signalled, items) = self.take_signalled();
-        if signalled || !items.is_empty() {
-            return items;
+        self.wait_then_take(timeout, |_| {})
+    }
+
+    /// [`Lane::take_wait`], reading the pipe with id `p` by `read_pipe(p)` when it is
+    /// what woke the thread (PIPE-2); a pipe's calls for other lanes do not end the wait.
+    fn wait_then_take(&self, timeout: Option<Duration>, read_pipe: impl Fn(u64)) -> Vec<Incoming> {
+        let until = timeout.map(|t| Instant::now() + t);
+        loop {
+            let (signalled, items) = self.take_signalled();
+            if signalled || !items.is_empty() {
+                return items;
+            }
+            let ms = until.map_or(-1, |u| {
+                let left = u.saturating_duration_since(Instant::now());
+                left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
+            });
+            let ready = pipe_in::wait(self.ep.as_raw_fd(), ms);
+            for &p in ready.iter().filter(|&&p| p != 0) {
+                read_pipe(p);
+            }
+            if ready.is_empty() || ready.contains(&0) {
+                return self.take(); // (the time is up, or a signal or an item came)
+            }
         }
-        let mut pfd = libc::pollfd {
-            fd: self.fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
-        // SAFETY: polls one valid pollfd that lives for the call.
-        unsafe { libc::poll(&mut pfd, 1, ms) };
-        self.take()
     }
 
     /// Takes every queued item and clears the eventfd.
@@ -187,6 +207,11 @@ pub struct Inbox {
     pub(crate) received: AtomicU64,
     /// Pipes opened to this worker with the mesh token (PIPE-1).
     pub(crate) pipes: AtomicU64,
+    /// The pipes open to this worker (PIPE-2), and the last pipe id given.
+    pipe_list: Mutex<Vec<Arc<PipeIn>>>,
+    last_pipe: AtomicU64,
+    /// Calls read from pipes by lane threads (PIPE-2), for tests and `Stats`.
+    lane_reads: AtomicU64,
     /// The highest controller epoch seen (fencing, see worker.proto).
     epoch: AtomicU64,
     /// Flips to true once, on shutdown: ends every `Messages` stream, so callers see
@@ -204,6 +229,10 @@ impl Inbox {
     pub(crate) fn close(&self) {
         self.stopping.send_replace(true);
         lock(&self.sinks).clear();
+        let ids: Vec<u64> = lock(&self.pipe_list).iter().map(|p| p.id).collect();
+        for id in ids {
+            self.forget_pipe(id);
+        }
     }
 
     pub(crate) fn new() -> Result<Arc<Self>, RpcError> {
@@ -217,6 +246,9 @@ impl Inbox {
             next_token: AtomicU64::new(1),
             received: AtomicU64::new(0),
             pipes: AtomicU64::new(0),
+            pipe_list: Mutex::new(Vec::new()),
+            last_pipe: AtomicU64::new(0),
+            lane_reads: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
         }))
     }
@@ -227,9 +259,17 @@ impl Inbox {
         lanes.get(lane).cloned().flatten()
     }
 
-    /// Opens a new lane; returns its index.
+    /// Opens a new lane; returns its index. It reads the worker's pipes (PIPE-2),
+    /// before their own threads.
     pub fn open_lane(&self) -> Result<usize, RpcError> {
         let lane = Arc::new(Lane::new()?);
+        let pipes = lock(&self.pipe_list);
+        if pipe_in::lanes_read() {
+            for p in pipes.iter() {
+                pipe_in::watch(lane.ep.as_raw_fd(), p.fd(), p.id, true);
+                p.rewatch();
+            }
+        }
         let mut lanes = unpoison(self.lanes.write());
         lanes.push(Some(lane));
         Ok(lanes.len() - 1)
@@ -240,11 +280,73 @@ impl Inbox {
         if lane == LANE_LOOP {
             return Vec::new();
         }
+        let pipes = lock(&self.pipe_list);
         let closed = {
             let mut lanes = unpoison(self.lanes.write());
             lanes.get_mut(lane).and_then(Option::take)
         };
-        closed.map(|l| l.take()).unwrap_or_default()
+        let Some(closed) = closed else {
+            return Vec::new();
+        };
+        for p in pipes.iter() {
+            pipe_in::unwatch(closed.ep.as_raw_fd(), p.fd());
+        }
+        closed.take()
+    }
+
+    /// [`Lane::take_wait`] on `lane`, reading the pipes that wake it (PIPE-2).
+    pub fn take_wait(&self, lane: &Lane, timeout: Option<Duration>) -> Vec<Incoming> {
+        lane.wait_then_take(timeout, |id| {
+            let p = lock(&self.pipe_list).iter().find(|p| p.id == id).cloned();
+            if let Some(p) = p {
+                let n = p.read(self);
+                self.lane_reads.fetch_add(n, Ordering::Relaxed);
+            }
+        })
+    }
+
+    /// How many calls lane threads read from pipes themselves (PIPE-2), not the
+    /// pipes' own threads.
+    pub fn read_by_lanes(&self) -> u64 {
+        self.lane_reads.load(Ordering::Relaxed)
+    }
+
+    /// An id for a new pipe (never 0).
+    pub(crate) fn next_pipe_id(&self) -> u64 {
+        self.last_pipe.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Starts reading pipe `p` (PIPE-2): the lanes that read pipes first, its own
+    /// thread last.
+    pub(crate) fn add_pipe(&self, p: Arc<PipeIn>) {
+        let mut pipes = lock(&self.pipe_list);
+        if pipe_in::lanes_read() {
+            for lane in self.reading_lanes() {
+                pipe_in::watch(lane.ep.as_raw_fd(), p.fd(), p.id, true);
+            }
+        }
+        p.rewatch();
+        pipes.push(p);
+    }
+
+    /// Ends pipe `id` and stops the lanes watching it (an ended socket is always
+    /// readable); nothing if it is gone already.
+    pub(crate) fn forget_pipe(&self, id: u64) {
+        let mut pipes = lock(&self.pipe_list);
+        let Some(at) = pipes.iter().position(|p| p.id == id) else {
+            return;
+        };
+        let p = pipes.remove(at);
+        for lane in self.reading_lanes() {
+            pipe_in::unwatch(lane.ep.as_raw_fd(), p.fd());
+        }
+        p.end();
+    }
+
+    /// The open lanes that read pipes (all but [`LANE_LOOP`]).
+    fn reading_lanes(&self) -> Vec<Arc<Lane>> {
+        let lanes = unpoison(self.lanes.read());
+        lanes.iter().skip(1).flatten().cloned().collect()
     }
 
     /// Sends later calls to `actor` to `lane`, or back to [`LANE_LOOP`] if `None`.

@@ -7,6 +7,7 @@ pub mod batch;
 pub mod client;
 pub mod inbox;
 pub mod pipe;
+pub mod pipe_in;
 pub mod resume;
 pub mod server;
 pub mod slot;

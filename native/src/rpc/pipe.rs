@@ -5,9 +5,10 @@
 //! Why: at 1,024 procs a call is one message in and one reply out for every worker, on
 //! CPUs that all of a host's procs share; over gRPC each cost the worker's runtime
 //! thread two wake-ups (the request, then the reply handed over by the actor's thread)
-//! and loopback TCP's protocol work on both sides. On the pipe the worker's runtime
-//! reads the call and queues it as before, and the actor's own thread writes the reply
-//! to the socket (`PipeWriter::send`): one runtime wake-up per call, and no HTTP/2.
+//! and loopback TCP's protocol work on both sides. On the pipe the call is read by an
+//! idle actor's thread (PIPE-2, `pipe_in.rs`: no runtime watches the worker's end), and
+//! the actor's own thread writes the reply to the socket (`PipeWriter::send`): no
+//! runtime wake-up at all on the worker for a call, and no HTTP/2.
 //!
 //! The socket is in the abstract namespace of the host's network namespace, named
 //! after the worker's TCP address ([`name_of`]), so the agent finds it from what it
@@ -105,6 +106,9 @@ pub fn socket(stream: UnixStream) -> std::io::Result<Socket> {
     Ok(Arc::new(fd))
 }
 
+/// A pipe's socket as its writer holds it: any open descriptor of it.
+pub type Fd = Arc<dyn AsRawFd + Send + Sync>;
+
 /// Reads a pipe's frames.
 pub struct FrameReader {
     sock: Socket,
@@ -124,56 +128,63 @@ impl FrameReader {
     /// [`MAX_FRAME`], a stream that ends inside a frame, or a broken one.
     pub async fn next(&mut self) -> Result<Option<Bytes>, RpcError> {
         loop {
-            if self.buf.len() >= 4 {
-                let len = u32::from_le_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]])
-                    as usize;
-                if len > MAX_FRAME {
-                    return Err(RpcError::TooLarge {
-                        size: len,
-                        limit: MAX_FRAME,
-                    });
-                }
-                if self.buf.len() >= 4 + len {
-                    let _ = self.buf.split_to(4);
-                    return Ok(Some(self.buf.split_to(len).freeze()));
-                }
-                self.buf.reserve(4 + len - self.buf.len());
-            } else {
-                self.buf.reserve(64 * 1024);
+            if let Some(frame) = take_frame(&mut self.buf)? {
+                return Ok(Some(frame));
             }
             let mut guard = self
                 .sock
                 .readable()
                 .await
                 .map_err(|e| RpcError::Io(e.to_string()))?;
-            let spare = self.buf.spare_capacity_mut();
-            let read = guard.try_io(|s| {
-                // SAFETY: reads into the buffer's spare capacity, which `read` fills
-                // from the start; only the bytes it reports are then marked as set.
-                let n = unsafe {
-                    libc::read(
-                        s.get_ref().as_raw_fd(),
-                        spare.as_mut_ptr() as *mut libc::c_void,
-                        spare.len(),
-                    )
-                };
-                if n < 0 {
-                    Err(std::io::Error::last_os_error())
-                } else {
-                    Ok(n as usize)
-                }
-            });
+            let buf = &mut self.buf;
+            let read = guard.try_io(|s| read_into(s.get_ref().as_raw_fd(), buf));
             match read {
                 Err(_would_block) => continue,
                 Ok(Ok(0)) if self.buf.is_empty() => return Ok(None),
                 Ok(Ok(0)) => return Err(RpcError::Io("the pipe ended inside a frame".into())),
-                // SAFETY: `read` set these `n` bytes of the spare capacity.
-                Ok(Ok(n)) => unsafe { self.buf.set_len(self.buf.len() + n) },
+                Ok(Ok(_)) => {}
                 Ok(Err(e)) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Ok(Err(e)) => return Err(RpcError::Io(e.to_string())),
             }
         }
     }
+}
+
+/// The first whole frame's body in `buf`, taken out of it; `None` (with room reserved
+/// for the rest) while the frame is not all there; an error for one over [`MAX_FRAME`].
+pub fn take_frame(buf: &mut BytesMut) -> Result<Option<Bytes>, RpcError> {
+    if buf.len() < 4 {
+        buf.reserve(64 * 1024);
+        return Ok(None);
+    }
+    let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+    if len > MAX_FRAME {
+        return Err(RpcError::TooLarge {
+            size: len,
+            limit: MAX_FRAME,
+        });
+    }
+    if buf.len() < 4 + len {
+        buf.reserve(4 + len - buf.len());
+        return Ok(None);
+    }
+    let _ = buf.split_to(4);
+    Ok(Some(buf.split_to(len).freeze()))
+}
+
+/// One `read` of `fd` into `buf`'s spare capacity: the bytes read (0 at the end of the
+/// stream), or the error (`WouldBlock` when a non-blocking socket has nothing).
+pub fn read_into(fd: RawFd, buf: &mut BytesMut) -> std::io::Result<usize> {
+    let spare = buf.spare_capacity_mut();
+    // SAFETY: reads into the buffer's spare capacity, which `read` fills from the
+    // start; only the bytes it reports are then marked as set.
+    let n = unsafe { libc::read(fd, spare.as_mut_ptr() as *mut libc::c_void, spare.len()) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `read` set these `n` bytes of the spare capacity.
+    unsafe { buf.set_len(buf.len() + n as usize) };
+    Ok(n as usize)
 }
 
 /// The writing end of a pipe, for any thread: a frame goes out at once, with one
@@ -182,7 +193,7 @@ impl FrameReader {
 /// that writes them as the socket takes them. Frames never interleave. Dropping the
 /// writer ends the stream in its direction (the peer reads the end).
 pub struct PipeWriter {
-    sock: Socket,
+    sock: Fd,
     state: Arc<Mutex<WriteState>>,
 }
 
@@ -230,8 +241,8 @@ fn send_on(fd: RawFd, buf: &[u8], flags: i32) -> Sent {
 }
 
 impl PipeWriter {
-    /// A writer of `sock`.
-    pub fn new(sock: Socket) -> Arc<Self> {
+    /// A writer of `sock` (a [`Socket`], or a socket no runtime watches: PIPE-2).
+    pub fn new(sock: Fd) -> Arc<Self> {
         Arc::new(PipeWriter {
             sock,
             state: Arc::default(),
@@ -290,7 +301,7 @@ impl Drop for PipeWriter {
 
 /// Writes the queued frames, waiting for the socket to take each (a blocking-pool
 /// thread, only while the peer reads slower than frames come).
-fn flush(sock: &Socket, state: &Mutex<WriteState>) {
+fn flush(sock: &Fd, state: &Mutex<WriteState>) {
     let fd = sock.as_raw_fd();
     loop {
         let front = {

@@ -13,7 +13,7 @@ use super::resume::{self, Admit, Begin};
 use super::tls::ServerIdentity;
 use super::{RpcError, MAX_MESSAGE_BYTES};
 use crate::proto::v1::worker_server::{Worker, WorkerServer};
-use crate::proto::v1::{Call, CallCommand, Replies};
+use crate::proto::v1::{Call, Replies};
 use crate::proto::v1::{
     Calls, CancelReply, CancelRequest, PingReply, PingRequest, Reply, ReplyKind, SpawnActorRequest,
     StatsReply, StatsRequest, StopActorRequest,
@@ -33,7 +33,7 @@ struct Service {
     token: Arc<str>,
 }
 
-fn fenced(call_id: u64, message: String) -> Reply {
+pub(crate) fn fenced(call_id: u64, message: String) -> Reply {
     Reply {
         call_id,
         kind: ReplyKind::Fenced as i32,
@@ -117,27 +117,7 @@ async fn queue_call(inbox: &Inbox, token: &Arc<str>, c: Call, sink: Option<Sink>
             tokio::task::spawn_blocking(move || crate::transfer::prefetch(&p, &b, t.as_bytes()))
                 .await;
     }
-    let kind = match (&c.port, c.command()) {
-        (Some(_), _) => Kind::Port,
-        (None, CallCommand::Endpoint) => Kind::Call,
-        (None, CallCommand::Spawn) => Kind::Spawn, // SPAWN-1
-        (None, CallCommand::Stop) => Kind::Stop,
-    };
-    let it = Incoming {
-        token: 0,
-        kind,
-        call_id: c.call_id,
-        actor: c.actor,
-        method: c.method,
-        payload: c.payload,
-        buffers: c.buffers,
-        rank: c.rank,
-        dims: c.dims,
-        sizes: c.sizes,
-        origin: c.origin,
-        port: c.port,
-    };
-    inbox.push(it, sink);
+    inbox.push(super::pipe_in::incoming(c), sink);
 }
 
 /// PIPE-1: serves the pipes of the agent of this host on the abstract socket named
@@ -180,51 +160,10 @@ fn serve_pipes(
             if !pipe::same_user(std::os::fd::AsRawFd::as_raw_fd(&stream)) {
                 continue; // (another user's process: closed unread)
             }
-            let (inbox, auth, token) = (inbox.clone(), auth.clone(), token.clone());
-            tokio::spawn(async move { serve_pipe(stream, &inbox, &auth, &token).await });
+            let Ok(stream) = stream.into_std() else { continue };
+            super::pipe_in::serve(stream, inbox.clone(), auth.clone(), token.clone());
         }
     });
-}
-
-/// One agent's pipe (PIPE-1), until it or this worker ends.
-async fn serve_pipe(
-    stream: tokio::net::UnixStream,
-    inbox: &Arc<Inbox>,
-    auth: &TokenCheck,
-    token: &Arc<str>,
-) {
-    let Ok(sock) = stream.into_std().and_then(pipe::socket) else {
-        return;
-    };
-    let mut rd = pipe::FrameReader::new(sock.clone());
-    let writer = pipe::PipeWriter::new(sock);
-    match rd.next().await {
-        Ok(Some(hello)) if auth.accepts(&hello) => {
-            inbox.pipes.fetch_add(1, Ordering::Relaxed);
-        }
-        _ => return, // (not the mesh's agent: closed unanswered)
-    }
-    loop {
-        let frame = tokio::select! {
-            f = rd.next() => f,
-            _ = inbox.stopped() => return,
-        };
-        let Ok(Some(frame)) = frame else { return };
-        let Ok(batch) = <Calls as prost::Message>::decode(frame) else {
-            return; // a malformed frame ends the pipe: the agent's calls on it fail as lost
-        };
-        for c in batch.calls {
-            inbox.received.fetch_add(1, Ordering::Relaxed);
-            if let Err(m) = inbox.admit(c.epoch) {
-                if !c.oneway {
-                    writer.send_reply(fenced(c.call_id, m));
-                }
-                continue;
-            }
-            let sink = (!c.oneway).then(|| Sink::Pipe(writer.clone(), c.call_id));
-            queue_call(inbox, token, c, sink).await;
-        }
-    }
 }
 
 type ReplyStream = Pin<Box<dyn Stream<Item = Result<Replies, Status>> + Send>>;
