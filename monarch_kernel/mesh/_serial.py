@@ -293,6 +293,8 @@ def _unpickle_exception(formatted: str, inner: bytes | None) -> tuple[BaseExcept
 def loads(data: Any, buffers: list[Any] | None = None, token: str | None = None) -> Any:
     """Unpickles a message; buffers that came through the transfer engine are pulled
     first, with ``token`` (default: this worker's own mesh token)."""
+    if not buffers and type(data) is bytes and not data.startswith(_buffers.HEADER):
+        return pickle.loads(data)  # (a call's hot path: nothing out of band)
     data, bufs = _buffers.receive_remote(data, buffers or [], token or here.token)
     if not bufs:  # (nothing went out of band: no persistent ids either)
         return pickle.loads(data)

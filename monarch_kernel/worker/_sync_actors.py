@@ -33,8 +33,9 @@ def run_sync_item(d: DispatcherLike, runner: LaneThread, item: _native.Incoming)
         return
     reset = actor_context.set(message_context(a, item))
     reset_origin = _origin.set_context(item.origin)
+    what = f"{a.name}.{method}"
     try:
-        runner.running_what = f"{a.name}.{method}"
+        runner.running_what = what
         runner.running_call = call_id  # in the try: a cancel from now on gets a reply
         if d._early_cancels.pop(call_id, False):
             raise KeyboardInterrupt("the call was interrupted before it started")
@@ -44,9 +45,9 @@ def run_sync_item(d: DispatcherLike, runner: LaneThread, item: _native.Incoming)
     except BaseException as e:  # DISPATCH-2, KeyboardInterrupt from a cancel included
         runner.running_call = None
         if fails_actor(e) and getattr(a.instance, "_base_exceptions_end_it", True):
-            d._fail_actor(a, e, token, f"{a.name}.{method}")
+            d._fail_actor(a, e, token, what)
         else:
-            d._reply_exception(token, e, f"{a.name}.{method}")
+            d._reply_exception(token, e, what)
         return
     finally:
         runner.running_call = None
@@ -54,7 +55,7 @@ def run_sync_item(d: DispatcherLike, runner: LaneThread, item: _native.Incoming)
         actor_context.reset(reset)
     # XFER-2: the actor's next message may change what it returned; the caller
     # pulls it as the reply arrives, and this waits for that.
-    wait_read(d._reply(token, result, f"{a.name}.{method}"), limit=REPLY_WAIT_S)
+    wait_read(d._reply(token, result, what), limit=REPLY_WAIT_S)
 
 
 def cleanup_sync(
