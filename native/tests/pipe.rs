@@ -235,7 +235,11 @@ fn a_pipe_name_taken_by_another_user_never_gets_the_token() {
 
 /// Answers `n` items of `lane` (taken with the inbox's `take_wait`, which reads the
 /// pipes that wake it: PIPE-2) with their payloads, in the order taken.
-fn lane_dispatcher(host: &WorkerHost, lane: usize, n: usize) -> std::thread::JoinHandle<Vec<Bytes>> {
+fn lane_dispatcher(
+    host: &WorkerHost,
+    lane: usize,
+    n: usize,
+) -> std::thread::JoinHandle<Vec<Bytes>> {
     let inbox = host.inbox.clone();
     std::thread::spawn(move || {
         let l = inbox.lane(lane).unwrap();
@@ -271,14 +275,20 @@ fn an_idle_actors_thread_reads_its_calls_from_the_pipe_itself_in_order() {
         };
         let read_before = host.inbox.read_by_lanes();
         let t = lane_dispatcher(&host, lane, 10);
-        let sent: Vec<Bytes> = (0..10).map(|i| Bytes::from(format!("r{round}c{i}"))).collect();
+        let sent: Vec<Bytes> = (0..10)
+            .map(|i| Bytes::from(format!("r{round}c{i}")))
+            .collect();
         for p in &sent {
             // (a pause, so that the actor's thread is waiting when the call comes)
             std::thread::sleep(Duration::from_millis(30));
             let r = conn.call(&target(p), 0).1.unwrap().wait(WAIT).unwrap();
             assert_eq!(&r.unwrap().payload, p);
         }
-        assert_eq!(t.join().unwrap(), sent, "round {round}: calls taken out of order");
+        assert_eq!(
+            t.join().unwrap(),
+            sent,
+            "round {round}: calls taken out of order"
+        );
         let by_lane = host.inbox.read_by_lanes() - read_before;
         assert!(
             by_lane > 0,
@@ -291,10 +301,90 @@ fn an_idle_actors_thread_reads_its_calls_from_the_pipe_itself_in_order() {
     host.inbox.route("echo", Some(lane));
     let t = lane_dispatcher(&host, lane, 50);
     let sent: Vec<Bytes> = (0..50).map(|i| Bytes::from(format!("burst{i}"))).collect();
-    let slots: Vec<_> = sent.iter().map(|p| conn.call(&target(p), 0).1.unwrap()).collect();
+    let slots: Vec<_> = sent
+        .iter()
+        .map(|p| conn.call(&target(p), 0).1.unwrap())
+        .collect();
     for (p, s) in sent.iter().zip(slots) {
         assert_eq!(&s.wait(WAIT).unwrap().unwrap().payload, p);
     }
     assert_eq!(t.join().unwrap(), sent);
     assert_eq!(host.inbox.pipes(), 1);
+}
+
+#[test]
+fn a_relays_ping_goes_on_the_pipe_raises_the_epoch_and_never_reaches_the_dispatcher() {
+    // PIPE-3: the heartbeat's ping to a worker whose agent holds its pipe is answered
+    // on the pipe by the thread that reads it, as the `Ping` RPC answers.
+    let rt = runtime();
+    let host = WorkerHost::bind(rt.handle(), "127.0.0.1:0", "tok7").unwrap();
+    let lane = host.inbox.open_lane().unwrap();
+    let conn = WorkerConn::relayed(rt.handle(), &host.addr, "tok7").unwrap();
+    // An idle actor's thread waits on its lane (and the pipe) meanwhile: a ping is
+    // answered without anything for it to run.
+    let inbox = host.inbox.clone();
+    let waiter = std::thread::spawn(move || {
+        let l = inbox.lane(lane).unwrap();
+        inbox.take_wait(&l, Some(Duration::from_millis(1500))).len()
+    });
+    let (pid, epoch) = rt.block_on(conn.ping_as(5)).unwrap();
+    assert_eq!((pid, epoch), (std::process::id(), 5));
+    let (_, epoch) = rt.block_on(conn.ping_as(3)).unwrap();
+    assert_eq!(
+        epoch, 5,
+        "a ping answers the highest epoch the worker has seen"
+    );
+    assert_eq!(
+        host.inbox.pipe_pings(),
+        2,
+        "the pings did not take the pipe"
+    );
+    assert_eq!(waiter.join().unwrap(), 0, "a ping reached the dispatcher");
+    // The worker ends: a ping fails (by gRPC, which says why), and never hangs.
+    host.shutdown();
+    let after =
+        rt.block_on(async { tokio::time::timeout(Duration::from_secs(30), conn.ping_as(5)).await });
+    assert!(matches!(after, Ok(Err(_))), "{after:?}");
+}
+
+#[test]
+fn with_two_actors_the_one_called_soon_reads_its_own_calls() {
+    // PIPE-2: the kernel wakes the first waiting lane; a lane woken by calls that were
+    // not for it steps back, so the lane of the actor being called comes first.
+    let rt = runtime();
+    let host = WorkerHost::bind(rt.handle(), "127.0.0.1:0", "tok8").unwrap();
+    let other = host.inbox.open_lane().unwrap(); // (opened first: first in line)
+    let echo = host.inbox.open_lane().unwrap();
+    host.inbox.route("echo", Some(echo));
+    let conn = WorkerConn::relayed(rt.handle(), &host.addr, "tok8").unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let idle = {
+        let (inbox, stop) = (host.inbox.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let l = inbox.lane(other).unwrap();
+            let mut got = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                got += inbox.take_wait(&l, Some(Duration::from_millis(100))).len();
+            }
+            got
+        })
+    };
+    let t = lane_dispatcher(&host, echo, 10);
+    let sent: Vec<Bytes> = (0..10).map(|i| Bytes::from(format!("two{i}"))).collect();
+    for p in &sent {
+        std::thread::sleep(Duration::from_millis(30));
+        let r = conn.call(&target(p), 0).1.unwrap().wait(WAIT).unwrap();
+        assert_eq!(&r.unwrap().payload, p);
+    }
+    assert_eq!(t.join().unwrap(), sent);
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(
+        idle.join().unwrap(),
+        0,
+        "the other actor's lane took a call"
+    );
+    assert!(
+        host.inbox.read_by_lanes() > 0,
+        "no call of 10 was read by the called actor's own thread"
+    );
 }

@@ -117,7 +117,10 @@ impl relay_server::Relay for Relay {
         });
         Ok(self.callers.tag(
             Response::new(Box::pin(Batched::new(rx, |replies| {
-                Ok(Replies { replies })
+                Ok(Replies {
+                    replies,
+                    pong: None,
+                })
             }))),
             knew,
         ))

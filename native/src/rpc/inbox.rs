@@ -138,17 +138,28 @@ impl Lane {
     /// still looking at its jobs) is not lost: it makes the call return at once,
     /// maybe empty, so the thread looks at its jobs again.
     pub fn take_wait(&self, timeout: Option<Duration>) -> Vec<Incoming> {
-        self.wait_then_take(timeout, |_| {})
+        self.wait_then_take(timeout, |_| {}, |_| {}).0
     }
 
     /// [`Lane::take_wait`], reading the pipe with id `p` by `read_pipe(p)` when it is
-    /// what woke the thread (PIPE-2); a pipe's calls for other lanes do not end the wait.
-    fn wait_then_take(&self, timeout: Option<Duration>, read_pipe: impl Fn(u64)) -> Vec<Incoming> {
+    /// what woke the thread (PIPE-2); a pipe's calls for other lanes do not end the
+    /// wait, and after them `elsewhere(p)` (the lane steps back among the pipe's
+    /// readers). Also whether the items came with a pipe this thread read.
+    fn wait_then_take(
+        &self,
+        timeout: Option<Duration>,
+        read_pipe: impl Fn(u64),
+        elsewhere: impl Fn(u64),
+    ) -> (Vec<Incoming>, bool) {
         let until = timeout.map(|t| Instant::now() + t);
+        let mut read = Vec::new();
         loop {
             let (signalled, items) = self.take_signalled();
             if signalled || !items.is_empty() {
-                return items;
+                return (items, !read.is_empty());
+            }
+            for p in read.drain(..) {
+                elsewhere(p);
             }
             let ms = until.map_or(-1, |u| {
                 let left = u.saturating_duration_since(Instant::now());
@@ -157,9 +168,11 @@ impl Lane {
             let ready = pipe_in::wait(self.ep.as_raw_fd(), ms);
             for &p in ready.iter().filter(|&&p| p != 0) {
                 read_pipe(p);
+                read.push(p);
             }
             if ready.is_empty() || ready.contains(&0) {
-                return self.take(); // (the time is up, or a signal or an item came)
+                // (the time is up, or a signal or an item came)
+                return (self.take(), !read.is_empty());
             }
         }
     }
@@ -210,8 +223,10 @@ pub struct Inbox {
     /// The pipes open to this worker (PIPE-2), and the last pipe id given.
     pipe_list: Mutex<Vec<Arc<PipeIn>>>,
     last_pipe: AtomicU64,
-    /// Calls read from pipes by lane threads (PIPE-2), for tests and `Stats`.
+    /// Calls that lane threads read from pipes for themselves (PIPE-2), for tests.
     lane_reads: AtomicU64,
+    /// Pings answered on pipes (PIPE-3).
+    pub(crate) pipe_pings: AtomicU64,
     /// The highest controller epoch seen (fencing, see worker.proto).
     epoch: AtomicU64,
     /// Flips to true once, on shutdown: ends every `Messages` stream, so callers see
@@ -249,6 +264,7 @@ impl Inbox {
             pipe_list: Mutex::new(Vec::new()),
             last_pipe: AtomicU64::new(0),
             lane_reads: AtomicU64::new(0),
+            pipe_pings: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
         }))
     }
@@ -294,19 +310,43 @@ impl Inbox {
         closed.take()
     }
 
-    /// [`Lane::take_wait`] on `lane`, reading the pipes that wake it (PIPE-2).
+    /// [`Lane::take_wait`] on `lane`, reading the pipes that wake it (PIPE-2). A lane
+    /// woken by calls that were all for other lanes steps back behind the pipe's other
+    /// readers (but before the pipe's own thread), so that the lane those calls are
+    /// for is woken first next time: with several sync actors on a worker, the one
+    /// being called soon reads its own calls.
     pub fn take_wait(&self, lane: &Lane, timeout: Option<Duration>) -> Vec<Incoming> {
-        lane.wait_then_take(timeout, |id| {
-            let p = lock(&self.pipe_list).iter().find(|p| p.id == id).cloned();
-            if let Some(p) = p {
-                let n = p.read(self);
-                self.lane_reads.fetch_add(n, Ordering::Relaxed);
-            }
-        })
+        let pipe = |id: u64| lock(&self.pipe_list).iter().find(|p| p.id == id).cloned();
+        let (items, read) = lane.wait_then_take(
+            timeout,
+            |id| {
+                if let Some(p) = pipe(id) {
+                    p.read(self);
+                }
+            },
+            |id| {
+                let pipes = lock(&self.pipe_list);
+                if let Some(p) = pipes.iter().find(|p| p.id == id) {
+                    pipe_in::unwatch(lane.ep.as_raw_fd(), p.fd());
+                    pipe_in::watch(lane.ep.as_raw_fd(), p.fd(), p.id, true);
+                    p.rewatch();
+                }
+            },
+        );
+        if read {
+            let calls = items.iter().filter(|i| i.kind == Kind::Call).count();
+            self.lane_reads.fetch_add(calls as u64, Ordering::Relaxed);
+        }
+        items
     }
 
-    /// How many calls lane threads read from pipes themselves (PIPE-2), not the
-    /// pipes' own threads.
+    /// How many pings were answered on pipes (PIPE-3).
+    pub fn pipe_pings(&self) -> u64 {
+        self.pipe_pings.load(Ordering::Relaxed)
+    }
+
+    /// How many calls lane threads took that they had read from a pipe themselves
+    /// (PIPE-2): calls that cost their worker one wake-up.
     pub fn read_by_lanes(&self) -> u64 {
         self.lane_reads.load(Ordering::Relaxed)
     }

@@ -24,9 +24,10 @@
 //!
 //! A pipe is used only by the agent that opened it, for the calls it relays; it does
 //! not resume (RESUME-1): on one host it breaks only when the worker ends, and the
-//! agent's calls in flight then fail as lost (CLIENT-1), never sent twice. Cancels,
-//! pings, spawns and stops keep the worker's gRPC service. `MONARCH_PIPE=0` in the
-//! agent's environment keeps relayed calls on gRPC.
+//! agent's calls in flight then fail as lost (CLIENT-1), never sent twice. The
+//! heartbeat's pings take the pipe too (PIPE-3); cancels, spawns and stops keep the
+//! worker's gRPC service. `MONARCH_PIPE=0` in the agent's environment keeps relayed
+//! calls and pings on gRPC.
 
 use super::RpcError;
 use crate::proto::v1::{Replies, Reply};
@@ -288,6 +289,7 @@ impl PipeWriter {
     pub fn send_reply(&self, reply: Reply) {
         self.send(frame(&Replies {
             replies: vec![reply],
+            pong: None,
         }));
     }
 }

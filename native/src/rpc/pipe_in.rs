@@ -26,7 +26,7 @@ use super::auth::TokenCheck;
 use super::inbox::{Inbox, Incoming, Kind, Sink};
 use super::pipe::{self, PipeWriter};
 use super::server::fenced;
-use crate::proto::v1::{Call, CallCommand, Calls};
+use crate::proto::v1::{Call, CallCommand, Calls, PingReply, Replies};
 use crate::sync::lock;
 use bytes::BytesMut;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -59,7 +59,12 @@ pub(crate) fn epoll() -> std::io::Result<OwnedFd> {
 /// waiters of which the kernel wakes only the first that waits.
 pub(crate) fn watch(ep: RawFd, fd: RawFd, data: u64, exclusive: bool) {
     let mut ev = libc::epoll_event {
-        events: libc::EPOLLIN as u32 | if exclusive { libc::EPOLLEXCLUSIVE as u32 } else { 0 },
+        events: libc::EPOLLIN as u32
+            | if exclusive {
+                libc::EPOLLEXCLUSIVE as u32
+            } else {
+                0
+            },
         u64: data,
     };
     // SAFETY: registers a descriptor we hold in an epoll instance we hold.
@@ -176,6 +181,19 @@ impl PipeIn {
                 inbox.push(incoming(c), sink);
                 *queued += 1;
             }
+            if let Some(ping) = batch.ping {
+                // PIPE-3: answered here, as the `Ping` RPC answers.
+                let _ = inbox.admit(ping.epoch);
+                inbox.pipe_pings.fetch_add(1, Ordering::Relaxed);
+                self.writer.send(pipe::frame(&Replies {
+                    replies: Vec::new(),
+                    pong: Some(PingReply {
+                        nonce: ping.nonce,
+                        pid: std::process::id(),
+                        epoch: inbox.epoch(),
+                    }),
+                }));
+            }
         }
     }
 }
@@ -268,7 +286,11 @@ fn hello(stream: &UnixStream, buf: &mut BytesMut, auth: &TokenCheck) -> bool {
         match pipe::read_into(stream.as_raw_fd(), buf) {
             Ok(0) => return false,
             Ok(_) => {}
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                ) => {}
             Err(_) => return false,
         }
     }

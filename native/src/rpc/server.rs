@@ -160,7 +160,9 @@ fn serve_pipes(
             if !pipe::same_user(std::os::fd::AsRawFd::as_raw_fd(&stream)) {
                 continue; // (another user's process: closed unread)
             }
-            let Ok(stream) = stream.into_std() else { continue };
+            let Ok(stream) = stream.into_std() else {
+                continue;
+            };
             super::pipe_in::serve(stream, inbox.clone(), auth.clone(), token.clone());
         }
     });
@@ -249,7 +251,12 @@ impl Worker for Service {
             }
             inbox.callers.detach(caller, stream);
         });
-        let replies = Batched::new(rx, |replies| Ok(Replies { replies }));
+        let replies = Batched::new(rx, |replies| {
+            Ok(Replies {
+                replies,
+                pong: None,
+            })
+        });
         Ok(self
             .inbox
             .callers

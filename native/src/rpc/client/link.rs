@@ -142,6 +142,7 @@ impl Link {
                 received: std::mem::take(&mut lock(&p).received),
                 resync: waiting.is_some(),
                 waiting: waiting.unwrap_or_default(),
+                ping: None,
             }
         });
         let mut req = tonic::Request::new(out);

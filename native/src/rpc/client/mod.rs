@@ -100,6 +100,8 @@ pub struct WorkerConn {
     answered: Arc<AtomicBool>,
     /// Wakes the connection task when the calls are abandoned ([`WorkerConn::abandon`]).
     abandoned: Arc<Notify>,
+    /// A relay's pings on the worker's pipe (PIPE-3), when its calls take one.
+    pings: Option<Arc<pipe::Pings>>,
 }
 
 /// The epoch cell of the mesh with `token` in this process (FENCE-3: one per mesh, so

@@ -2,18 +2,83 @@
 //! that writes a relayed connection's calls as `Calls` frames, and the one that reads
 //! the worker's `Replies` frames and completes their slots. A pipe that ends fails
 //! every call still waiting on it as lost (CLIENT-1): it is never resumed, so nothing
-//! is sent twice.
+//! is sent twice. A heartbeat's ping goes on the pipe too (PIPE-3, [`Pings`]).
 
 use super::pending::{fail_all, Pending};
-use crate::proto::v1::{Call, Calls, Replies};
+use crate::proto::v1::{Call, Calls, PingReply, PingRequest, Replies};
 use crate::rpc::pipe::{self, PipeWriter};
 use crate::rpc::RpcError;
 use crate::sync::lock;
 use prost::Message;
+use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 use tokio::runtime::Handle;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{mpsc, oneshot, Notify};
+
+/// PIPE-3: the pings of a pipe's connection, answered on the pipe by the worker's
+/// reading thread (its runtime is not woken, nor is Python), as the `Ping` RPC
+/// answers: an idle worker's heartbeat costs it one thread wake-up, not a gRPC request.
+pub struct Pings {
+    writer: Arc<PipeWriter>,
+    state: Mutex<PingState>,
+}
+
+#[derive(Default)]
+struct PingState {
+    last: u64,
+    waiting: HashMap<u64, oneshot::Sender<PingReply>>,
+    /// The pipe has ended: pings take gRPC.
+    ended: bool,
+}
+
+/// Forgets a ping whose caller stopped waiting (a timeout): a hung worker's pings do
+/// not pile up.
+struct Waiting<'a>(&'a Pings, u64);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        lock(&self.0.state).waiting.remove(&self.1);
+    }
+}
+
+impl Pings {
+    /// Pings the worker on the pipe, carrying `epoch`: its answer, or `None` if the
+    /// pipe has ended (or ends before the answer).
+    pub(super) async fn ping(&self, epoch: u64) -> Option<PingReply> {
+        let (nonce, rx) = {
+            let mut st = lock(&self.state);
+            if st.ended {
+                return None;
+            }
+            st.last += 1;
+            let nonce = st.last;
+            let (tx, rx) = oneshot::channel();
+            st.waiting.insert(nonce, tx);
+            (nonce, rx)
+        };
+        let _forget = Waiting(self, nonce);
+        let ping = Calls {
+            ping: Some(PingRequest { nonce, epoch }),
+            ..Default::default()
+        };
+        self.writer.send(pipe::frame(&ping));
+        rx.await.ok()
+    }
+
+    fn answer(&self, pong: PingReply) {
+        let tx = lock(&self.state).waiting.remove(&pong.nonce);
+        if let Some(tx) = tx {
+            let _ = tx.send(pong);
+        }
+    }
+
+    fn end(&self) {
+        let mut st = lock(&self.state);
+        st.ended = true;
+        st.waiting.clear();
+    }
+}
 
 /// The pipe of the worker serving at `addr`, connected (a local socket: this does not
 /// wait), or `None` if there is none to connect to (then the connection keeps gRPC).
@@ -36,6 +101,8 @@ pub(super) fn connect(addr: &str) -> Option<std::os::unix::net::UnixStream> {
 
 /// Runs the pipe `stream` for a relayed connection: calls from `rx` go out, replies
 /// complete `pending`'s slots, until the pipe ends or nobody holds the connection.
+/// Returns the connection's [`Pings`], or `None` if the pipe could not be used (its
+/// calls failed).
 pub(super) fn run(
     rt: &Handle,
     stream: std::os::unix::net::UnixStream,
@@ -44,22 +111,28 @@ pub(super) fn run(
     rx: mpsc::UnboundedReceiver<Call>,
     pending: Arc<Mutex<Pending>>,
     abandoned: Arc<Notify>,
-) {
+) -> Option<Arc<Pings>> {
     let _guard = rt.enter();
     let sock = match pipe::socket(stream) {
         Ok(s) => s,
         Err(e) => {
             let reason = format!("its pipe cannot be used: {e}");
             fail_all(&pending, RpcError::ConnectionLost { addr, reason });
-            return;
+            return None;
         }
     };
     let writer = PipeWriter::new(sock.clone());
     // (the token was checked when the connection's client was made)
     let hello = crate::rpc::auth::bearer(token).unwrap_or_default();
     writer.send(pipe::frame_bytes(hello.as_bytes()));
+    let pings = Arc::new(Pings {
+        writer: writer.clone(),
+        state: Mutex::default(),
+    });
     rt.spawn(write_calls(writer, rx, abandoned));
-    rt.spawn(read_replies(pipe::FrameReader::new(sock), addr, pending));
+    let rd = pipe::FrameReader::new(sock);
+    rt.spawn(read_replies(rd, addr, pending, pings.clone()));
+    Some(pings)
 }
 
 /// Sends what `rx` brings, each batch queued at once as one frame.
@@ -88,7 +161,12 @@ async fn write_calls(
 
 /// Completes the slots of the replies the worker sends; when the pipe ends, fails
 /// what still waits.
-async fn read_replies(mut rd: pipe::FrameReader, addr: String, pending: Arc<Mutex<Pending>>) {
+async fn read_replies(
+    mut rd: pipe::FrameReader,
+    addr: String,
+    pending: Arc<Mutex<Pending>>,
+    pings: Arc<Pings>,
+) {
     let reason = loop {
         let frame = match rd.next().await {
             Ok(Some(f)) => f,
@@ -111,6 +189,10 @@ async fn read_replies(mut rd: pipe::FrameReader, addr: String, pending: Arc<Mute
                 slot.complete(Ok(r));
             }
         }
+        if let Some(pong) = batch.pong {
+            pings.answer(pong);
+        }
     };
+    pings.end();
     fail_all(&pending, RpcError::ConnectionLost { addr, reason });
 }

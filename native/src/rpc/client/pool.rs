@@ -195,11 +195,11 @@ impl WorkerConn {
             lazy: peer == Peer::Worker,
         };
         // PIPE-1: a relay's calls to a worker of its host go on the worker's pipe when
-        // it has one (cancels, pings and stops keep `client`).
+        // it has one (cancels, spawns and stops keep `client`; pings take the pipe too: PIPE-3).
         let piped = (peer == Peer::Relayed)
             .then(|| super::pipe::connect(addr))
             .flatten();
-        match piped {
+        let pings = match piped {
             Some(stream) => super::pipe::run(
                 rt,
                 stream,
@@ -211,8 +211,9 @@ impl WorkerConn {
             ),
             None => {
                 rt.spawn(link.run(rx));
+                None
             }
-        }
+        };
         Ok(WorkerConn {
             addr: addr.to_string(),
             token: token.to_string(),
@@ -224,6 +225,7 @@ impl WorkerConn {
             ca,
             answered,
             abandoned,
+            pings,
         })
     }
 }
