@@ -90,7 +90,7 @@ pub struct Lane {
     efd: OwnedFd,
     /// What its thread waits on: `efd` (reported as 0), and the worker's pipes if it
     /// reads them (PIPE-2: reported by their ids).
-    ep: OwnedFd,
+    pub(super) ep: OwnedFd,
 }
 
 impl Lane {
@@ -145,7 +145,7 @@ impl Lane {
     /// what woke the thread (PIPE-2); a pipe's calls for other lanes do not end the
     /// wait, and after them `elsewhere(p)` (the lane steps back among the pipe's
     /// readers). Also whether the items came with a pipe this thread read.
-    fn wait_then_take(
+    pub(super) fn wait_then_take(
         &self,
         timeout: Option<Duration>,
         read_pipe: impl Fn(u64),
@@ -206,7 +206,7 @@ impl Lane {
 /// everything else goes to [`LANE_LOOP`], which the dispatcher's routing thread waits on.
 pub struct Inbox {
     /// Lane 0 is [`LANE_LOOP`]; closed lanes are `None`.
-    lanes: RwLock<Vec<Option<Arc<Lane>>>>,
+    pub(super) lanes: RwLock<Vec<Option<Arc<Lane>>>>,
     /// Which lane each actor's calls go to; absent means [`LANE_LOOP`].
     routes: Mutex<HashMap<String, usize>>,
     /// Reply sinks by token (INBOX-2).
@@ -221,10 +221,10 @@ pub struct Inbox {
     /// Pipes opened to this worker with the mesh token (PIPE-1).
     pub(crate) pipes: AtomicU64,
     /// The pipes open to this worker (PIPE-2), and the last pipe id given.
-    pipe_list: Mutex<Vec<Arc<PipeIn>>>,
-    last_pipe: AtomicU64,
+    pub(super) pipe_list: Mutex<Vec<Arc<PipeIn>>>,
+    pub(super) last_pipe: AtomicU64,
     /// Calls that lane threads read from pipes for themselves (PIPE-2), for tests.
-    lane_reads: AtomicU64,
+    pub(super) lane_reads: AtomicU64,
     /// Pings answered on pipes (PIPE-3).
     pub(crate) pipe_pings: AtomicU64,
     /// The highest controller epoch seen (fencing, see worker.proto).
@@ -308,85 +308,6 @@ impl Inbox {
             pipe_in::unwatch(closed.ep.as_raw_fd(), p.fd());
         }
         closed.take()
-    }
-
-    /// [`Lane::take_wait`] on `lane`, reading the pipes that wake it (PIPE-2). A lane
-    /// woken by calls that were all for other lanes steps back behind the pipe's other
-    /// readers (but before the pipe's own thread), so that the lane those calls are
-    /// for is woken first next time: with several sync actors on a worker, the one
-    /// being called soon reads its own calls.
-    pub fn take_wait(&self, lane: &Lane, timeout: Option<Duration>) -> Vec<Incoming> {
-        let pipe = |id: u64| lock(&self.pipe_list).iter().find(|p| p.id == id).cloned();
-        let (items, read) = lane.wait_then_take(
-            timeout,
-            |id| {
-                if let Some(p) = pipe(id) {
-                    p.read(self);
-                }
-            },
-            |id| {
-                let pipes = lock(&self.pipe_list);
-                if let Some(p) = pipes.iter().find(|p| p.id == id) {
-                    pipe_in::unwatch(lane.ep.as_raw_fd(), p.fd());
-                    pipe_in::watch(lane.ep.as_raw_fd(), p.fd(), p.id, true);
-                    p.rewatch();
-                }
-            },
-        );
-        if read {
-            let calls = items.iter().filter(|i| i.kind == Kind::Call).count();
-            self.lane_reads.fetch_add(calls as u64, Ordering::Relaxed);
-        }
-        items
-    }
-
-    /// How many pings were answered on pipes (PIPE-3).
-    pub fn pipe_pings(&self) -> u64 {
-        self.pipe_pings.load(Ordering::Relaxed)
-    }
-
-    /// How many calls lane threads took that they had read from a pipe themselves
-    /// (PIPE-2): calls that cost their worker one wake-up.
-    pub fn read_by_lanes(&self) -> u64 {
-        self.lane_reads.load(Ordering::Relaxed)
-    }
-
-    /// An id for a new pipe (never 0).
-    pub(crate) fn next_pipe_id(&self) -> u64 {
-        self.last_pipe.fetch_add(1, Ordering::Relaxed) + 1
-    }
-
-    /// Starts reading pipe `p` (PIPE-2): the lanes that read pipes first, its own
-    /// thread last.
-    pub(crate) fn add_pipe(&self, p: Arc<PipeIn>) {
-        let mut pipes = lock(&self.pipe_list);
-        if pipe_in::lanes_read() {
-            for lane in self.reading_lanes() {
-                pipe_in::watch(lane.ep.as_raw_fd(), p.fd(), p.id, true);
-            }
-        }
-        p.rewatch();
-        pipes.push(p);
-    }
-
-    /// Ends pipe `id` and stops the lanes watching it (an ended socket is always
-    /// readable); nothing if it is gone already.
-    pub(crate) fn forget_pipe(&self, id: u64) {
-        let mut pipes = lock(&self.pipe_list);
-        let Some(at) = pipes.iter().position(|p| p.id == id) else {
-            return;
-        };
-        let p = pipes.remove(at);
-        for lane in self.reading_lanes() {
-            pipe_in::unwatch(lane.ep.as_raw_fd(), p.fd());
-        }
-        p.end();
-    }
-
-    /// The open lanes that read pipes (all but [`LANE_LOOP`]).
-    fn reading_lanes(&self) -> Vec<Arc<Lane>> {
-        let lanes = unpoison(self.lanes.read());
-        lanes.iter().skip(1).flatten().cloned().collect()
     }
 
     /// Sends later calls to `actor` to `lane`, or back to [`LANE_LOOP`] if `None`.

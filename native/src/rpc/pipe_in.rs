@@ -23,11 +23,11 @@
 //! thread (the A/B knob).
 
 use super::auth::TokenCheck;
-use super::inbox::{Inbox, Incoming, Kind, Sink};
+use super::inbox::{Inbox, Incoming, Kind, Lane, Sink};
 use super::pipe::{self, PipeWriter};
 use super::server::fenced;
 use crate::proto::v1::{Call, CallCommand, Calls, PingReply, Replies};
-use crate::sync::lock;
+use crate::sync::{lock, unpoison};
 use bytes::BytesMut;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -293,5 +293,87 @@ fn hello(stream: &UnixStream, buf: &mut BytesMut, auth: &TokenCheck) -> bool {
                 ) => {}
             Err(_) => return false,
         }
+    }
+}
+
+/// The pipes of an inbox (PIPE-2, PIPE-3).
+impl Inbox {
+    /// [`Lane::take_wait`] on `lane`, reading the pipes that wake it (PIPE-2). A lane
+    /// woken by calls that were all for other lanes steps back behind the pipe's other
+    /// readers (but before the pipe's own thread), so that the lane those calls are
+    /// for is woken first next time: with several sync actors on a worker, the one
+    /// being called soon reads its own calls.
+    pub fn take_wait(&self, lane: &Lane, timeout: Option<Duration>) -> Vec<Incoming> {
+        let pipe = |id: u64| lock(&self.pipe_list).iter().find(|p| p.id == id).cloned();
+        let (items, read) = lane.wait_then_take(
+            timeout,
+            |id| {
+                if let Some(p) = pipe(id) {
+                    p.read(self);
+                }
+            },
+            |id| {
+                let pipes = lock(&self.pipe_list);
+                if let Some(p) = pipes.iter().find(|p| p.id == id) {
+                    unwatch(lane.ep.as_raw_fd(), p.fd());
+                    watch(lane.ep.as_raw_fd(), p.fd(), p.id, true);
+                    p.rewatch();
+                }
+            },
+        );
+        if read {
+            let calls = items.iter().filter(|i| i.kind == Kind::Call).count();
+            self.lane_reads.fetch_add(calls as u64, Ordering::Relaxed);
+        }
+        items
+    }
+
+    /// How many pings were answered on pipes (PIPE-3).
+    pub fn pipe_pings(&self) -> u64 {
+        self.pipe_pings.load(Ordering::Relaxed)
+    }
+
+    /// How many calls lane threads took that they had read from a pipe themselves
+    /// (PIPE-2): calls that cost their worker one wake-up.
+    pub fn read_by_lanes(&self) -> u64 {
+        self.lane_reads.load(Ordering::Relaxed)
+    }
+
+    /// An id for a new pipe (never 0).
+    pub(crate) fn next_pipe_id(&self) -> u64 {
+        self.last_pipe.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Starts reading pipe `p` (PIPE-2): the lanes that read pipes first, its own
+    /// thread last.
+    pub(crate) fn add_pipe(&self, p: Arc<PipeIn>) {
+        let mut pipes = lock(&self.pipe_list);
+        if lanes_read() {
+            for lane in self.reading_lanes() {
+                watch(lane.ep.as_raw_fd(), p.fd(), p.id, true);
+            }
+        }
+        p.rewatch();
+        pipes.push(p);
+    }
+
+    /// Ends pipe `id` and stops the lanes watching it (an ended socket is always
+    /// readable); nothing if it is gone already.
+    pub(crate) fn forget_pipe(&self, id: u64) {
+        let mut pipes = lock(&self.pipe_list);
+        let Some(at) = pipes.iter().position(|p| p.id == id) else {
+            return;
+        };
+        let p = pipes.remove(at);
+        for lane in self.reading_lanes() {
+            unwatch(lane.ep.as_raw_fd(), p.fd());
+        }
+        p.end();
+    }
+
+    /// The open lanes that read pipes (all but [`LANE_LOOP`]).
+    fn reading_lanes(&self) -> Vec<Arc<Lane>> {
+        let lanes = unpoison(self.lanes.read());
+        lanes.iter().skip(1).flatten().cloned().collect()
     }
 }
