@@ -354,3 +354,30 @@ fn the_fan_out_keeps_each_workers_calls_in_the_order_sent_whichever_path_each_ta
     assert_eq!(got, ["0:0:11:x", "1:1:5:x"]);
     host.stop(&rt);
 }
+
+#[test]
+fn a_relay_cut_before_its_first_answer_sends_its_calls_once_it_heals() {
+    // A relay's stream opens with its connection; when the link stalls before the
+    // relay's first answer (a loaded host: the agent not yet scheduled) and the
+    // keepalive drops it, the relay never knew this caller. Calls must not have gone
+    // out on that stream, so that they can be sent on the next one and run once, not
+    // fail as possibly delivered to another process.
+    let rt = runtime();
+    let host = Host::start(&rt, "relay-test-token-9", 2);
+    let proxy = Proxy::start(&rt, host.handle.addr.clone());
+    proxy.set_cut(true);
+    let relay = WorkerConn::relay(rt.handle(), &proxy.addr, host.token).unwrap();
+    let b = relay
+        .call_fanned(&target(&Bytes::from_static(b"b")), here(&[(0, 0), (1, 1)]))
+        .1;
+    // Longer than the keepalive (1 s + 3 s): the client drops the connection.
+    std::thread::sleep(Duration::from_secs(6));
+    assert!(b.iter().all(|s| !s.is_done()), "a call ended while cut");
+    proxy.set_cut(false);
+    assert_eq!(
+        b.iter().map(text).collect::<Vec<_>>(),
+        ["0:0:1:b", "1:1:1:b"],
+        "the calls did not run once each after the link healed"
+    );
+    host.stop(&rt);
+}

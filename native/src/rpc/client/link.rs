@@ -153,18 +153,27 @@ impl Link {
             req.metadata_mut().insert(STREAM_HEADER, v);
         }
         let mut c = self.client.clone();
+        // Whether calls went out on this stream before its answer.
+        let mut sent = false;
         if let Some(call) = st.first.take() {
             let _ = gtx.send(call);
+            sent = true;
         }
         let opening = c.messages(req);
         tokio::pin!(opening);
-        // A first stream sends calls as they come, with its opening; a resumed one only
-        // once the worker is known to be the same process (RESUME-2).
+        // A lazy connection's first stream sends calls as they come, with its opening
+        // (LINK-1: a worker's first call waits for nothing); a stream opened with its
+        // connection (a relay's) or a resumed one only once the server has answered,
+        // so that one that breaks first carried nothing: its calls go on the next one,
+        // whatever process answers it (RESUME-2 decides only for calls that went out).
         let resp = loop {
             tokio::select! {
                 r = &mut opening => break r,
-                m = rx.recv(), if !resuming => match m {
-                    Some(call) => { let _ = gtx.send(call); }
+                m = rx.recv(), if !resuming && self.lazy => match m {
+                    Some(call) => {
+                        let _ = gtx.send(call);
+                        sent = true;
+                    }
                     None => return Ended::Done,
                 },
                 _ = self.abandoned.notified() => return Ended::Done,
@@ -207,7 +216,7 @@ impl Link {
                 r.into_inner()
             }
             Err(s) => {
-                st.maybe_delivered |= !never_connected(&s);
+                st.maybe_delivered |= sent && !never_connected(&s);
                 return self.broke(&s).await;
             }
         };
