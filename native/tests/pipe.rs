@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 use monarch_kernel_native::proto::v1::{Call, Calls, ReplyKind};
-use monarch_kernel_native::rpc::client::{reply_kind, WorkerConn};
+use monarch_kernel_native::rpc::client::{reply_kind, Target, WorkerConn};
 use monarch_kernel_native::rpc::inbox::LANE_LOOP;
 use monarch_kernel_native::rpc::pipe;
 use monarch_kernel_native::rpc::server::WorkerHost;
@@ -387,4 +387,61 @@ fn with_two_actors_the_one_called_soon_reads_its_own_calls() {
         host.inbox.read_by_lanes() > 0,
         "no call of 10 was read by the called actor's own thread"
     );
+}
+
+#[test]
+fn a_call_to_one_actor_is_read_while_another_actors_thread_is_busy() {
+    // PIPE-2: an actor's thread that runs a long call does not read the pipe; the
+    // pipe's own thread reads the calls meanwhile, so a call to another actor of the
+    // worker never waits behind the long one.
+    let rt = runtime();
+    let host = WorkerHost::bind(rt.handle(), "127.0.0.1:0", "tok9").unwrap();
+    let busy = host.inbox.open_lane().unwrap();
+    host.inbox.route("echo", Some(busy));
+    // ("other": an actor of the routing lane, which never reads the pipe)
+    let conn = WorkerConn::relayed(rt.handle(), &host.addr, "tok9").unwrap();
+    let (took_tx, took_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let long = {
+        let inbox = host.inbox.clone();
+        std::thread::spawn(move || {
+            let l = inbox.lane(busy).unwrap();
+            let mut items = Vec::new();
+            while items.is_empty() {
+                items = inbox.take_wait(&l, WAIT);
+            }
+            let _ = took_tx.send(());
+            // (busy: not waiting on its lane or the pipe until released)
+            let _ = release_rx.recv_timeout(Duration::from_secs(60));
+            for it in items {
+                inbox.reply(it.token, ReplyKind::Result, it.payload.clone(), vec![]);
+            }
+        })
+    };
+    let t = echo_dispatcher(&host, 1);
+    let a = Bytes::from_static(b"long");
+    let slow = conn.call(&target(&a), 0).1.unwrap();
+    took_rx.recv_timeout(Duration::from_secs(30)).unwrap();
+    let b = Bytes::from_static(b"meanwhile");
+    let quick = conn
+        .call(
+            &Target {
+                actor: "other",
+                ..target(&b)
+            },
+            0,
+        )
+        .1
+        .unwrap();
+    let r = quick.wait(WAIT);
+    let _ = release_tx.send(());
+    assert_eq!(
+        r.expect("the other actor's call waited behind the long one")
+            .unwrap()
+            .payload,
+        b
+    );
+    assert_eq!(slow.wait(WAIT).unwrap().unwrap().payload, a);
+    long.join().unwrap();
+    t.join().unwrap();
 }
