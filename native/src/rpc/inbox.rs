@@ -11,7 +11,7 @@
 use super::pipe_in::{self, PipeIn};
 use super::resume::{Callers, Requests};
 use super::RpcError;
-use crate::proto::v1::{PortMessage, Reply, ReplyKind};
+use crate::proto::v1::{Call, CallCommand, PingReply, PingRequest, PortMessage, Reply, ReplyKind};
 use crate::sync::{lock, unpoison};
 use bytes::Bytes;
 use std::collections::{HashMap, VecDeque};
@@ -66,6 +66,32 @@ pub struct Incoming {
     /// Which port, the sender's rank and whether it is an exception ([`Kind::Port`]
     /// only; the payload is then the value alone).
     pub port: Option<PortMessage>,
+}
+
+impl Incoming {
+    /// A call (of a `Messages` stream or a pipe) as the dispatcher takes it.
+    pub(crate) fn of(c: Call) -> Incoming {
+        let kind = match (&c.port, c.command()) {
+            (Some(_), _) => Kind::Port,
+            (None, CallCommand::Endpoint) => Kind::Call,
+            (None, CallCommand::Spawn) => Kind::Spawn, // SPAWN-1
+            (None, CallCommand::Stop) => Kind::Stop,
+        };
+        Incoming {
+            token: 0,
+            kind,
+            call_id: c.call_id,
+            actor: c.actor,
+            method: c.method,
+            payload: c.payload,
+            buffers: c.buffers,
+            rank: c.rank,
+            dims: c.dims,
+            sizes: c.sizes,
+            origin: c.origin,
+            port: c.port,
+        }
+    }
 }
 
 /// Where a reply goes.
@@ -220,9 +246,8 @@ pub struct Inbox {
     pub(crate) received: AtomicU64,
     /// Pipes opened to this worker with the mesh token (PIPE-1).
     pub(crate) pipes: AtomicU64,
-    /// The pipes open to this worker (PIPE-2), and the last pipe id given.
+    /// The pipes open to this worker (PIPE-2).
     pub(super) pipe_list: Mutex<Vec<Arc<PipeIn>>>,
-    pub(super) last_pipe: AtomicU64,
     /// Calls that lane threads read from pipes for themselves (PIPE-2), for tests.
     pub(super) lane_reads: AtomicU64,
     /// Pings answered on pipes (PIPE-3).
@@ -262,7 +287,6 @@ impl Inbox {
             received: AtomicU64::new(0),
             pipes: AtomicU64::new(0),
             pipe_list: Mutex::new(Vec::new()),
-            last_pipe: AtomicU64::new(0),
             lane_reads: AtomicU64::new(0),
             pipe_pings: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
@@ -282,8 +306,7 @@ impl Inbox {
         let pipes = lock(&self.pipe_list);
         if pipe_in::lanes_read() {
             for p in pipes.iter() {
-                pipe_in::watch(lane.ep.as_raw_fd(), p.fd(), p.id, true);
-                p.rewatch();
+                p.watch_from(lane.ep.as_raw_fd());
             }
         }
         let mut lanes = unpoison(self.lanes.write());
@@ -396,6 +419,17 @@ impl Inbox {
     /// How many pipes (PIPE-1) have been opened to this worker with the mesh token.
     pub fn pipes(&self) -> u64 {
         self.pipes.load(Ordering::Relaxed)
+    }
+
+    /// The answer to `ping` (the `Ping` RPC's, and a pipe's: PIPE-3): a newer epoch
+    /// becomes the worker's first (FENCE-1), then this process and its epoch.
+    pub fn pong(&self, ping: &PingRequest) -> PingReply {
+        let _ = self.admit(ping.epoch);
+        PingReply {
+            nonce: ping.nonce,
+            pid: std::process::id(),
+            epoch: self.epoch(),
+        }
     }
 
     /// The highest controller epoch seen.

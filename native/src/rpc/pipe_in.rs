@@ -26,7 +26,7 @@ use super::auth::TokenCheck;
 use super::inbox::{Inbox, Incoming, Kind, Lane, Sink};
 use super::pipe::{self, PipeWriter};
 use super::server::fenced;
-use crate::proto::v1::{Call, CallCommand, Calls, PingReply, Replies};
+use crate::proto::v1::{Calls, Replies};
 use crate::sync::{lock, unpoison};
 use bytes::BytesMut;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -106,6 +106,13 @@ impl PipeIn {
         self.stream.as_raw_fd()
     }
 
+    /// Makes the lane with epoll `ep` a waiter of the pipe, the last before the pipe's
+    /// own thread (which registers again behind it).
+    pub(crate) fn watch_from(&self, ep: RawFd) {
+        watch(ep, self.fd(), self.id, true);
+        self.rewatch();
+    }
+
     /// Puts the pipe's own thread last among the pipe's waiters again (after a lane
     /// registered), so that an idle lane is woken before it.
     pub(crate) fn rewatch(&self) {
@@ -175,50 +182,20 @@ impl PipeIn {
                     continue;
                 }
                 let sink = (!c.oneway).then(|| Sink::Pipe(self.writer.clone(), c.call_id));
-                if c.payload.starts_with(crate::transfer::HEADER) {
-                    crate::transfer::prefetch(&c.payload, &c.buffers, self.token.as_bytes());
-                }
-                inbox.push(incoming(c), sink);
+                // (XFER-2; nothing for a message with no buffers by reference)
+                crate::transfer::prefetch(&c.payload, &c.buffers, self.token.as_bytes());
+                inbox.push(Incoming::of(c), sink);
                 *queued += 1;
             }
             if let Some(ping) = batch.ping {
                 // PIPE-3: answered here, as the `Ping` RPC answers.
-                let _ = inbox.admit(ping.epoch);
                 inbox.pipe_pings.fetch_add(1, Ordering::Relaxed);
                 self.writer.send(pipe::frame(&Replies {
                     replies: Vec::new(),
-                    pong: Some(PingReply {
-                        nonce: ping.nonce,
-                        pid: std::process::id(),
-                        epoch: inbox.epoch(),
-                    }),
+                    pong: Some(inbox.pong(&ping)),
                 }));
             }
         }
-    }
-}
-
-/// A call as the dispatcher takes it.
-pub(crate) fn incoming(c: Call) -> Incoming {
-    let kind = match (&c.port, c.command()) {
-        (Some(_), _) => Kind::Port,
-        (None, CallCommand::Endpoint) => Kind::Call,
-        (None, CallCommand::Spawn) => Kind::Spawn, // SPAWN-1
-        (None, CallCommand::Stop) => Kind::Stop,
-    };
-    Incoming {
-        token: 0,
-        kind,
-        call_id: c.call_id,
-        actor: c.actor,
-        method: c.method,
-        payload: c.payload,
-        buffers: c.buffers,
-        rank: c.rank,
-        dims: c.dims,
-        sizes: c.sizes,
-        origin: c.origin,
-        port: c.port,
     }
 }
 
@@ -238,7 +215,8 @@ pub(crate) fn serve(stream: UnixStream, inbox: Arc<Inbox>, auth: TokenCheck, tok
         }
         let fd: pipe::Fd = stream.clone();
         let p = Arc::new(PipeIn {
-            id: inbox.next_pipe_id(),
+            // (its number among the pipes opened with the token: never 0)
+            id: inbox.pipes.fetch_add(1, Ordering::Relaxed) + 1,
             writer: PipeWriter::new(fd),
             stream,
             reader: Mutex::new(buf),
@@ -246,7 +224,6 @@ pub(crate) fn serve(stream: UnixStream, inbox: Arc<Inbox>, auth: TokenCheck, tok
             token,
             ep,
         });
-        inbox.pipes.fetch_add(1, Ordering::Relaxed);
         inbox.add_pipe(p.clone());
         // (frames that came with the token are in the buffer already: queue them)
         p.read(&inbox);
@@ -316,8 +293,7 @@ impl Inbox {
                 let pipes = lock(&self.pipe_list);
                 if let Some(p) = pipes.iter().find(|p| p.id == id) {
                     unwatch(lane.ep.as_raw_fd(), p.fd());
-                    watch(lane.ep.as_raw_fd(), p.fd(), p.id, true);
-                    p.rewatch();
+                    p.watch_from(lane.ep.as_raw_fd());
                 }
             },
         );
@@ -337,11 +313,6 @@ impl Inbox {
     /// (PIPE-2): calls that cost their worker one wake-up.
     pub fn read_by_lanes(&self) -> u64 {
         self.lane_reads.load(Ordering::Relaxed)
-    }
-
-    /// An id for a new pipe (never 0).
-    pub(crate) fn next_pipe_id(&self) -> u64 {
-        self.last_pipe.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     /// Starts reading pipe `p` (PIPE-2): the lanes that read pipes first, its own

@@ -117,7 +117,7 @@ async fn queue_call(inbox: &Inbox, token: &Arc<str>, c: Call, sink: Option<Sink>
             tokio::task::spawn_blocking(move || crate::transfer::prefetch(&p, &b, t.as_bytes()))
                 .await;
     }
-    inbox.push(super::pipe_in::incoming(c), sink);
+    inbox.push(Incoming::of(c), sink);
 }
 
 /// PIPE-1: serves the pipes of the agent of this host on the abstract socket named
@@ -274,13 +274,7 @@ impl Worker for Service {
     }
 
     async fn ping(&self, req: Request<PingRequest>) -> Result<Response<PingReply>, Status> {
-        let r = req.into_inner();
-        let _ = self.inbox.admit(r.epoch);
-        Ok(Response::new(PingReply {
-            nonce: r.nonce,
-            pid: std::process::id(),
-            epoch: self.inbox.epoch(),
-        }))
+        Ok(Response::new(self.inbox.pong(&req.into_inner())))
     }
 
     async fn stats(&self, _req: Request<StatsRequest>) -> Result<Response<StatsReply>, Status> {
