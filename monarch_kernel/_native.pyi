@@ -107,6 +107,29 @@ def call(
 ) -> list[PendingCall]: ...
 
 @final
+class AgentConn:
+    """WATCH-1: a connection to one host agent, for its Watch streams and the heartbeat."""
+
+    def __new__(cls, addr: str, token: str) -> AgentConn: ...
+    def watch(self) -> AgentWatch:
+        """Opens a Watch stream (the controller's lease on the mesh, and its events)."""
+
+@final
+class AgentWatch:
+    """WATCH-1: a Watch stream on a host agent, read by the native runtime."""
+
+    def next(self) -> bytes | tuple[int, str] | None:
+        """The next encoded ``AgentEvent``, waiting for it; at the end None (closed, or
+        cancelled) or ``(grpc status code, text)``."""
+    def cancel(self) -> None: ...
+
+def ping_agents(
+    conns: list[AgentConn], epoch: int, timeout_ms: int, usage: bool
+) -> list[bytes | tuple[int, str]]:
+    """SUPERVISE-2: each agent pings its running workers; by agent, its encoded
+    ``PingWorkersReply`` or ``(grpc status code, text)``."""
+
+@final
 class Fanout:
     """How a mesh's procs lie on its hosts: its calls across hosts, by the paths ORDER-1 allows."""
 

@@ -174,6 +174,21 @@ def _broke(e: Any) -> bool:
     )
 
 
+class _Failed:
+    """A native stream's failure (WATCH-1) as grpcio's ``RpcError`` shows one, for
+    :meth:`AgentClient._error`."""
+
+    def __init__(self, grpc: Any, code: int, details: str) -> None:
+        self._code = next((c for c in grpc.StatusCode if c.value[0] == code), grpc.StatusCode.UNKNOWN)
+        self._details = details
+
+    def code(self) -> Any:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
 class AgentClient:
     """Talks to one host agent. Every call carries the mesh token; with the mesh's CA
     (``ca_pem``), over TLS, checking that the agent presents the mesh's certificate
@@ -196,7 +211,9 @@ class AgentClient:
             # The gRPC default never notices a silent peer (docs/architecture.md, "Supervision").
             ("grpc.keepalive_time_ms", 1000),
             ("grpc.keepalive_timeout_ms", 3000),
-            ("grpc.keepalive_permit_without_calls", 1),
+            # (only while calls are open: the Watch streams are native, WATCH-1, and
+            # an idle channel pinged every second cost each agent and this process)
+            ("grpc.keepalive_permit_without_calls", 0),
             ("grpc.http2.max_pings_without_data", 0),
             # Attach brings every actor record (constructor arguments included):
             # no cap but memory, as the agent's own side (authenticated peers only).
@@ -221,6 +238,8 @@ class AgentClient:
             self._channel = grpc.secure_channel(addr, creds, options=options)
         self._stub = agent_pb2_grpc.HostAgentStub(self._channel)
         self._md = (("authorization", f"Bearer {token}"),)
+        self._token = token
+        self._native_conn: Any = None
 
     def _call(self, name: str, request: Any, timeout: float, wait_for_ready: bool = False) -> Any:
         """``wait_for_ready``: a channel between connections (a partition that just
@@ -353,12 +372,23 @@ class AgentClient:
     def list_workers(self, timeout: float = 5.0) -> list[dict[str, Any]]:
         return [worker_dict(w) for w in self.list_workers_raw(timeout)]
 
-    def ping_workers_future(self, epoch: int, timeout: float, usage: bool = False) -> Any:
-        """SUPERVISE-2: the agent pings each of its running workers (passing ``epoch``)
-        and answers for all, with what each uses if ``usage`` (VIEW-2); a grpc future
-        of the ``PingWorkersReply`` (no thread)."""
-        req = self._pb.PingWorkersRequest(epoch=epoch, timeout_ms=max(10, int(timeout * 1000)), usage=usage)
-        return self._stub.PingWorkers.future(req, metadata=self._md, timeout=timeout + 1.0)
+    def native(self) -> Any:
+        """WATCH-1: this client's native connection to the agent (``_native.AgentConn``),
+        for its Watch streams and the heartbeat's PingWorkers; made on first use."""
+        conn = self._native_conn
+        if conn is None:
+            from monarch_kernel import _native
+
+            with _clients_lock:
+                if self._native_conn is None:
+                    self._native_conn = _native.AgentConn(self.addr, self._token)
+                conn = self._native_conn
+        return conn
+
+    def failure(self, status: tuple[int, str], name: str) -> MonarchKernelError:
+        """A native RPC's failure (``(grpc status code, text)``, WATCH-1) as the error
+        a grpcio one of the same RPC gives."""
+        return self._error(_Failed(self._grpc, *status), name)
 
     def list_workers_raw(self, timeout: float = 5.0) -> list[Any]:
         """:meth:`list_workers`, as the agent's WorkerInfo messages."""
@@ -393,28 +423,36 @@ class AgentClient:
     def watch_in_thread(
         self, on_event: Callable[[Any], None], on_end: Callable[[BaseException | None], None]
     ) -> Callable[[], None]:
-        """Runs :meth:`watch` on a daemon thread, calling ``on_event`` per event and
-        ``on_end`` once when the stream ends (None: cancelled by us). Returns the
-        function that cancels it."""
-        stream = self.watch()
+        """A Watch stream handled on a daemon thread: ``on_event`` per event, then
+        ``on_end`` once when the stream ends (None: cancelled by us, or closed by the
+        agent). Returns the function that cancels it.
+
+        WATCH-1: the stream is the native runtime's (:meth:`native`), not grpcio's: the
+        thread sleeps until an event comes, where grpcio's woke ten times a second and
+        kept a polling thread per channel. (:meth:`watch`, an iterator for a thread
+        that must stay interruptible, is grpcio's.)"""
+        watch = self.native().watch()
+        pb = self._pb
 
         def run() -> None:
-            try:
-                for ev in stream:
+            while True:
+                item = watch.next()
+                if isinstance(item, bytes):
+                    self._answered = True
                     try:
-                        on_event(ev)
+                        on_event(pb.AgentEvent.FromString(item))
                     except Exception:  # a handler's bug must not end the lease
                         traceback.print_exc()
-            except self._grpc.RpcError as e:
-                on_end(None if e.code() == self._grpc.StatusCode.CANCELLED else self._error(e, "Watch"))
+                    continue
+                on_end(None if item is None else self.failure(item, "Watch"))
                 return
-            on_end(None)
 
         threading.Thread(target=run, name=f"monarch-watch-{self.addr}", daemon=True).start()
-        return stream.cancel
+        return watch.cancel
 
     def close(self) -> None:
         self._channel.close()
+        self._native_conn = None  # (its connection closes with its last stream)
 
 
 _clients: dict[tuple[str, str, str | None], AgentClient] = {}

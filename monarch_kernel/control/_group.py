@@ -123,14 +123,20 @@ class AgentGroup:
         """Each rank's ``WorkerPing`` from its host's agent (one message per host), an
         exception for a rank not running on its host, None where its agent did not
         answer."""
-        sent = [(link, link.client.ping_workers_future(epoch, timeout, usage)) for link in self.links]
+        from monarch_kernel import _native
+        from monarch_kernel.v1 import agent_pb2
+
+        # WATCH-1: one native wait for every agent's answer (grpcio started a polling
+        # thread per channel for each heartbeat's call)
+        answers = _native.ping_agents(
+            [link.client.native() for link in self.links], epoch, max(10, int(timeout * 1000)), usage
+        )
         out: dict[int, Any] = {}
-        for link, fut in sent:
-            try:
-                pings = {p.rank: p for p in fut.result().pings}
-            except Exception:  # the agent did not answer: its ranks say nothing
+        for link, answer in zip(self.links, answers):
+            if not isinstance(answer, bytes):  # the agent did not answer: its ranks say nothing
                 out.update(dict.fromkeys(link.ranks))
                 continue
+            pings = {p.rank: p for p in agent_pb2.PingWorkersReply.FromString(answer).pings}
             for r in link.ranks:
                 p = pings.get(r)
                 out[r] = MonarchKernelError(f"rank {r} is not running on {link.host}") if p is None else p

@@ -168,6 +168,45 @@ def test_supervise_hook_of_surviving_actors_hears_of_a_dead_rank(fresh_procs2, t
     assert str(os.getpid()) not in wire.read_text().split(), "the controller unpickled them"
 
 
+def _switches(tid: int) -> int:
+    """How many times thread ``tid`` of this process was switched out (it slept or was preempted)."""
+    fields = dict(
+        line.split(":", 1)
+        for line in open(f"/proc/self/task/{tid}/status").read().splitlines()
+        if ":" in line
+    )
+    return int(fields["voluntary_ctxt_switches"]) + int(fields["nonvoluntary_ctxt_switches"])
+
+
+def test_an_idle_controller_starts_no_thread_and_its_watch_threads_sleep(fresh_procs2, monkeypatch):
+    """WATCH-1: between events, supervision wakes no Python thread but its heartbeat's:
+    the Watch streams and the heartbeat's pings are the native runtime's (grpcio woke
+    each watch thread ten times a second and started a polling thread per heartbeat)."""
+    mesh = fresh_procs2.spawn("counter", Counter, 0)
+    assert mesh.incr.call().get(timeout=TIMEOUT).values() == [1, 1]
+    session = fresh_procs2._session("the test")
+    names = {f"monarch-watch-{link.client.addr}" for link in session.client.links}
+    threads = {t.name: t for t in threading.enumerate()}
+    watchers = [threads[name] for name in names]
+    beat = threads[f"monarch-heartbeat-{fresh_procs2.name}"]
+    started: list[str] = []
+    real_start = threading.Thread.start
+
+    def start(self: threading.Thread) -> None:
+        started.append(self.name)
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    before = {t.native_id: _switches(t.native_id) for t in [*watchers, beat]}
+    time.sleep(3.0)
+    after = {tid: _switches(tid) for tid in before}
+    assert after[beat.native_id] - before[beat.native_id] >= 2  # the heartbeat ran meanwhile
+    assert started == []
+    assert {t.name: after[t.native_id] - before[t.native_id] for t in watchers} == {
+        t.name: 0 for t in watchers
+    }
+
+
 # -- respawn -------------------------------------------------------------------------
 
 

@@ -11,6 +11,7 @@
 //! aborts the process ("FATAL: exception not rethrown").
 
 mod agent;
+mod agent_conn;
 mod client;
 mod errors;
 mod pending;
@@ -121,6 +122,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     client::register_python_bindings(m)?;
     server::register_python_bindings(m)?;
     agent::register_python_bindings(m)?;
+    agent_conn::register_python_bindings(m)?;
     tls::register_python_bindings(m)?;
     transfer::register_python_bindings(m)?;
     m.add_function(wrap_pyfunction!(shutdown_runtime, m)?)?;

@@ -32,8 +32,10 @@
 //! what a failed RPC means (`failure.rs`), endpoint calls and their fan-out through a
 //! relay (`calls.rs`), which path each call to a worker takes (`order.rs`, ORDER-1) and
 //! a call to procs across hosts sent by those paths (`fanout.rs`), and the unary RPCs
-//! (`unary.rs`).
+//! (`unary.rs`). Beside them, a controller's `Watch` stream on a host agent
+//! (`agent.rs`, WATCH-1) and its heartbeat, the `HostAgent` RPCs made here.
 
+mod agent;
 mod calls;
 mod failure;
 mod fanout;
@@ -45,6 +47,7 @@ mod pool;
 mod service;
 mod unary;
 
+pub use agent::{ping_workers, AgentConn, AgentWatch, WatchItem};
 pub use calls::{Target, CALLS_SENT};
 pub use fanout::{Fanout, Sent};
 pub use link::set_resume_limit;

@@ -142,16 +142,6 @@ impl WorkerConn {
     /// Opens a new connection to `peer` at `addr` (not shared).
     fn open_as(peer: Peer, rt: &Handle, addr: &str, token: &str) -> Result<WorkerConn, RpcError> {
         let attach = TokenAttach::new(token).map_err(|e| RpcError::Auth(e.to_string()))?;
-        let ca = crate::rpc::tls::mesh_ca(token);
-        let scheme = if ca.is_some() { "https" } else { "http" };
-        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
-            .map_err(|e| RpcError::Address(format!("{addr}: {e}")))?;
-        if let Some(ca) = &ca {
-            crate::rpc::tls::install_provider();
-            endpoint = endpoint
-                .tls_config(crate::rpc::tls::client_config(ca))
-                .map_err(|e| RpcError::TlsConfig(format!("the mesh's CA cannot be used: {e}")))?;
-        }
         // The gRPC default never notices a silent peer (docs/architecture.md,
         // "Supervision"); an agent's connection to a worker of its own host needs no
         // more than its exit, which the agent sees, and a worker whose agent pings it
@@ -163,15 +153,7 @@ impl WorkerConn {
         } else {
             crate::rpc::Keepalive::Watchful
         };
-        let (every, within) = keepalive.times();
-        let endpoint = endpoint
-            .tcp_nodelay(true)
-            .initial_stream_window_size(crate::rpc::STREAM_WINDOW)
-            .initial_connection_window_size(crate::rpc::CONNECTION_WINDOW)
-            .connect_timeout(Duration::from_secs(3))
-            .http2_keep_alive_interval(every)
-            .keep_alive_timeout(within)
-            .keep_alive_while_idle(true);
+        let (endpoint, ca) = endpoint(addr, token, keepalive)?;
         let _guard = rt.enter();
         let channel = endpoint.connect_lazy();
         let client = Client::new(channel, attach, matches!(peer, Peer::Relay | Peer::Branch));
@@ -228,4 +210,34 @@ impl WorkerConn {
             pings,
         })
     }
+}
+
+/// The endpoint of a connection to `addr` for the mesh with `token`: TLS checked
+/// against the mesh's CA when this process knows it (TLS-2; the CA is returned, None:
+/// plaintext), pinged as `keepalive` says, with the control plane's windows.
+pub(super) fn endpoint(
+    addr: &str,
+    token: &str,
+    keepalive: crate::rpc::Keepalive,
+) -> Result<(Endpoint, Option<Arc<str>>), RpcError> {
+    let ca = crate::rpc::tls::mesh_ca(token);
+    let scheme = if ca.is_some() { "https" } else { "http" };
+    let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
+        .map_err(|e| RpcError::Address(format!("{addr}: {e}")))?;
+    if let Some(ca) = &ca {
+        crate::rpc::tls::install_provider();
+        endpoint = endpoint
+            .tls_config(crate::rpc::tls::client_config(ca))
+            .map_err(|e| RpcError::TlsConfig(format!("the mesh's CA cannot be used: {e}")))?;
+    }
+    let (every, within) = keepalive.times();
+    let endpoint = endpoint
+        .tcp_nodelay(true)
+        .initial_stream_window_size(crate::rpc::STREAM_WINDOW)
+        .initial_connection_window_size(crate::rpc::CONNECTION_WINDOW)
+        .connect_timeout(Duration::from_secs(3))
+        .http2_keep_alive_interval(every)
+        .keep_alive_timeout(within)
+        .keep_alive_while_idle(true);
+    Ok((endpoint, ca))
 }
