@@ -49,6 +49,13 @@ impl AgentConn {
     pub fn open(rt: &Handle, addr: &str, token: &str) -> Result<Self, RpcError> {
         let attach = TokenAttach::new(token).map_err(|e| RpcError::Auth(e.to_string()))?;
         let (endpoint, _) = endpoint(addr, token, Keepalive::Watchful)?;
+        // HTTP/2's own windows, not the control plane's wide ones: a controller that
+        // falls behind the events must stop the stream soon, so that the agent's queue
+        // for it fills and drops lines and says so (`AgentEvent.dropped`), rather than
+        // megabytes of lines waiting here unseen.
+        let endpoint = endpoint
+            .initial_stream_window_size(EVENT_WINDOW)
+            .initial_connection_window_size(EVENT_WINDOW);
         let _guard = rt.enter();
         let client = HostAgentClient::with_interceptor(endpoint.connect_lazy(), attach)
             .max_decoding_message_size(MAX_MESSAGE_BYTES);
@@ -111,6 +118,9 @@ pub fn ping_workers(
         out
     })
 }
+
+/// The flow-control window of an agent connection's streams (HTTP/2's default).
+const EVENT_WINDOW: u32 = 65_535;
 
 /// Events read ahead of the thread that handles them.
 const READ_AHEAD: usize = 64;
