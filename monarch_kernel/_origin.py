@@ -16,6 +16,9 @@ from __future__ import annotations
 from contextvars import ContextVar
 
 _var: ContextVar[str] = ContextVar("monarch_origin", default="")
+#: The variable itself, for a worker's call path (it sets and resets it per call,
+#: without a function around it).
+var = _var
 _default = [""]
 #: Proc meshes (by name) that calls with the current default origin went to; the
 #: kernel flushes their output at the end of the cell.

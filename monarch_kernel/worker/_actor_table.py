@@ -35,7 +35,7 @@ def message_context(a: ActorEntry, item: _native.Incoming) -> Context:
     """The context a message runs in: its actor, and the rank it was sent to. An
     actor's messages are mostly sent to the same rank of the same mesh: the context of
     its last one is kept and used again while they are (a call's hot path)."""
-    key = (item.rank, item.dims, item.sizes)
+    key = item.place
     last = a.last_context
     if last is not None and last[0] == key:
         return last[1]

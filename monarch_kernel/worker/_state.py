@@ -50,7 +50,7 @@ class ActorEntry:
     # Sync actors: the thread that runs them.
     runner: LaneThread | None = None
     #: ``message_context``'s last: (rank, dims, sizes) of a message, and its context.
-    last_context: tuple[tuple[int, list[str], list[int]], Context] | None = None
+    last_context: tuple[tuple[int, tuple[str, ...], tuple[int, ...]], Context] | None = None
 
 
 class DispatcherLike(Protocol):

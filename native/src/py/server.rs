@@ -11,7 +11,8 @@ use bytes::Bytes;
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyString};
+use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
+use std::cell::RefCell;
 use std::os::fd::FromRawFd;
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,10 +42,11 @@ pub struct PyIncoming {
     payload: Py<PyBytes>,
     /// The out-of-band buffers (pulled already where the transfer engine carried them).
     buffers: Py<PyList>,
-    /// The rank of the receiving actor in the caller's (sliced) mesh, and that mesh's dims.
+    /// The rank of the receiving actor in the caller's (sliced) mesh.
     rank: u32,
-    dims: Py<PyList>,
-    sizes: Py<PyList>,
+    /// `(rank, dims, sizes)`: that rank and the caller's mesh's dims (names, sizes), as
+    /// tuples; the same object as the last message's on this thread while it is the same.
+    place: Py<PyTuple>,
     /// The origin of the call (the notebook cell that made it), for output routing.
     origin: Py<PyString>,
     /// `KIND_PORT`: the port's number in this process (0 for other kinds).
@@ -178,28 +180,74 @@ impl PyWorkerServer {
     }
 }
 
+/// The Python objects of the last message a thread took, reused for the next one where
+/// it has the same (an actor's calls mostly come from one caller to one rank): a
+/// call's hot path makes no string, and the dispatcher compares places by identity.
+#[derive(Default)]
+struct Last {
+    actor: Option<(String, Py<PyString>)>,
+    method: Option<(String, Py<PyString>)>,
+    origin: Option<(String, Py<PyString>)>,
+    place: Option<((u32, Vec<String>, Vec<u32>), Py<PyTuple>)>,
+}
+
+thread_local! {
+    static LAST: RefCell<Last> = RefCell::new(Last::default());
+}
+
+/// `text` as a Python string: `last`'s when it holds the same text, else a new one,
+/// kept there.
+fn same_str(py: Python<'_>, last: &mut Option<(String, Py<PyString>)>, text: &str) -> Py<PyString> {
+    match last {
+        Some((t, s)) if t == text => s.clone_ref(py),
+        _ => {
+            let s = PyString::new(py, text).unbind();
+            *last = Some((text.to_string(), s.clone_ref(py)));
+            s
+        }
+    }
+}
+
 fn to_py_items(py: Python<'_>, items: Vec<Incoming>) -> PyResult<Vec<PyIncoming>> {
-    items
-        .into_iter()
-        .map(|i| {
-            Ok(PyIncoming {
-                token: i.token,
-                kind: i.kind as u8,
-                call_id: i.call_id,
-                buffers: PyList::new(py, buffers_to_py(py, &i.payload, &i.buffers)?)?.unbind(),
-                payload: PyBytes::new(py, &i.payload).unbind(),
-                actor: PyString::new(py, &i.actor).unbind(),
-                method: PyString::new(py, &i.method).unbind(),
-                rank: i.rank,
-                dims: PyList::new(py, &i.dims)?.unbind(),
-                sizes: PyList::new(py, &i.sizes)?.unbind(),
-                origin: PyString::new(py, &i.origin).unbind(),
-                port: i.port.map_or(0, |p| p.port),
-                sender_rank: i.port.and_then(|p| p.rank),
-                is_exception: i.port.is_some_and(|p| p.is_exception),
+    LAST.with(|last| {
+        let last = &mut *last.borrow_mut();
+        items
+            .into_iter()
+            .map(|i| {
+                let place = match &last.place {
+                    Some((p, t)) if p.0 == i.rank && p.1 == i.dims && p.2 == i.sizes => t.clone_ref(py),
+                    _ => {
+                        let t = PyTuple::new(
+                            py,
+                            [
+                                i.rank.into_pyobject(py)?.into_any(),
+                                PyTuple::new(py, &i.dims)?.into_any(),
+                                PyTuple::new(py, &i.sizes)?.into_any(),
+                            ],
+                        )?
+                        .unbind();
+                        last.place = Some(((i.rank, i.dims.clone(), i.sizes.clone()), t.clone_ref(py)));
+                        t
+                    }
+                };
+                Ok(PyIncoming {
+                    token: i.token,
+                    kind: i.kind as u8,
+                    call_id: i.call_id,
+                    buffers: PyList::new(py, buffers_to_py(py, &i.payload, &i.buffers)?)?.unbind(),
+                    payload: PyBytes::new(py, &i.payload).unbind(),
+                    actor: same_str(py, &mut last.actor, &i.actor),
+                    method: same_str(py, &mut last.method, &i.method),
+                    rank: i.rank,
+                    place,
+                    origin: same_str(py, &mut last.origin, &i.origin),
+                    port: i.port.map_or(0, |p| p.port),
+                    sender_rank: i.port.and_then(|p| p.rank),
+                    is_exception: i.port.is_some_and(|p| p.is_exception),
+                })
             })
-        })
-        .collect()
+            .collect()
+    })
 }
 
 pub fn register_python_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
