@@ -180,6 +180,9 @@ impl PyWorkerServer {
     }
 }
 
+/// A message's rank, and its caller's mesh's dims and sizes.
+type Place = (u32, Vec<String>, Vec<u32>);
+
 /// The Python objects of the last message a thread took, reused for the next one where
 /// it has the same (an actor's calls mostly come from one caller to one rank): a
 /// call's hot path makes no string, and the dispatcher compares places by identity.
@@ -188,7 +191,7 @@ struct Last {
     actor: Option<(String, Py<PyString>)>,
     method: Option<(String, Py<PyString>)>,
     origin: Option<(String, Py<PyString>)>,
-    place: Option<((u32, Vec<String>, Vec<u32>), Py<PyTuple>)>,
+    place: Option<(Place, Py<PyTuple>)>,
 }
 
 thread_local! {
@@ -215,7 +218,9 @@ fn to_py_items(py: Python<'_>, items: Vec<Incoming>) -> PyResult<Vec<PyIncoming>
             .into_iter()
             .map(|i| {
                 let place = match &last.place {
-                    Some((p, t)) if p.0 == i.rank && p.1 == i.dims && p.2 == i.sizes => t.clone_ref(py),
+                    Some((p, t)) if p.0 == i.rank && p.1 == i.dims && p.2 == i.sizes => {
+                        t.clone_ref(py)
+                    }
                     _ => {
                         let t = PyTuple::new(
                             py,
@@ -226,7 +231,8 @@ fn to_py_items(py: Python<'_>, items: Vec<Incoming>) -> PyResult<Vec<PyIncoming>
                             ],
                         )?
                         .unbind();
-                        last.place = Some(((i.rank, i.dims.clone(), i.sizes.clone()), t.clone_ref(py)));
+                        last.place =
+                            Some(((i.rank, i.dims.clone(), i.sizes.clone()), t.clone_ref(py)));
                         t
                     }
                 };
