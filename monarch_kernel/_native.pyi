@@ -110,7 +110,7 @@ def call(
 class AgentConn:
     """WATCH-1: a connection to one host agent, for its Watch streams and the heartbeat."""
 
-    def __new__(cls, addr: str, token: str) -> AgentConn: ...
+    def __new__(cls, addr: str, token: str, ca_pem: str | None = None) -> AgentConn: ...
     def watch(self) -> AgentWatch:
         """Opens a Watch stream (the controller's lease on the mesh, and its events)."""
 

@@ -239,6 +239,7 @@ class AgentClient:
         self._stub = agent_pb2_grpc.HostAgentStub(self._channel)
         self._md = (("authorization", f"Bearer {token}"),)
         self._token = token
+        self._ca_pem = ca_pem
         self._native_conn: Any = None
 
     def _call(self, name: str, request: Any, timeout: float, wait_for_ready: bool = False) -> Any:
@@ -381,7 +382,7 @@ class AgentClient:
 
             with _clients_lock:
                 if self._native_conn is None:
-                    self._native_conn = _native.AgentConn(self.addr, self._token)
+                    self._native_conn = _native.AgentConn(self.addr, self._token, self._ca_pem)
                 conn = self._native_conn
         return conn
 

@@ -19,8 +19,9 @@ pub struct PyAgentConn {
 #[pymethods]
 impl PyAgentConn {
     #[new]
-    fn new(addr: &str, token: &str) -> PyResult<Self> {
-        let inner = AgentConn::open(node::handle(), addr, token).map_err(to_py)?;
+    #[pyo3(signature = (addr, token, ca_pem=None))]
+    fn new(addr: &str, token: &str, ca_pem: Option<&str>) -> PyResult<Self> {
+        let inner = AgentConn::open(node::handle(), addr, token, ca_pem).map_err(to_py)?;
         Ok(PyAgentConn { inner })
     }
 

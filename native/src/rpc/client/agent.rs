@@ -42,13 +42,15 @@ pub struct AgentConn {
 }
 
 impl AgentConn {
-    /// A connection to the agent at `addr` of the mesh with `token`: TLS when this
-    /// process knows the mesh's CA (TLS-2); pinged every second, so that a partition
-    /// ends its streams within seconds (SUPERVISE-4 then waits for the host), as
-    /// grpcio's channel was.
-    pub fn open(rt: &Handle, addr: &str, token: &str) -> Result<Self, RpcError> {
+    /// A connection to the agent at `addr` of the mesh with `token`: TLS checked
+    /// against the mesh's CA `ca` (TLS-1; None: plaintext), as the caller's grpcio
+    /// channel to it (a process that only looks at a mesh, as the panel's server,
+    /// has its CA from the mesh's record, not in this process's table); pinged every
+    /// second, so that a partition ends its streams within seconds (SUPERVISE-4 then
+    /// waits for the host), as grpcio's channel was.
+    pub fn open(rt: &Handle, addr: &str, token: &str, ca: Option<&str>) -> Result<Self, RpcError> {
         let attach = TokenAttach::new(token).map_err(|e| RpcError::Auth(e.to_string()))?;
-        let (endpoint, _) = endpoint(addr, token, Keepalive::Watchful)?;
+        let endpoint = endpoint(addr, ca, Keepalive::Watchful)?;
         // HTTP/2's own windows, not the control plane's wide ones: a controller that
         // falls behind the events must stop the stream soon, so that the agent's queue
         // for it fills and drops lines and says so (`AgentEvent.dropped`), rather than

@@ -153,7 +153,8 @@ impl WorkerConn {
         } else {
             crate::rpc::Keepalive::Watchful
         };
-        let (endpoint, ca) = endpoint(addr, token, keepalive)?;
+        let ca = crate::rpc::tls::mesh_ca(token);
+        let endpoint = endpoint(addr, ca.as_deref(), keepalive)?;
         let _guard = rt.enter();
         let channel = endpoint.connect_lazy();
         let client = Client::new(channel, attach, matches!(peer, Peer::Relay | Peer::Branch));
@@ -212,19 +213,18 @@ impl WorkerConn {
     }
 }
 
-/// The endpoint of a connection to `addr` for the mesh with `token`: TLS checked
-/// against the mesh's CA when this process knows it (TLS-2; the CA is returned, None:
-/// plaintext), pinged as `keepalive` says, with the control plane's windows.
+/// The endpoint of a connection to `addr`: TLS checked against the mesh's CA `ca`
+/// (TLS-2; None: plaintext), pinged as `keepalive` says, with the control plane's
+/// windows.
 pub(super) fn endpoint(
     addr: &str,
-    token: &str,
+    ca: Option<&str>,
     keepalive: crate::rpc::Keepalive,
-) -> Result<(Endpoint, Option<Arc<str>>), RpcError> {
-    let ca = crate::rpc::tls::mesh_ca(token);
+) -> Result<Endpoint, RpcError> {
     let scheme = if ca.is_some() { "https" } else { "http" };
     let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
         .map_err(|e| RpcError::Address(format!("{addr}: {e}")))?;
-    if let Some(ca) = &ca {
+    if let Some(ca) = ca {
         crate::rpc::tls::install_provider();
         endpoint = endpoint
             .tls_config(crate::rpc::tls::client_config(ca))
@@ -239,5 +239,5 @@ pub(super) fn endpoint(
         .http2_keep_alive_interval(every)
         .keep_alive_timeout(within)
         .keep_alive_while_idle(true);
-    Ok((endpoint, ca))
+    Ok(endpoint)
 }
