@@ -146,7 +146,7 @@ pub struct AgentWatch {
 
 impl AgentWatch {
     /// The next item, waiting for it (from a thread outside the runtime); after the
-    /// end, the end again.
+    /// end, `End(None)`.
     pub fn next_blocking(&self) -> WatchItem {
         lock(&self.rx)
             .blocking_recv()
