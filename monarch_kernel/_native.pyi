@@ -1,7 +1,7 @@
 """Type stubs of the native core (native/src/py/). Hand-written; keep in step."""
 
 from collections.abc import Callable, Sequence
-from typing import final
+from typing import Any, final
 
 from typing_extensions import Buffer
 
@@ -190,6 +190,20 @@ class Incoming:
     def is_exception(self) -> bool: ...
 
 @final
+class PlainCalls:
+    def __new__(
+        cls,
+        table: dict[str, tuple[Any, Any, Any, Any]],
+        early_cancels: Any,
+        actor_var: Any,
+        origin_var: Any,
+        call: Callable[[Any, str, bytes], Any],
+        failed: Callable[[tuple[Any, Any, Any, Any], int, BaseException, str], None],
+        finish: Callable[[int, Any, str], None],
+        dumps: Callable[..., bytes],
+    ) -> PlainCalls: ...
+
+@final
 class WorkerServer:
     def __new__(
         cls,
@@ -206,6 +220,13 @@ class WorkerServer:
     def fileno(self, lane: int = ...) -> int: ...
     def take(self, lane: int = ...) -> list[Incoming]: ...
     def take_wait(self, lane: int, timeout: float | None = None) -> list[Incoming]: ...
+    def serve(
+        self,
+        lane: int,
+        handle: Callable[[Any, Incoming], None],
+        runner: Any,
+        plain: PlainCalls,
+    ) -> None: ...
     def wake(self, lane: int) -> None: ...
     def open_lane(self) -> int: ...
     def close_lane(self, lane: int) -> list[Incoming]: ...

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from monarch_kernel import _native
 from monarch_kernel._wire import ACTOR_FAILED
+from monarch_kernel.worker._actor_table import forget_plain
 
 if TYPE_CHECKING:
     from monarch_kernel.worker._state import ActorEntry, DispatcherLike
@@ -42,6 +43,7 @@ def end_actor(d: DispatcherLike, a: ActorEntry, why: str, token: int = 0) -> Non
     """DISPATCH-4: actor ``a`` failed (``why``), and ends; see ``fail_actor``."""
     reason = f"actor {a.context.actor_instance} exited because of the following reason: {why}"
     d._failed[a.name] = reason
+    forget_plain(a)  # (FAST-1: later calls take the dispatcher, which refuses them)
     d._actor_failed(a.name, reason)  # (first: its supervisor hears before its caller)
     if token:
         d.server.reply(token, _native.REPLY_REJECTED, (ACTOR_FAILED + reason).encode(), [])

@@ -44,6 +44,13 @@ def message_context(a: ActorEntry, item: _native.Incoming) -> Context:
     return ctx
 
 
+def forget_plain(a: ActorEntry) -> None:
+    """FAST-1: ``a`` is no longer the actor of its name (stopped, replaced, failed):
+    its thread runs no call of it natively (the dispatcher rejects them, saying why)."""
+    if a.runner is not None:
+        a.runner.plain_table.pop(a.name, None)
+
+
 def callee(
     d: DispatcherLike, token: int, actor: str, method: str, runner: LaneThread | None = None
 ) -> ActorEntry | None:
@@ -116,6 +123,8 @@ def construct(
 def _install(d: DispatcherLike, token: int, a: ActorEntry) -> None:
     """Makes ``a`` the actor of its name (routing thread), replacing any old one."""
     old = d.actors.get(a.name)
+    if old is not None:
+        forget_plain(old)
     d.actors[a.name] = a
     d._failed.pop(a.name, None)
     d._supervisors.pop(a.name, None)
@@ -130,6 +139,8 @@ def stop_actor(d: DispatcherLike, token: int, name: str) -> None:
     """Stops actor ``name`` (routing thread)."""
     a = d.actors.pop(name, None)
     d.server.route(name, None)
+    if a is not None:
+        forget_plain(a)
     if a is None:
         d._reply(token, None, f"stop of {name}")
     else:  # the stop is answered once the actor has ended (its __cleanup__ ran), as in Monarch
@@ -183,4 +194,4 @@ def exit_cleanly(d: DispatcherLike, grace: float = 1.5) -> None:
     os._exit(128 + signal.SIGTERM)
 
 
-__all__ = ["callee", "construct", "exit_cleanly", "message_context", "stop_actor"]
+__all__ = ["callee", "construct", "exit_cleanly", "forget_plain", "message_context", "stop_actor"]

@@ -172,6 +172,7 @@ class Dispatcher:
                 )
             else:
                 runner = LaneThread(self.server, f"monarch-actor-{actor}", self._run_sync_item)
+                runner.plain = _sync_actors.plain_calls(self, runner)
                 runner.submit(lambda: self._construct(token, actor, cls, args, kwargs, runner, origin))
                 runner.thread.start()
         elif kind == _STOP:

@@ -65,6 +65,10 @@ class LaneThread:
         self.running_call: int | None = None
         #: ``actor.method`` of the running call (what a call queued behind it waits for).
         self.running_what = ""
+        #: FAST-1: a sync actor's plain calls, run by the native server (``serve``); its
+        #: table (actor -> (instance, place, context, entry)) is the dispatcher's to fill.
+        self.plain: _native.PlainCalls | None = None
+        self.plain_table: dict[str, tuple[Any, Any, Any, Any]] = {}
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         lane_threads.add(self)
 
@@ -91,6 +95,9 @@ class LaneThread:
                     self.jobs.get_nowait()()
                 if self.stopped:
                     return
+                if self.plain is not None:
+                    self.server.serve(self.lane, self.handle, self, self.plain)
+                    continue
                 for item in self.server.take_wait(self.lane):
                     self.handle(self, item)
             except KeyboardInterrupt:  # a cancel that arrived between calls

@@ -8,6 +8,7 @@ methods."""
 
 from __future__ import annotations
 
+import os
 import pickle
 import sys
 import traceback
@@ -50,7 +51,9 @@ def run_sync_item(d: DispatcherLike, runner: LaneThread, item: _native.Incoming)
             return
     last = a.last_context
     place = item.place  # (the last message's object while it is the same)
-    reset = actor_context.set(last[1] if last is not None and last[0] is place else message_context(a, item))
+    context = last[1] if last is not None and last[0] is place else message_context(a, item)
+    runner.plain_table[actor] = (a.instance, place, context, a)  # FAST-1: its next calls
+    reset = actor_context.set(context)
     reset_origin = _ORIGIN.set(item.origin)
     what = f"{a.name}.{method}"
     try:
@@ -85,6 +88,35 @@ def run_sync_item(d: DispatcherLike, runner: LaneThread, item: _native.Incoming)
     wait_read(d._reply(token, result, what), limit=REPLY_WAIT_S)
 
 
+def plain_calls(d: DispatcherLike, runner: LaneThread) -> _native.PlainCalls | None:
+    """FAST-1: what lets ``runner``'s native server run a plain call to its actor as
+    ``run_sync_item`` would, without it (None where ``MONARCH_PLAIN_CALLS=0``)."""
+    if os.environ.get("MONARCH_PLAIN_CALLS", "1") == "0":
+        return None
+
+    def failed(entry: tuple[Any, Any, Any, ActorEntry], token: int, e: BaseException, what: str) -> None:
+        a = entry[3]
+        if fails_actor(e) and getattr(a.instance, "_base_exceptions_end_it", True):
+            d._fail_actor(a, e, token, what)
+        else:
+            d._reply_exception(token, e, what)
+
+    def finish(token: int, result: Any, what: str) -> None:
+        wait_read(d._reply(token, result, what), limit=REPLY_WAIT_S)  # XFER-2, as above
+
+    return _native.PlainCalls(
+        runner.plain_table, d._early_cancels, actor_context, _ORIGIN, _call, failed, finish, pickle.dumps
+    )
+
+
+def _call(instance: Any, method: str, payload: bytes) -> Any:
+    """FAST-1: a plain call's arguments unpickled, and the call (the frame an
+    exception's traceback starts at, as ``run_sync_item``'s: ``_replies`` drops it)."""
+    args, kwargs = pickle.loads(payload)
+    _display.ensure_if_imported()  # DISPLAY-1
+    return getattr(instance, method)(*args, **kwargs)
+
+
 def cleanup_sync(
     d: DispatcherLike, a: ActorEntry, hook: Callable[[Any], Any] | None, then: Callable[[], Any] | None = None
 ) -> None:
@@ -116,4 +148,4 @@ def _guarded(fn: Callable[[Any], Any], what: str) -> None:
         print(f"monarch: {what} raised (above); ignored", file=sys.stderr)
 
 
-__all__ = ["cleanup_sync", "close_runner", "run_sync_item"]
+__all__ = ["cleanup_sync", "close_runner", "plain_calls", "run_sync_item"]

@@ -1,0 +1,116 @@
+"""FAST-1: a sync actor's plain calls are run by the worker's native server on the
+actor's thread, without the Python dispatcher, and mean what they meant: the same
+context, origin, results, exceptions, refusals and cancels (real workers)."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import pytest
+
+from monarch_kernel import Actor, context, current_rank, endpoint
+
+TIMEOUT = 30
+
+
+class Probe(Actor):
+    def __init__(self) -> None:
+        self.n = 0
+
+    @endpoint
+    def frames(self) -> list[str]:
+        """The names of the Python functions below this endpoint on its thread."""
+        return [f.function for f in inspect.stack()[1:]]
+
+    @endpoint
+    def bump(self) -> int:
+        self.n += 1
+        return self.n
+
+    @endpoint
+    def where(self) -> tuple[int, str]:
+        return current_rank().rank, str(context().message_rank)
+
+    @endpoint
+    def fail(self, text: str) -> None:
+        raise ValueError(text)
+
+    @endpoint
+    def end(self) -> None:
+        raise SystemExit("ended by its endpoint")
+
+
+def test_a_plain_call_after_the_first_runs_without_the_python_dispatcher(fresh_procs1: Any) -> None:
+    p = fresh_procs1.spawn("probe", Probe)
+    first = p.frames.call_one().get(timeout=TIMEOUT)
+    later = p.frames.call_one().get(timeout=TIMEOUT)
+    assert "run_sync_item" in first, first  # the first call sets the actor's context
+    assert "run_sync_item" not in later, later  # (MONARCH_PLAIN_CALLS=0 keeps it)
+    assert later[0] == "_call", later  # the frame a traceback's first line drops
+
+
+def test_plain_calls_keep_their_context_results_and_exceptions(fresh_procs2: Any) -> None:
+    p = fresh_procs2.spawn("probe", Probe)
+    for _ in range(3):  # the first call of each place takes the dispatcher, the rest not
+        assert p.where.call().get(timeout=TIMEOUT).item(procs=1) == (1, "{'procs': 1/2}")
+    one = p.slice(procs=1)  # (another place: a mesh of one, without the dimension)
+    for _ in range(3):
+        assert one.where.call_one().get(timeout=TIMEOUT) == (0, "{}")
+    assert [p.bump.call().get(timeout=TIMEOUT).item(procs=0) for _ in range(3)] == [1, 2, 3]
+    with pytest.raises(Exception) as raised:
+        one.fail.call_one("no such thing").get(timeout=TIMEOUT)
+    text = str(raised.value)
+    assert "no such thing" in text and "raise ValueError(text)" in text, text
+    assert "in _call" not in text, text  # the remote traceback starts at the endpoint
+    assert one.bump.call_one().get(timeout=TIMEOUT) == 4  # an exception leaves it usable
+
+
+def test_an_actor_that_fails_in_a_plain_call_refuses_the_next(fresh_procs1: Any) -> None:
+    p = fresh_procs1.spawn("probe", Probe)
+    assert p.bump.call_one().get(timeout=TIMEOUT) == 1
+    assert p.bump.call_one().get(timeout=TIMEOUT) == 2
+    with pytest.raises(Exception) as raised:
+        p.end.call_one().get(timeout=TIMEOUT)
+    assert "ended by its endpoint" in str(raised.value)
+    with pytest.raises(Exception) as refused:
+        p.bump.call_one().get(timeout=TIMEOUT)
+    assert "ended by its endpoint" in str(refused.value), refused.value
+
+
+def test_the_knob_keeps_every_call_on_the_dispatcher(tmp_path: Any) -> None:
+    """``MONARCH_PLAIN_CALLS=0`` (the workers inherit it): no call is run natively."""
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from test_plain_calls import Probe
+        from monarch_kernel import this_host
+        procs = this_host().spawn_procs(per_host={{"procs": 1}})
+        try:
+            p = procs.spawn("probe", Probe)
+            p.frames.call_one().get(timeout=30)
+            print("run_sync_item" in p.frames.call_one().get(timeout=30))
+        finally:
+            procs.stop()
+        """
+    )
+    env = {**os.environ, "MONARCH_PLAIN_CALLS": "0", "XDG_STATE_HOME": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.strip().splitlines()[-1:] == ["True"], done.stdout + done.stderr
+
+
+def test_a_stopped_actors_queued_plain_calls_are_refused(fresh_procs1: Any) -> None:
+    p = fresh_procs1.spawn("probe", Probe)
+    assert p.bump.call_one().get(timeout=TIMEOUT) == 1
+    assert p.bump.call_one().get(timeout=TIMEOUT) == 2
+    p.stop().get(timeout=TIMEOUT)
+    with pytest.raises(Exception) as refused:
+        p.bump.call_one().get(timeout=TIMEOUT)
+    assert "probe" in str(refused.value), refused.value
