@@ -210,9 +210,9 @@ impl PyWorkerServer {
 
 /// FAST-1: what a sync actor's thread needs to run a plain call without the Python
 /// dispatcher (`_sync_actors.run_sync_item` does the same for every other item): the
-/// actors it may take (`table`: name -> (instance, place, context), filled by the
-/// dispatcher after a call it ran, emptied of an actor that fails or ends), and the
-/// dispatcher's objects it uses.
+/// actors it may take (`table`: name -> (instance, place, context, the dispatcher's
+/// entry), filled by the dispatcher as it runs a call, emptied of an actor that fails
+/// or ends), and the dispatcher's objects it uses.
 #[pyclass(frozen, name = "PlainCalls", module = "monarch_kernel._native")]
 pub struct PlainCalls {
     table: Py<pyo3::types::PyDict>,
@@ -223,7 +223,7 @@ pub struct PlainCalls {
     /// `(instance, method, payload) -> result`: unpickles and calls (a Python frame,
     /// so an exception's traceback starts as the dispatcher's does).
     call: Py<PyAny>,
-    /// `(actor, token, exception, what)`: an exception of the call (DISPATCH-2, -4).
+    /// `(table entry, token, exception, what)`: an exception of the call (DISPATCH-2, -4).
     failed: Py<PyAny>,
     /// `(token, result, what)`: replies with a result that is no scalar.
     finish: Py<PyAny>,
