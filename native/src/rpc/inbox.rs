@@ -106,6 +106,13 @@ pub(crate) enum Sink {
     Pipe(Arc<super::pipe::PipeWriter>, u64),
 }
 
+thread_local! {
+    /// PIPE-2: the lane whose thread is reading the pipe now, on this thread: what it
+    /// queues there needs no signal (it takes it next), which saves a write and a read
+    /// of the lane's eventfd per call.
+    static READING_FOR: std::cell::Cell<*const Lane> = const { std::cell::Cell::new(std::ptr::null()) };
+}
+
 /// The lane of everything not routed elsewhere: async actors, spawns, stops, cancels.
 pub const LANE_LOOP: usize = 0;
 
@@ -192,9 +199,21 @@ impl Lane {
                 left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
             });
             let ready = pipe_in::wait(self.ep.as_raw_fd(), ms);
+            READING_FOR.with(|r| r.set(self));
             for &p in ready.iter().filter(|&&p| p != 0) {
                 read_pipe(p);
                 read.push(p);
+            }
+            READING_FOR.with(|r| r.set(std::ptr::null()));
+            if !read.is_empty() && !ready.contains(&0) {
+                // What the pipe brought for this lane was queued unsignalled: taken
+                // here without the eventfd, which a signal sent meanwhile (a job) keeps
+                // set, so the next wait returns at once for it.
+                let items: Vec<Incoming> = lock(&self.queue).drain(..).collect();
+                if !items.is_empty() {
+                    return (items, true);
+                }
+                continue;
             }
             if ready.is_empty() || ready.contains(&0) {
                 // (the time is up, or a signal or an item came)
@@ -368,7 +387,7 @@ impl Inbox {
             q.push_back(item);
             was_empty
         };
-        if was_empty {
+        if was_empty && !READING_FOR.with(|r| std::ptr::eq(r.get(), Arc::as_ptr(&lane))) {
             lane.signal();
         }
     }
