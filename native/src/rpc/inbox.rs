@@ -1,10 +1,10 @@
-//! The inbox between the `Worker` service and the process's Python dispatcher: lanes
-//! of queued spawns, stops, calls, port messages and cancels, the routing of an
-//! actor's calls to a lane of its own, the admission of commands by epoch (fencing),
-//! and the replies.
+//! The inbox between the `Worker` service and the Python dispatcher: lanes of queued
+//! spawns, stops, calls, port messages and cancels, an actor's calls routed to a lane of
+//! its own, commands admitted by epoch (fencing), and the replies.
 //!
-//! INBOX-1: a lane's eventfd is readable whenever its queue is non-empty, so a
-//! dispatcher thread waits on it (`take_wait`, with the GIL released) and never polls.
+//! INBOX-1: a lane's eventfd is readable whenever its queue is non-empty (but while its
+//! own thread queues what it read from the pipe, and takes it next), so a dispatcher
+//! thread waits on it (`take_wait`, with the GIL released) and never polls.
 //! INBOX-2: each queued item that expects an answer holds a reply token; answering a
 //! token whose caller has gone is not an error (the reply is dropped).
 
@@ -107,9 +107,7 @@ pub(crate) enum Sink {
 }
 
 thread_local! {
-    /// PIPE-2: the lane whose thread is reading the pipe now, on this thread: what it
-    /// queues there needs no signal (it takes it next), which saves a write and a read
-    /// of the lane's eventfd per call.
+    /// PIPE-2: the lane this thread reads the pipe for: what it queues there needs no signal.
     static READING_FOR: std::cell::Cell<*const Lane> = const { std::cell::Cell::new(std::ptr::null()) };
 }
 
@@ -204,17 +202,7 @@ impl Lane {
                 read_pipe(p);
                 read.push(p);
             }
-            READING_FOR.with(|r| r.set(std::ptr::null()));
-            if !read.is_empty() && !ready.contains(&0) {
-                // What the pipe brought for this lane was queued unsignalled: taken
-                // here without the eventfd, which a signal sent meanwhile (a job) keeps
-                // set, so the next wait returns at once for it.
-                let items: Vec<Incoming> = lock(&self.queue).drain(..).collect();
-                if !items.is_empty() {
-                    return (items, true);
-                }
-                continue;
-            }
+            READING_FOR.with(|r| r.set(std::ptr::null())); // (what it queued: taken above)
             if ready.is_empty() || ready.contains(&0) {
                 // (the time is up, or a signal or an item came)
                 return (self.take(), !read.is_empty());
