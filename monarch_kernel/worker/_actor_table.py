@@ -139,11 +139,10 @@ def stop_actor(d: DispatcherLike, token: int, name: str) -> None:
     """Stops actor ``name`` (routing thread)."""
     a = d.actors.pop(name, None)
     d.server.route(name, None)
-    if a is not None:
-        forget_plain(a)
     if a is None:
         d._reply(token, None, f"stop of {name}")
     else:  # the stop is answered once the actor has ended (its __cleanup__ ran), as in Monarch
+        forget_plain(a)
         _cleanup(d, a, lambda: d._reply(token, None, f"stop of {name}"))
 
 

@@ -70,10 +70,7 @@ def run_sync_item(d: DispatcherLike, runner: LaneThread, item: _native.Incoming)
         result = getattr(a.instance, method)(*args, **kwargs)
     except BaseException as e:  # DISPATCH-2, KeyboardInterrupt from a cancel included
         runner.running_call = None
-        if fails_actor(e) and getattr(a.instance, "_base_exceptions_end_it", True):
-            d._fail_actor(a, e, token, what)
-        else:
-            d._reply_exception(token, e, what)
+        _raised(d, a, token, e, what)
         return
     finally:
         runner.running_call = None
@@ -83,8 +80,21 @@ def run_sync_item(d: DispatcherLike, runner: LaneThread, item: _native.Incoming)
         if token:  # (none: a broadcast)
             d.server.reply(token, _native.REPLY_RESULT, pickle.dumps(result, protocol=5), [])
         return
-    # XFER-2: the actor's next message may change what it returned; the caller
-    # pulls it as the reply arrives, and this waits for that.
+    _reply_waiting(d, token, result, what)
+
+
+def _raised(d: DispatcherLike, a: ActorEntry, token: int, e: BaseException, what: str) -> None:
+    """A call to ``a`` raised ``e``: the actor ends (DISPATCH-4), or the caller gets
+    the exception (DISPATCH-2)."""
+    if fails_actor(e) and getattr(a.instance, "_base_exceptions_end_it", True):
+        d._fail_actor(a, e, token, what)
+    else:
+        d._reply_exception(token, e, what)
+
+
+def _reply_waiting(d: DispatcherLike, token: int, result: Any, what: str) -> None:
+    """Replies with ``result``. XFER-2: the actor's next message may change what it
+    returned; the caller pulls it as the reply arrives, and this waits for that."""
     wait_read(d._reply(token, result, what), limit=REPLY_WAIT_S)
 
 
@@ -95,14 +105,10 @@ def plain_calls(d: DispatcherLike, runner: LaneThread) -> _native.PlainCalls | N
         return None
 
     def failed(entry: tuple[Any, Any, Any, ActorEntry], token: int, e: BaseException, what: str) -> None:
-        a = entry[3]
-        if fails_actor(e) and getattr(a.instance, "_base_exceptions_end_it", True):
-            d._fail_actor(a, e, token, what)
-        else:
-            d._reply_exception(token, e, what)
+        _raised(d, entry[3], token, e, what)
 
     def finish(token: int, result: Any, what: str) -> None:
-        wait_read(d._reply(token, result, what), limit=REPLY_WAIT_S)  # XFER-2, as above
+        _reply_waiting(d, token, result, what)
 
     return _native.PlainCalls(
         runner.plain_table, d._early_cancels, actor_context, _ORIGIN, _call, failed, finish, pickle.dumps
