@@ -33,6 +33,12 @@ class Speaker(Actor):
             print(pad, "flood", i)
         sys.stdout.flush()
 
+    @endpoint
+    def chat(self, lines: int) -> None:
+        for i in range(lines):
+            print("c", i)  # short lines: one small HTTP/2 frame each
+        sys.stdout.flush()
+
 
 def _printed_here(capfd: Any, texts: list[str]) -> None:
     """This script's session prints every rank's lines as they come (its watch
@@ -112,6 +118,31 @@ def test_stream_logs_gives_new_lines_of_one_rank_as_they_come(fresh_procs2, capf
     assert ours[0].endswith(" from rank 0")
     assert not any("from rank 1" in ln for ln in lines)
     _printed_here(capfd, [f"ping {i - 1} from rank 1"])
+
+
+def test_a_controller_briefly_behind_on_short_lines_keeps_its_stream_and_every_line(fresh_procs2, request):
+    # Thousands of one-line frames wait unread while the notebook is busy: HTTP/2's
+    # guard against floods of small frames must not end the agent's connection (it
+    # did: the lines then in flight were lost, and the cell's flush waited in vain).
+    from monarch_kernel import controller
+
+    gate, notices, shown = threading.Event(), [], []
+
+    def busy_sink(session: Any, line: Any) -> None:
+        gate.wait(WITHIN)
+        shown.append(line.text)
+
+    before = controller.frontend()
+    controller.set_frontend(controller.Frontend(on_line=busy_sink, on_notice=notices.append))
+    request.addfinalizer(lambda: controller.set_frontend(before))
+    mesh = fresh_procs2.spawn("speaker", Speaker)
+    mesh.slice(procs=0).chat.call_one(3000).get(timeout=TIMEOUT)
+    time.sleep(0.5)  # (the agent sends what the window lets through, then waits)
+    gate.set()
+    ours = lambda: [t for t in shown if t.startswith("c ")]  # noqa: E731
+    assert wait_for(lambda: len(ours()) >= 3000), f"{len(ours())} of 3000 lines came"
+    assert ours() == [f"c {i}" for i in range(3000)]
+    assert not notices, notices
 
 
 def test_a_controller_that_falls_behind_is_told_how_many_lines_it_missed(fresh_procs2, request):

@@ -51,13 +51,14 @@ impl AgentConn {
     pub fn open(rt: &Handle, addr: &str, token: &str, ca: Option<&str>) -> Result<Self, RpcError> {
         let attach = TokenAttach::new(token).map_err(|e| RpcError::Auth(e.to_string()))?;
         let endpoint = endpoint(addr, ca, Keepalive::Watchful)?;
-        // HTTP/2's own windows, not the control plane's wide ones: a controller that
-        // falls behind the events must stop the stream soon, so that the agent's queue
-        // for it fills and drops lines and says so (`AgentEvent.dropped`), rather than
-        // megabytes of lines waiting here unseen.
+        // HTTP/2's own stream window, not the control plane's wide one: a controller
+        // that falls behind the events must stop the stream soon, so that the agent's
+        // queue for it fills and drops lines and says so (`AgentEvent.dropped`), rather
+        // than megabytes of lines waiting here unseen. The connection's window is wide
+        // (see `EVENT_CONNECTION_WINDOW`).
         let endpoint = endpoint
             .initial_stream_window_size(EVENT_WINDOW)
-            .initial_connection_window_size(EVENT_WINDOW);
+            .initial_connection_window_size(EVENT_CONNECTION_WINDOW);
         let _guard = rt.enter();
         let client = HostAgentClient::with_interceptor(endpoint.connect_lazy(), attach)
             .max_decoding_message_size(MAX_MESSAGE_BYTES);
@@ -121,8 +122,20 @@ pub fn ping_workers(
     })
 }
 
-/// The flow-control window of an agent connection's streams (HTTP/2's default).
+/// The flow-control window of an agent connection's streams (HTTP/2's default): what
+/// a stream holds unread here at most.
 const EVENT_WINDOW: u32 = 65_535;
+
+/// The window of the whole agent connection. Not for its bytes (a stream holds at
+/// most [`EVENT_WINDOW`]), for the count of its frames: h2 ends a connection whose
+/// peer sent more small DATA frames (under 256 bytes, each one costing 256 less its
+/// size) than half this window while they wait unread (`ENHANCE_YOUR_CALM`,
+/// "too_many_data_frames"), and each output line is a frame of its own. With the
+/// stream window as the connection's, about 150 lines unread ended the connection,
+/// and the mesh was reported lost, when the notebook was busy for a moment. A full
+/// stream window of the smallest events (7 bytes: a gRPC prefix and a `dropped`)
+/// costs ~2.3 MB; half of this window is 8 MiB.
+const EVENT_CONNECTION_WINDOW: u32 = 16 << 20;
 
 /// Events read ahead of the thread that handles them.
 const READ_AHEAD: usize = 64;
