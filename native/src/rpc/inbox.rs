@@ -1,10 +1,10 @@
-//! The inbox between the `Worker` service and the process's Python dispatcher: lanes
-//! of queued spawns, stops, calls, port messages and cancels, the routing of an
-//! actor's calls to a lane of its own, the admission of commands by epoch (fencing),
-//! and the replies.
+//! The inbox between the `Worker` service and the Python dispatcher: lanes of queued
+//! spawns, stops, calls, port messages and cancels, an actor's calls routed to a lane of
+//! its own, commands admitted by epoch (fencing), and the replies.
 //!
-//! INBOX-1: a lane's eventfd is readable whenever its queue is non-empty, so a
-//! dispatcher thread waits on it (`take_wait`, with the GIL released) and never polls.
+//! INBOX-1: a lane's eventfd is readable whenever its queue is non-empty (but while its
+//! own thread queues what it read from the pipe, and takes it next), so a dispatcher
+//! thread waits on it (`take_wait`, with the GIL released) and never polls.
 //! INBOX-2: each queued item that expects an answer holds a reply token; answering a
 //! token whose caller has gone is not an error (the reply is dropped).
 
@@ -106,6 +106,11 @@ pub(crate) enum Sink {
     Pipe(Arc<super::pipe::PipeWriter>, u64),
 }
 
+thread_local! {
+    /// PIPE-2: the lane this thread reads the pipe for: what it queues there needs no signal.
+    static READING_FOR: std::cell::Cell<*const Lane> = const { std::cell::Cell::new(std::ptr::null()) };
+}
+
 /// The lane of everything not routed elsewhere: async actors, spawns, stops, cancels.
 pub const LANE_LOOP: usize = 0;
 
@@ -192,10 +197,12 @@ impl Lane {
                 left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
             });
             let ready = pipe_in::wait(self.ep.as_raw_fd(), ms);
+            READING_FOR.with(|r| r.set(self));
             for &p in ready.iter().filter(|&&p| p != 0) {
                 read_pipe(p);
                 read.push(p);
             }
+            READING_FOR.with(|r| r.set(std::ptr::null())); // (what it queued: taken above)
             if ready.is_empty() || ready.contains(&0) {
                 // (the time is up, or a signal or an item came)
                 return (self.take(), !read.is_empty());
@@ -368,7 +375,7 @@ impl Inbox {
             q.push_back(item);
             was_empty
         };
-        if was_empty {
+        if was_empty && !READING_FOR.with(|r| std::ptr::eq(r.get(), Arc::as_ptr(&lane))) {
             lane.signal();
         }
     }
