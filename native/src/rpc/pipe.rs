@@ -32,7 +32,7 @@
 use super::RpcError;
 use crate::proto::v1::{Replies, Reply};
 use crate::sync::lock;
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use prost::Message;
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, RawFd};
@@ -151,6 +151,14 @@ impl FrameReader {
     }
 }
 
+/// Frames up to this size are copied out of the read buffer, which then stays this
+/// reader's alone and is used again; larger ones are split off it without a copy.
+/// Splitting every frame off left the buffer shared with the frame (whose decoded
+/// payload lives on: a reply on its way to the caller), so the next read reserved a new
+/// 64 KiB: a large `malloc` and `free` per call in every worker and per reply in its
+/// agent (glibc consolidating its small chunks each time).
+const COPY_UP_TO: usize = 16 * 1024;
+
 /// The first whole frame's body in `buf`, taken out of it; `None` (with room reserved
 /// for the rest) while the frame is not all there; an error for one over [`MAX_FRAME`].
 pub fn take_frame(buf: &mut BytesMut) -> Result<Option<Bytes>, RpcError> {
@@ -169,7 +177,12 @@ pub fn take_frame(buf: &mut BytesMut) -> Result<Option<Bytes>, RpcError> {
         buf.reserve(4 + len - buf.len());
         return Ok(None);
     }
-    let _ = buf.split_to(4);
+    if len <= COPY_UP_TO {
+        let frame = Bytes::copy_from_slice(&buf[4..4 + len]);
+        buf.advance(4 + len);
+        return Ok(Some(frame));
+    }
+    buf.advance(4);
     Ok(Some(buf.split_to(len).freeze()))
 }
 
@@ -342,5 +355,37 @@ fn flush(sock: &Fd, state: &Mutex<WriteState>) {
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn framed(buf: &mut BytesMut, body: &[u8]) {
+        buf.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        buf.extend_from_slice(body);
+    }
+
+    #[test]
+    fn small_frames_are_copied_out_and_the_read_buffer_is_used_again() {
+        let mut buf = BytesMut::with_capacity(64 * 1024);
+        let start = buf.as_ptr() as usize;
+        let mut kept = Vec::new(); // (frames live on after they are taken: replies in flight)
+        for i in 0..2_000u32 {
+            let body = vec![i as u8; 100 + (i as usize % 7)];
+            framed(&mut buf, &body);
+            let frame = take_frame(&mut buf).unwrap().expect("a whole frame");
+            assert_eq!(&frame[..], &body[..]);
+            kept.push(frame);
+            assert!(take_frame(&mut buf).unwrap().is_none()); // (reserves room for the next)
+            assert_eq!(buf.as_ptr() as usize, start, "frame {i}: a new buffer");
+        }
+        let big = vec![7u8; COPY_UP_TO + 1];
+        framed(&mut buf, &big);
+        framed(&mut buf, b"after");
+        assert_eq!(&take_frame(&mut buf).unwrap().unwrap()[..], &big[..]);
+        assert_eq!(&take_frame(&mut buf).unwrap().unwrap()[..], b"after");
+        assert!(take_frame(&mut buf).unwrap().is_none());
     }
 }
