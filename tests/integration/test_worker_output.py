@@ -120,10 +120,10 @@ def test_stream_logs_gives_new_lines_of_one_rank_as_they_come(fresh_procs2, capf
     _printed_here(capfd, [f"ping {i - 1} from rank 1"])
 
 
-def test_a_controller_briefly_behind_on_short_lines_keeps_its_stream_and_every_line(fresh_procs2, request):
-    # Thousands of one-line frames wait unread while the notebook is busy: HTTP/2's
-    # guard against floods of small frames must not end the agent's connection (it
-    # did: the lines then in flight were lost, and the cell's flush waited in vain).
+def _busy_notebook(request: Any) -> tuple[threading.Event, list[str], list[str]]:
+    """This test's frontend: a notebook too busy to take output, whose sink waits
+    for ``gate`` before it takes each line (into ``shown``); its notices go to
+    ``notices``. The frontend before comes back after the test."""
     from monarch_kernel import controller
 
     gate, notices, shown = threading.Event(), [], []
@@ -135,6 +135,14 @@ def test_a_controller_briefly_behind_on_short_lines_keeps_its_stream_and_every_l
     before = controller.frontend()
     controller.set_frontend(controller.Frontend(on_line=busy_sink, on_notice=notices.append))
     request.addfinalizer(lambda: controller.set_frontend(before))
+    return gate, notices, shown
+
+
+def test_a_controller_briefly_behind_on_short_lines_keeps_its_stream_and_every_line(fresh_procs2, request):
+    # Thousands of one-line frames wait unread while the notebook is busy: HTTP/2's
+    # guard against floods of small frames must not end the agent's connection (it
+    # did: the lines then in flight were lost, and the cell's flush waited in vain).
+    gate, notices, shown = _busy_notebook(request)
     mesh = fresh_procs2.spawn("speaker", Speaker)
     mesh.slice(procs=0).chat.call_one(3000).get(timeout=TIMEOUT)
     time.sleep(0.5)  # (the agent sends what the window lets through, then waits)
@@ -146,17 +154,7 @@ def test_a_controller_briefly_behind_on_short_lines_keeps_its_stream_and_every_l
 
 
 def test_a_controller_that_falls_behind_is_told_how_many_lines_it_missed(fresh_procs2, request):
-    from monarch_kernel import controller
-
-    gate, notices, shown = threading.Event(), [], []
-
-    def stuck_sink(session: Any, line: Any) -> None:  # a notebook too busy to take output
-        gate.wait(WITHIN)
-        shown.append(line.text)
-
-    before = controller.frontend()
-    controller.set_frontend(controller.Frontend(on_line=stuck_sink, on_notice=notices.append))
-    request.addfinalizer(lambda: controller.set_frontend(before))
+    gate, notices, shown = _busy_notebook(request)
     mesh = fresh_procs2.spawn("speaker", Speaker)
     mesh.slice(procs=0).flood.call_one(120_000).get(timeout=TIMEOUT)  # more than the agent keeps
     gate.set()
