@@ -348,6 +348,72 @@ fn a_relays_ping_goes_on_the_pipe_raises_the_epoch_and_never_reaches_the_dispatc
 }
 
 #[test]
+fn a_worker_that_just_replied_is_answered_for_from_its_last_pong_until_it_falls_silent() {
+    // PIPE-4: a busy worker's heartbeat does not wake it; a newer epoch, or a worker
+    // silent for the heartbeat's period, still goes on the pipe.
+    let rt = runtime();
+    let host = WorkerHost::bind(rt.handle(), "127.0.0.1:0", "tok9").unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let serving = {
+        let (inbox, stop) = (host.inbox.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let lane = inbox.lane(LANE_LOOP).unwrap();
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                for item in lane.take_wait(Some(Duration::from_millis(100))) {
+                    inbox.reply(item.token, ReplyKind::Result, item.payload.clone(), vec![]);
+                }
+            }
+        })
+    };
+    let conn = WorkerConn::relayed(rt.handle(), &host.addr, "tok9").unwrap();
+    let payload = Bytes::from_static(b"busy");
+    let call = || {
+        let r = conn
+            .call(&target(&payload), 0)
+            .1
+            .unwrap()
+            .wait(WAIT)
+            .unwrap();
+        assert_eq!(r.unwrap().payload, payload);
+    };
+    let me = std::process::id();
+    assert_eq!(rt.block_on(conn.ping_as(5)).unwrap(), (me, 5));
+    assert_eq!(
+        host.inbox.pipe_pings(),
+        1,
+        "a worker never heard from was not asked"
+    );
+    call();
+    assert_eq!(rt.block_on(conn.ping_as(5)).unwrap(), (me, 5));
+    assert_eq!(rt.block_on(conn.ping_as(2)).unwrap(), (me, 5));
+    assert_eq!(
+        host.inbox.pipe_pings(),
+        1,
+        "a worker that had just replied was woken by the heartbeat"
+    );
+    // A newer epoch must reach the worker (FENCE-1: it becomes the worker's).
+    assert_eq!(rt.block_on(conn.ping_as(7)).unwrap(), (me, 7));
+    assert_eq!(
+        host.inbox.pipe_pings(),
+        2,
+        "a newer epoch was answered from memory"
+    );
+    call();
+    assert_eq!(rt.block_on(conn.ping_as(7)).unwrap(), (me, 7));
+    assert_eq!(host.inbox.pipe_pings(), 2);
+    // Silent for longer than the heartbeat's period: the worker is asked again.
+    std::thread::sleep(Duration::from_millis(1300));
+    assert_eq!(rt.block_on(conn.ping_as(7)).unwrap(), (me, 7));
+    assert_eq!(
+        host.inbox.pipe_pings(),
+        3,
+        "a silent worker was answered for"
+    );
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    serving.join().unwrap();
+}
+
+#[test]
 fn with_two_actors_the_one_called_soon_reads_its_own_calls() {
     // PIPE-2: the kernel wakes the first waiting lane; a lane woken by calls that were
     // not for it steps back, so the lane of the actor being called comes first.

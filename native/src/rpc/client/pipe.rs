@@ -13,12 +13,18 @@ use prost::Message;
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot, Notify};
 
 /// PIPE-3: the pings of a pipe's connection, answered on the pipe by the worker's
 /// reading thread (its runtime is not woken, nor is Python), as the `Ping` RPC
 /// answers: an idle worker's heartbeat costs it one thread wake-up, not a gRPC request.
+///
+/// PIPE-4: a worker that sent replies within the last [`HEARD_WITHIN`] is answered for
+/// from its last pong (its pid, and its epoch, when that is at least the ping's) for up
+/// to [`PONG_KEPT`]: a busy worker's replies show it answers, and its heartbeat does
+/// not wake it between calls. A newer epoch, or a silent worker, goes on the pipe.
 pub struct Pings {
     writer: Arc<PipeWriter>,
     state: Mutex<PingState>,
@@ -30,6 +36,29 @@ struct PingState {
     waiting: HashMap<u64, oneshot::Sender<PingReply>>,
     /// The pipe has ended: pings take gRPC.
     ended: bool,
+    /// PIPE-4: the worker's last pong on the pipe, and when it came.
+    pong: Option<(PingReply, Instant)>,
+    /// PIPE-4: when the worker's last replies came.
+    heard: Option<Instant>,
+}
+
+/// PIPE-4: how recent a worker's replies must be for its last pong to answer a ping
+/// (the heartbeat's period).
+pub const HEARD_WITHIN: Duration = Duration::from_secs(1);
+/// PIPE-4: how long a pong may answer for the worker: beyond it, a ping goes on the
+/// pipe however busy the worker is (an epoch raised by another path is seen then).
+pub const PONG_KEPT: Duration = Duration::from_secs(5);
+
+impl PingState {
+    /// PIPE-4: the answer to a ping carrying `epoch` at `now` without asking the
+    /// worker, if its replies and its last pong are recent enough.
+    fn answers_for(&self, epoch: u64, now: Instant) -> Option<PingReply> {
+        let (pong, at) = self.pong.as_ref()?;
+        let heard = self.heard?;
+        let fresh = now.saturating_duration_since(heard) < HEARD_WITHIN
+            && now.saturating_duration_since(*at) < PONG_KEPT;
+        (fresh && pong.epoch >= epoch).then(|| pong.clone())
+    }
 }
 
 /// Forgets a ping whose caller stopped waiting (a timeout): a hung worker's pings do
@@ -51,6 +80,9 @@ impl Pings {
             if st.ended {
                 return None;
             }
+            if let Some(pong) = st.answers_for(epoch, Instant::now()) {
+                return Some(pong); // PIPE-4
+            }
             st.last += 1;
             let nonce = st.last;
             let (tx, rx) = oneshot::channel();
@@ -67,10 +99,19 @@ impl Pings {
     }
 
     fn answer(&self, pong: PingReply) {
-        let tx = lock(&self.state).waiting.remove(&pong.nonce);
+        let tx = {
+            let mut st = lock(&self.state);
+            st.pong = Some((pong.clone(), Instant::now()));
+            st.waiting.remove(&pong.nonce)
+        };
         if let Some(tx) = tx {
             let _ = tx.send(pong);
         }
+    }
+
+    /// The worker sent replies (PIPE-4).
+    fn heard(&self) {
+        lock(&self.state).heard = Some(Instant::now());
     }
 
     fn end(&self) {
@@ -178,6 +219,9 @@ async fn read_replies(
         let Ok(batch) = Replies::decode(frame) else {
             break "the worker sent a malformed frame on its pipe".to_string();
         };
+        if !batch.replies.is_empty() {
+            pings.heard();
+        }
         for r in batch.replies {
             let slot = {
                 let mut p = lock(&pending);
@@ -195,4 +239,55 @@ async fn read_replies(
     };
     pings.end();
     fail_all(&pending, RpcError::ConnectionLost { addr, reason });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pong_answers_only_while_replies_are_recent_the_pong_young_and_its_epoch_enough() {
+        let t0 = Instant::now();
+        let pong = PingReply {
+            nonce: 1,
+            pid: 42,
+            epoch: 5,
+        };
+        let st = PingState {
+            pong: Some((pong, t0)),
+            heard: Some(t0),
+            ..Default::default()
+        };
+        let at = |d: Duration| t0 + d;
+        assert_eq!(
+            st.answers_for(5, at(Duration::ZERO)).map(|p| p.pid),
+            Some(42)
+        );
+        assert!(st.answers_for(4, at(Duration::from_millis(900))).is_some());
+        assert!(
+            st.answers_for(6, t0).is_none(),
+            "a newer epoch must reach the worker"
+        );
+        assert!(
+            st.answers_for(5, at(HEARD_WITHIN)).is_none(),
+            "a worker silent for the heartbeat's period must be asked"
+        );
+        let busy = PingState {
+            heard: Some(at(PONG_KEPT)),
+            ..st
+        };
+        assert!(
+            busy.answers_for(5, at(PONG_KEPT)).is_none(),
+            "a pong older than PONG_KEPT answered"
+        );
+        let never = PingState {
+            heard: None,
+            pong: busy.pong.clone(),
+            ..Default::default()
+        };
+        assert!(
+            never.answers_for(0, t0).is_none(),
+            "a worker never heard from was answered for"
+        );
+    }
 }
