@@ -159,8 +159,9 @@ def speaks_tls(addr: str, timeout: float = _PROBE_TIMEOUT) -> bool:
         return False
 
 
-#: How many times a ``SpawnWorkers`` whose connection broke is sent again.
-SPAWN_RESENDS = 5
+#: How many times a request that may be sent again (``resend``: one the agent knows
+#: by its id, a record, a reading) is, when its connection broke after it was sent.
+RESENDS = 5
 
 
 def _broke(e: Any) -> bool:
@@ -247,17 +248,31 @@ class AgentClient:
         self._ca_pem = ca_pem
         self._native_conn: Any = None
 
-    def _call(self, name: str, request: Any, timeout: float, wait_for_ready: bool = False) -> Any:
+    def _call(
+        self, name: str, request: Any, timeout: float, wait_for_ready: bool = False, resend: bool = False
+    ) -> Any:
         """``wait_for_ready``: a channel between connections (a partition that just
-        healed) is waited for, up to ``timeout``, instead of failing the call at once."""
-        try:
-            reply = getattr(self._stub, name)(
-                request, metadata=self._md, timeout=timeout, wait_for_ready=wait_for_ready or None
-            )
-        except self._grpc.RpcError as e:
-            raise self._error(e, name) from None
-        self._answered = True
-        return reply
+        healed) is waited for, up to ``timeout``, instead of failing the call at once.
+        ``resend``: the request means the same sent twice (the agent knows it by its id,
+        or it records or reads): a connection that breaks after it was sent (a starved
+        or partitioned link: the agent's keepalive gives up on this process) is opened
+        again and the request sent again, up to ``RESENDS`` times within ``timeout``."""
+        deadline, attempt = time.monotonic() + timeout, 0
+        while True:
+            try:
+                reply = getattr(self._stub, name)(
+                    request,
+                    metadata=self._md,
+                    timeout=max(1.0, deadline - time.monotonic()) if attempt else timeout,
+                    wait_for_ready=wait_for_ready or attempt > 0 or None,
+                )
+            except self._grpc.RpcError as e:
+                if resend and attempt < RESENDS and _broke(e) and time.monotonic() < deadline:
+                    attempt += 1
+                    continue
+                raise self._error(e, name) from None
+            self._answered = True
+            return reply
 
     def _tls_failure(self, code: Any, details: str) -> str | None:
         """Why TLS with the agent failed, if that is why the call did (TLS-2)."""
@@ -320,11 +335,11 @@ class AgentClient:
         req = self._pb.ActorRecord(
             name=name, payload=payload, buffers=[bytes(b) for b in buffers], shape=shape, epoch=epoch
         )
-        self._call("RecordActor", req, timeout, wait_for_ready=True)  # (a record is idempotent)
+        self._call("RecordActor", req, timeout, wait_for_ready=True, resend=True)
 
     def forget_actor(self, name: str, epoch: int, timeout: float = 10.0) -> None:
         req = self._pb.ForgetActorRequest(name=name, epoch=epoch)
-        self._call("ForgetActor", req, timeout, wait_for_ready=True)
+        self._call("ForgetActor", req, timeout, wait_for_ready=True, resend=True)
 
     def respawn_workers(self, ranks: list[int], epoch: int, timeout: float = 60.0) -> list[dict[str, Any]]:
         req = self._pb.RespawnWorkersRequest(ranks=ranks, epoch=epoch)
@@ -358,22 +373,7 @@ class AgentClient:
             first_rank=first_rank,
             request_id=uuid.uuid4().hex,
         )
-        deadline, attempt = time.monotonic() + timeout, 0
-        while True:
-            try:
-                reply = self._stub.SpawnWorkers(
-                    req,
-                    metadata=self._md,
-                    timeout=max(1.0, deadline - time.monotonic()),
-                    wait_for_ready=attempt > 0 or None,
-                )
-            except self._grpc.RpcError as e:
-                if attempt < SPAWN_RESENDS and _broke(e) and time.monotonic() < deadline:
-                    attempt += 1
-                    continue
-                raise self._error(e, "SpawnWorkers") from None
-            self._answered = True
-            return list(reply.workers)
+        return list(self._call("SpawnWorkers", req, timeout, resend=True).workers)
 
     def list_workers(self, timeout: float = 5.0) -> list[dict[str, Any]]:
         return [worker_dict(w) for w in self.list_workers_raw(timeout)]
@@ -398,7 +398,7 @@ class AgentClient:
 
     def list_workers_raw(self, timeout: float = 5.0) -> list[Any]:
         """:meth:`list_workers`, as the agent's WorkerInfo messages."""
-        return list(self._call("ListWorkers", self._pb.ListWorkersRequest(), timeout).workers)
+        return list(self._call("ListWorkers", self._pb.ListWorkersRequest(), timeout, resend=True).workers)
 
     def worker(self, rank: int) -> dict[str, Any] | None:
         return next((w for w in self.list_workers() if w["rank"] == rank), None)
@@ -409,7 +409,7 @@ class AgentClient:
         if rank is not None and not 0 <= rank <= MAX_RANK:
             raise MeshIndexError(f"logs(): rank {rank} is out of range (0 to {MAX_RANK})")
         req = self._pb.LogsRequest(rank=-1 if rank is None else rank, tail=check_tail(tail))
-        return list(self._call("Logs", req, timeout).lines)
+        return list(self._call("Logs", req, timeout, resend=True).lines)
 
     def logs(
         self, rank: int | None = None, tail: int = 100, timeout: float = 5.0, labelled: bool = False

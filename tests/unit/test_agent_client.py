@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import struct
 import threading
 import time
 from concurrent import futures
@@ -56,36 +57,48 @@ def test_a_new_client_is_not_refused_for_a_dead_server_that_had_its_port():
         second.stop(0).wait()
 
 
-def _slow_front(to_port: int, delay: float) -> tuple[int, threading.Event]:
+class _Front:
     """A TCP front for 127.0.0.1:``to_port`` that holds each connection ``delay``
     seconds before passing its bytes (a host too loaded to finish a handshake at
-    once); its port, and the event that stops it."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    listener.settimeout(0.2)
-    stop = threading.Event()
+    once), and can cut the connections it passes (a link that breaks)."""
 
-    def pipe(a: socket.socket, b: socket.socket) -> None:
+    def __init__(self, to_port: int, delay: float = 0.0) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.2)
+        self.port = self.listener.getsockname()[1]
+        self.stopped = threading.Event()
+        self.live: list[socket.socket] = []
+        self.to_port, self.delay = to_port, delay
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _pipe(self, a: socket.socket, b: socket.socket) -> None:
         with contextlib.suppress(OSError):
             while data := a.recv(65536):
                 b.sendall(data)
         with contextlib.suppress(OSError):
             b.shutdown(socket.SHUT_WR)
 
-    def hold(conn: socket.socket) -> None:
-        time.sleep(delay)
-        back = socket.create_connection(("127.0.0.1", to_port))
-        threading.Thread(target=pipe, args=(conn, back), daemon=True).start()
-        pipe(back, conn)
+    def _hold(self, conn: socket.socket) -> None:
+        time.sleep(self.delay)
+        back = socket.create_connection(("127.0.0.1", self.to_port))
+        self.live += [conn, back]
+        threading.Thread(target=self._pipe, args=(conn, back), daemon=True).start()
+        self._pipe(back, conn)
 
-    def accept() -> None:
-        while not stop.is_set():
+    def _accept(self) -> None:
+        while not self.stopped.is_set():
             with contextlib.suppress(TimeoutError):
-                conn, _ = listener.accept()
-                threading.Thread(target=hold, args=(conn,), daemon=True).start()
-        listener.close()
+                conn, _ = self.listener.accept()
+                threading.Thread(target=self._hold, args=(conn,), daemon=True).start()
+        self.listener.close()
 
-    threading.Thread(target=accept, daemon=True).start()
-    return listener.getsockname()[1], stop
+    def cut(self) -> None:
+        """Resets every connection passed so far."""
+        for s in self.live:
+            with contextlib.suppress(OSError):
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                s.close()
+        self.live.clear()
 
 
 def test_a_connection_slow_to_set_up_is_waited_for():
@@ -93,9 +106,42 @@ def test_a_connection_slow_to_set_up_is_waited_for():
     # 200 ms a loaded host's agent (1,024 procs starting) failed SpawnWorkers with
     # "tcp handshaker shutdown".
     server, port = _serve(0, pid=3)
-    front, stop = _slow_front(port, delay=2.0)
+    front = _Front(port, delay=2.0)
     try:
-        assert _ping(AgentClient(f"127.0.0.1:{front}", "token")) == 3
+        assert _ping(AgentClient(f"127.0.0.1:{front.port}", "token")) == 3
     finally:
-        stop.set()
+        front.stopped.set()
+        server.stop(0).wait()
+
+
+class _Records(agent_pb2_grpc.HostAgentServicer):
+    """Records actors; the first time, the link breaks once the request is in."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.front: _Front | None = None
+
+    def RecordActor(self, request, context):  # noqa: N802 (the service's name)
+        self.names.append(request.name)
+        if len(self.names) == 1 and self.front is not None:
+            self.front.cut()
+            time.sleep(0.5)
+        return agent_pb2.RecordActorReply()
+
+
+def test_a_record_whose_connection_broke_after_it_was_sent_is_sent_again():
+    # At 1,024 procs the agents' keepalive gave up on a starved controller while it
+    # recorded an actor: "did not answer RecordActor: UNAVAILABLE: Stream removed
+    # (sendmsg: Broken pipe)", and the record (what a later attach re-creates) was lost.
+    records = _Records()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    agent_pb2_grpc.add_HostAgentServicer_to_server(records, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    records.front = front = _Front(port)
+    try:
+        AgentClient(f"127.0.0.1:{front.port}", "token").record_actor("echo", b"x", [], b"", 1, timeout=20)
+        assert records.names == ["echo", "echo"]
+    finally:
+        front.stopped.set()
         server.stop(0).wait()
