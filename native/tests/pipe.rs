@@ -376,39 +376,39 @@ fn a_worker_that_just_replied_is_answered_for_from_its_last_pong_until_it_falls_
             .unwrap();
         assert_eq!(r.unwrap().payload, payload);
     };
-    let me = std::process::id();
-    assert_eq!(rt.block_on(conn.ping_as(5)).unwrap(), (me, 5));
-    assert_eq!(
-        host.inbox.pipe_pings(),
-        1,
-        "a worker never heard from was not asked"
-    );
+    // A ping carrying `epoch` answers the worker's `epoch`, and the pipe has carried
+    // `asked` pings so far.
+    let ping = |epoch: u64, answers: u64, asked: u64, why: &str| {
+        let got = rt.block_on(conn.ping_as(epoch)).unwrap();
+        assert_eq!(got, (std::process::id(), answers));
+        assert_eq!(host.inbox.pipe_pings(), asked, "{why}");
+    };
+    ping(5, 5, 1, "a worker never heard from was not asked");
     call();
-    assert_eq!(rt.block_on(conn.ping_as(5)).unwrap(), (me, 5));
-    assert_eq!(rt.block_on(conn.ping_as(2)).unwrap(), (me, 5));
-    assert_eq!(
-        host.inbox.pipe_pings(),
+    ping(
+        5,
+        5,
         1,
-        "a worker that had just replied was woken by the heartbeat"
+        "a worker that had just replied was woken by the heartbeat",
+    );
+    ping(
+        2,
+        5,
+        1,
+        "a worker that had just replied was woken by the heartbeat",
     );
     // A newer epoch must reach the worker (FENCE-1: it becomes the worker's).
-    assert_eq!(rt.block_on(conn.ping_as(7)).unwrap(), (me, 7));
-    assert_eq!(
-        host.inbox.pipe_pings(),
-        2,
-        "a newer epoch was answered from memory"
-    );
+    ping(7, 7, 2, "a newer epoch was answered from memory");
     call();
-    assert_eq!(rt.block_on(conn.ping_as(7)).unwrap(), (me, 7));
-    assert_eq!(host.inbox.pipe_pings(), 2);
+    ping(
+        7,
+        7,
+        2,
+        "a worker that had just replied was woken by the heartbeat",
+    );
     // Silent for longer than the heartbeat's period: the worker is asked again.
     std::thread::sleep(Duration::from_millis(1300));
-    assert_eq!(rt.block_on(conn.ping_as(7)).unwrap(), (me, 7));
-    assert_eq!(
-        host.inbox.pipe_pings(),
-        3,
-        "a silent worker was answered for"
-    );
+    ping(7, 7, 3, "a silent worker was answered for");
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     serving.join().unwrap();
 }
