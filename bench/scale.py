@@ -53,6 +53,8 @@ PER_HOST = int(os.environ.get("BENCH_SCALE_PROCS", "16"))
 #: The baseline mesh of the CPU and latency rows (the multi-host rows' size).
 BASE_HOSTS, BASE_PROCS = 16, 4
 N_CALLS = 30
+#: The baseline's calls (3 ms each): enough for its CPU per call to be more than a few clock ticks.
+BASE_CALLS = 300
 #: Idle and busy stretches alternate this many times; each idle one lasts IDLE_S.
 ROUNDS, IDLE_S = 3, 2.0
 INSIDE_TIMEOUT = 900
@@ -87,15 +89,16 @@ def _cpu_of(pids: list[int]) -> float:
 def _runtime_cpu() -> float:
     """CPU seconds this process's native runtime threads (``monarch-node``: the
     connections, the relays' replies, the slots calls wait on; ``monarch-block``: its
-    blocking pool) have used."""
+    blocking pool) have used, in nanoseconds' precision (``schedstat``: a clock tick,
+    10 ms, is three of the baseline's calls)."""
     total = 0
     for task in Path("/proc/self/task").iterdir():
         try:
             if (task / "comm").read_text().strip() in ("monarch-node", "monarch-block"):
-                total += _ticks(task / "stat")
-        except OSError:
+                total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
             continue
-    return total / os.sysconf("SC_CLK_TCK")
+    return total / 1e9
 
 
 def _call_figures(procs: Any, name: str, n: int) -> dict[str, float]:
@@ -214,7 +217,7 @@ def inside(cfg: dict[str, Any]) -> dict[str, float]:
     base = SlurmJob(meshes={"hosts": BASE_HOSTS}, partition=cfg["partition"])
     procs = base.state(cached_path=None).hosts.spawn_procs(per_host={"procs": BASE_PROCS})
     try:
-        for k, v in _call_figures(procs, "echo", N_CALLS).items():
+        for k, v in _call_figures(procs, "echo", BASE_CALLS).items():
             out[f"base_{k}"] = v
     finally:
         procs.stop()
