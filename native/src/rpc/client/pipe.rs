@@ -57,7 +57,7 @@ impl PingState {
         let heard = self.heard?;
         let fresh = now.saturating_duration_since(heard) < HEARD_WITHIN
             && now.saturating_duration_since(*at) < PONG_KEPT;
-        (fresh && pong.epoch >= epoch).then(|| pong.clone())
+        (fresh && pong.epoch >= epoch).then_some(*pong)
     }
 }
 
@@ -101,7 +101,7 @@ impl Pings {
     fn answer(&self, pong: PingReply) {
         let tx = {
             let mut st = lock(&self.state);
-            st.pong = Some((pong.clone(), Instant::now()));
+            st.pong = Some((pong, Instant::now()));
             st.waiting.remove(&pong.nonce)
         };
         if let Some(tx) = tx {
@@ -282,7 +282,7 @@ mod tests {
         );
         let never = PingState {
             heard: None,
-            pong: busy.pong.clone(),
+            pong: busy.pong,
             ..Default::default()
         };
         assert!(
