@@ -75,7 +75,16 @@ def console(jupyter_path: None, state_home: Path) -> Iterator[Console]:
     c = Console()
     try:
         out = c.run("import os; os.getpid()")
-        c.kernel_pid = int(re.findall(r"Out\[\d+\]: (\d+)", out)[-1])
+        # jupyter_console can end its wait for the first cell's output early (a late
+        # status of its own startup request, kernel_info, reads as the cell's "idle"
+        # on a loaded machine) and show the result at the next prompt: an empty line
+        # shows what it holds, as a user pressing Enter would see it.
+        for _ in range(5):
+            if found := re.findall(r"Out\[\d+\]: (\d+)", out):
+                break
+            out += c.run("")
+        assert found, f"the console never showed the first cell's result: {out!r}"
+        c.kernel_pid = int(found[-1])
         yield c
     finally:
         c.close()
