@@ -224,12 +224,10 @@ class AgentClient:
             # gRPC's default backoff (up to 120 s), so the host is usable once it answers.
             ("grpc.initial_reconnect_backoff_ms", 200),
             ("grpc.max_reconnect_backoff_ms", 1000),
-            # gRPC's name for the time a connection attempt (TCP, TLS, HTTP/2's
-            # settings) gets: at 200 ms, an agent on a loaded host (1,024 procs
-            # starting) failed SpawnWorkers with "tcp handshaker shutdown". Not 20 s
-            # (the default): an attempt into a partition ends, and the next starts,
-            # within seconds of the partition's end.
-            ("grpc.min_reconnect_backoff_ms", 5000),
+            # (also gRPC's minimum connect timeout; 5 s made a kernel's first cell,
+            # which asks every recorded mesh's agents, wait minutes on unreachable
+            # ones: docs/decisions.md)
+            ("grpc.min_reconnect_backoff_ms", 200),
             # gRPC shares a connection, and its failure, among all channels to one
             # address: a new agent on the port of one that died (ports are reused)
             # would be refused for the old one's backoff. This client's are its own.
