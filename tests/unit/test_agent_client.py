@@ -58,17 +58,16 @@ def test_a_new_client_is_not_refused_for_a_dead_server_that_had_its_port():
 
 
 class _Front:
-    """A TCP front for 127.0.0.1:``to_port`` that holds each connection ``delay``
-    seconds before passing its bytes (a host too loaded to finish a handshake at
-    once), and can cut the connections it passes (a link that breaks)."""
+    """A TCP front for 127.0.0.1:``to_port`` that can cut the connections it passes
+    (a link that breaks)."""
 
-    def __init__(self, to_port: int, delay: float = 0.0) -> None:
+    def __init__(self, to_port: int) -> None:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.listener.settimeout(0.2)
         self.port = self.listener.getsockname()[1]
         self.stopped = threading.Event()
         self.live: list[socket.socket] = []
-        self.to_port, self.delay = to_port, delay
+        self.to_port = to_port
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _pipe(self, a: socket.socket, b: socket.socket) -> None:
@@ -79,7 +78,6 @@ class _Front:
             b.shutdown(socket.SHUT_WR)
 
     def _hold(self, conn: socket.socket) -> None:
-        time.sleep(self.delay)
         back = socket.create_connection(("127.0.0.1", self.to_port))
         self.live += [conn, back]
         threading.Thread(target=self._pipe, args=(conn, back), daemon=True).start()
