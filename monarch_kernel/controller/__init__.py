@@ -35,6 +35,7 @@ from monarch_kernel.controller._admin import (
     owner_text,
     plan_down_all,
     respawn,
+    running_meshes,
 )
 from monarch_kernel.controller._cells import CELLS_ACTOR, run_cell, spmd_actors
 from monarch_kernel.controller._debugger import attach as attach_debugger
@@ -120,6 +121,7 @@ __all__ = [
     "prefer_huge_pages",
     "respawn",
     "run_cell",
+    "running_meshes",
     "session",
     "session_for",
     "sessions",

@@ -11,7 +11,7 @@ from monarch_kernel.controller._lifecycle import attach_session, stop_record
 from monarch_kernel.controller._session import sessions
 from monarch_kernel.controller._view import mesh_view
 from monarch_kernel.errors import MeshNotFoundError, MeshOwnershipError, MeshUnreachableError
-from monarch_kernel.hosts import MeshInfo, MeshRecord, list_meshes, mesh_info, registry
+from monarch_kernel.hosts import MeshInfo, MeshRecord, list_meshes, look_at, mesh_info, registry
 from monarch_kernel.mesh import SPAWN_TIMEOUT
 
 _COLUMNS = ("NAME", "PROCS", "ALIVE", "CONTROLLER", "EPOCH", "IDLE TIMEOUT", "AGE", "AGENT PID", "HOSTS")
@@ -48,6 +48,13 @@ def owner_text(owner: dict[str, Any] | None) -> str:
     if owner.get("kind") == "kernel":
         return f"kernel {owner.get('notebook') or str(owner.get('kernel_id'))[:8]}"
     return f"pid {owner.get('pid')} on {owner.get('host')}"
+
+
+def running_meshes(within: float) -> tuple[list[MeshInfo], list[str]]:
+    """The running meshes as ``list_meshes()`` gives them, as far as they were seen in
+    ``within`` seconds, and the names of the meshes not seen by then (REGISTRY-4):
+    what a kernel says as it starts, without waiting on agents that do not answer."""
+    return look_at(registry.names(), within=within)
 
 
 def mesh_table(meshes: list[MeshInfo] | None = None) -> list[str]:
@@ -191,4 +198,5 @@ __all__ = [
     "owner_text",
     "plan_down_all",
     "respawn",
+    "running_meshes",
 ]

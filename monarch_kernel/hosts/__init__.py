@@ -20,6 +20,7 @@ if TYPE_CHECKING:
         connect,
         group_of,
         list_meshes,
+        look_at,
         mesh_info,
         stop_unowned,
     )
@@ -61,6 +62,7 @@ _LAZY: dict[str, str] = {
     "pool_manifests": "monarch_kernel.hosts._k8s_pool",
     "list_meshes": "monarch_kernel.hosts._admin",
     "LocalHost": "monarch_kernel.hosts._local",
+    "look_at": "monarch_kernel.hosts._admin",
     "mesh_info": "monarch_kernel.hosts._admin",
     "MeshInfo": "monarch_kernel.hosts._admin",
     "MeshRecord": "monarch_kernel.hosts._registry",
@@ -93,6 +95,7 @@ __all__ = [
     "pool_manifests",
     "list_meshes",
     "LocalHost",
+    "look_at",
     "mesh_info",
     "MeshInfo",
     "MeshRecord",

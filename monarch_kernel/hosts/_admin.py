@@ -25,6 +25,7 @@ import math
 import os
 import signal
 import socket
+import threading
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +43,8 @@ from monarch_kernel.hosts._allocator import end_reason, release
 from monarch_kernel.hosts._host_id import is_here
 from monarch_kernel.hosts._registry import MeshRecord
 
+#: How many meshes ``list_meshes`` looks at at once (REGISTRY-4).
+LOOKS_AT_ONCE = 8
 #: How long a look waits for each agent's answer.
 LOOK_TIMEOUT_S = 3.0
 
@@ -263,12 +266,57 @@ class MeshInfo:
 def list_meshes(usage_wait: float | None = None, usage_beyond: int = 0) -> list[MeshInfo]:
     """The running meshes of this user (those whose agents cannot be reached from here
     too, marked ``unreachable``); the state files of meshes known gone are removed.
-    ``usage_wait``, ``usage_beyond``: as ``mesh_info``'s."""
-    return [
-        info
-        for info in (mesh_info(n, usage_wait, usage_beyond) for n in _registry.names())
-        if info is not None
-    ]
+    ``usage_wait``, ``usage_beyond``: as ``mesh_info``'s. The meshes are looked at
+    concurrently (REGISTRY-4)."""
+    return look_at(_registry.names(), usage_wait=usage_wait, usage_beyond=usage_beyond)[0]
+
+
+def look_at(
+    names: list[str],
+    within: float | None = None,
+    usage_wait: float | None = None,
+    usage_beyond: int = 0,
+) -> tuple[list[MeshInfo], list[str]]:
+    """REGISTRY-4: ``mesh_info`` of each of ``names``, up to ``LOOKS_AT_ONCE`` at a time
+    (a mesh whose agents do not answer, or whose allocator is slow to say its job
+    ended, takes seconds: one after another, a few stale state files made a kernel
+    start wait minutes). The running meshes in the order of ``names``, and the names
+    not looked at in time: with ``within``, this returns after that many seconds and
+    the looks still going finish in the background (their threads do not keep the
+    process alive); an error of a look is raised once all are done."""
+    todo = list(names)
+    infos: dict[str, MeshInfo | None] = {}
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+    all_done = threading.Event()
+
+    def look() -> None:
+        while True:
+            with lock:
+                if not todo:
+                    if len(infos) + len(errors) == len(names):
+                        all_done.set()
+                    return
+                name = todo.pop(0)
+            try:
+                info = mesh_info(name, usage_wait, usage_beyond)
+            except BaseException as e:  # raised in the caller's thread, below
+                with lock:
+                    errors.append(e)
+                continue
+            with lock:
+                infos[name] = info
+
+    if not names:
+        return [], []
+    for _ in range(min(LOOKS_AT_ONCE, len(names))):
+        threading.Thread(target=look, name="monarch-look", daemon=True).start()
+    finished = all_done.wait(within)
+    with lock:
+        if finished and errors:
+            raise errors[0]
+        found = [info for n in names if (info := infos.get(n)) is not None]
+        return found, [] if finished else [n for n in names if n not in infos]
 
 
 def mesh_info(name: str, usage_wait: float | None = None, usage_beyond: int = 0) -> MeshInfo | None:
@@ -384,6 +432,7 @@ __all__ = [
     "agent_running",
     "connect",
     "list_meshes",
+    "look_at",
     "mesh_info",
     "stop_unowned",
 ]

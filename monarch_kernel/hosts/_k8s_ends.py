@@ -84,7 +84,6 @@ def end_reason(job: dict[str, Any], wait: float = 3.0, host: str | None = None) 
     pod: its agent's connection breaks as the container ends, before the kubelet
     reports how it ended."""
     from kubernetes import client
-    from kubernetes.client.rest import ApiException
 
     try:
         core: Any = client.CoreV1Api(api_client(job.get("kubeconfig") or None))
@@ -96,8 +95,12 @@ def end_reason(job: dict[str, Any], wait: float = 3.0, host: str | None = None) 
         if host is not None and (job["namespace"], host) in _ended:
             return _ended[(job["namespace"], host)]
         try:
-            pods = core.list_namespaced_pod(job["namespace"], label_selector=selector).items
-        except (ApiException, OSError):
+            pods = core.list_namespaced_pod(
+                job["namespace"],
+                label_selector=selector,
+                _request_timeout=max(1.0, deadline - time.monotonic()),
+            ).items
+        except Exception:  # ApiException; the API gone or silent (urllib3's errors): it cannot tell
             return None
         if host is not None:
             mine = [p for p in pods if p.metadata.name == host]

@@ -40,18 +40,26 @@ FLUSH_LIMIT_S = 60.0
 NO_MESHES = "monarch: no running meshes; create one with  procs = %mesh up NAME --procs N"
 
 
+#: KERNEL-1: how long a kernel's start waits for the look at the meshes in its state
+#: files (REGISTRY-4); those it has not seen by then are named as not checked.
+START_LOOK_S = 5.0
+
+
 def _meshes_line() -> str:
     try:
-        meshes = controller.list_meshes()
+        meshes, unchecked = controller.running_meshes(START_LOOK_S)
     except Exception as e:  # never fail a kernel start over this
         return f"monarch: cannot list running meshes ({e})"
-    if not meshes:
+    if not meshes and not unchecked:
         return NO_MESHES
     names = ", ".join(
-        f"{m.name} ({m.alive}/{m.procs} procs)"
-        if m.unreachable is None
-        else f"{m.name} (unreachable from here)"
-        for m in meshes
+        [
+            f"{m.name} ({m.alive}/{m.procs} procs)"
+            if m.unreachable is None
+            else f"{m.name} (unreachable from here)"
+            for m in meshes
+        ]
+        + [f"{n} (not checked in {START_LOOK_S:g} s: %mesh ls tells)" for n in unchecked]
     )
     return f"monarch: running meshes you can attach to: {names}; use  procs = %mesh attach NAME"
 
