@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 from ipykernel.ipkernel import IPythonKernel
@@ -96,12 +97,70 @@ def _kernel_id() -> str | None:
     return name.removeprefix("kernel-").removesuffix(".json") or None
 
 
+#: ROUTE-5: how long workers' lines bound for a cell's stream wait to go as one message.
+BATCH_S = 0.05
+#: ROUTE-5: the most text one such message carries.
+BATCH_BYTES = 64 * 1024
+
+
+class _StreamBatch:
+    """ROUTE-5: workers' lines for a cell's stream, sent as one iopub message per
+    ``BATCH_S`` (or per ``BATCH_BYTES``) rather than one each: the iopub socket drops
+    what exceeds its high-water mark (1,000 messages) for a client that reads slowly,
+    and a worker's 3,000 lines, one message each, lost a run of them in the middle for
+    a client on a loaded machine. ``flush()`` sends what waits now: before anything
+    else the kernel sends for a cell (a display, its value, its end), so the order
+    stays the order of arrival."""
+
+    def __init__(self, send: Any) -> None:
+        self._send = send  # send(parent, name, text)
+        self._cond = threading.Condition()
+        self._parent: dict[str, Any] | None = None
+        self._name = ""
+        self._texts: list[str] = []
+        self._size = 0
+        self._thread: threading.Thread | None = None
+
+    def add(self, parent: dict[str, Any], name: str, text: str) -> None:
+        with self._cond:
+            if self._texts and (parent is not self._parent or name != self._name):
+                self._send_now()
+            self._parent, self._name = parent, name
+            self._texts.append(text)
+            self._size += len(text)
+            if self._size >= BATCH_BYTES:
+                self._send_now()
+                return
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="monarch-stream-batch", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def flush(self) -> None:
+        with self._cond:
+            self._send_now()
+
+    def _send_now(self) -> None:  # (lock held: sends keep the order they were added in)
+        if self._texts and self._parent is not None:
+            text, self._texts, self._size = "".join(self._texts), [], 0
+            self._send(self._parent, self._name, text)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._texts:
+                    self._cond.wait()
+            time.sleep(BATCH_S)  # (unlocked: lines keep coming meanwhile)
+            self.flush()
+
+
 class MonarchKernel(IPythonKernel):
     implementation = "monarch-kernel"
     implementation_version = "0.1.0"
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self._batch = _StreamBatch(self._send_text)
         self.router = Router(self._send_stream)
         controller.set_frontend(
             controller.Frontend(
@@ -134,11 +193,13 @@ class MonarchKernel(IPythonKernel):
     def _send_stream(self, parent: dict[str, Any], stream: str, text: str | DisplayMessage) -> None:
         """Writes ``text`` as output of the cell whose request is ``parent`` (any thread);
         a worker's display message (DISPLAY-1) as a display message."""
-        assert self.session is not None
         if isinstance(text, DisplayMessage):
             self._send_display(parent, text)
             return
-        name = "stderr" if stream == "stderr" else "stdout"
+        self._batch.add(parent, "stderr" if stream == "stderr" else "stdout", text)
+
+    def _send_text(self, parent: dict[str, Any], name: str, text: str) -> None:
+        assert self.session is not None
         self.session.send(
             self.iopub_socket,
             "stream",
@@ -153,6 +214,7 @@ class MonarchKernel(IPythonKernel):
         place, show as a new display: CLIENTS-1); a clear is not passed on (it would
         clear the cell's other output too)."""
         assert self.session is not None
+        self._batch.flush()  # ROUTE-5: the lines before it go first
         if msg.comm is not None:
             self.send_bridged(parent, msg)
             return
@@ -171,6 +233,7 @@ class MonarchKernel(IPythonKernel):
         """DISPLAY-2: a comm message of a worker (its widget's model opening, updating,
         closing) as the kernel's own, to the front end, under the cell ``parent``."""
         assert self.session is not None
+        self._batch.flush()  # ROUTE-5: the lines before it go first
         kind, msg = display.comm, display.body
         if kind not in ("comm_open", "comm_msg", "comm_close"):
             return
@@ -248,7 +311,14 @@ class MonarchKernel(IPythonKernel):
                 _origin.set_default("")
 
     def _flush(self, origin: str) -> None:
-        """ROUTE-3: waits until the meshes this cell called have delivered its output."""
+        """ROUTE-3: waits until the meshes this cell called have delivered its output,
+        and sends what waits in the stream batch (ROUTE-5)."""
+        try:
+            self._flush_meshes(origin)
+        finally:
+            self._batch.flush()
+
+    def _flush_meshes(self, origin: str) -> None:
         for name in list(_origin.touched):
             session = controller.session(name)
             if session is None:

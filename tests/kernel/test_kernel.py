@@ -421,3 +421,26 @@ def test_mesh_activate_runs_the_following_cells_torch_code_on_the_mesh_until_dea
     assert shown.error is None, shown.traceback
     html = "".join(shown.html)  # one row per rank: the values differ
     assert "rank 0</td>" in html and "tensor([1., 1., 1.])" in html and "tensor([2., 2., 2.])" in html, html
+
+
+def test_a_client_that_reads_iopub_only_after_the_cell_ends_gets_every_worker_line(kernel, mesh):
+    """ROUTE-5: the workers' lines that come as a cell's stream go as a few messages,
+    not one each: iopub drops what exceeds its high-water mark (1,000 messages) for a
+    client that does not read meanwhile, as a client on a busy machine does not."""
+    n = 5000
+    code = (
+        "%%mesh\nimport threading\n"
+        f"def bg():\n    for i in range({n}):\n        print('bg', i, 'end')\n"
+        "t = threading.Thread(target=bg)\nt.start()\nt.join()"
+    )
+    out = kernel.run(code, wait=False)
+    while True:  # the reply first: nothing is read from iopub while the cell runs
+        reply = kernel.kc.get_shell_msg(timeout=120)
+        if reply["parent_header"].get("msg_id") == out.msg_id:
+            break
+    while not kernel._take(out, kernel.kc.get_iopub_msg(timeout=120)):
+        pass
+    assert reply["content"]["status"] == "ok", reply["content"]
+    for rank in (0, 1):
+        bg = [ln for ln in out.stdout.splitlines() if ln.startswith(f"[{mesh} {rank}] ")]
+        assert bg == [f"[{mesh} {rank}] bg {i} end" for i in range(n)], (len(bg), bg[:3])
