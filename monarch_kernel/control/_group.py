@@ -91,16 +91,37 @@ class AgentGroup:
         targets = self.links if links is None else list(links)
         if len(targets) == 1:
             return [fn(targets[0])]
+        futures, rest = [], []
         with ThreadPoolExecutor(max_workers=min(IN_FLIGHT, len(targets))) as pool:
-            futures = [pool.submit(fn, link) for link in targets]
-        errors = [f.exception() for f in futures if f.exception() is not None]
+            for i, link in enumerate(targets):
+                try:
+                    futures.append(pool.submit(fn, link))
+                except RuntimeError:  # the interpreter is exiting: executors take no more
+                    rest = targets[i:]  # (a supervision thread still at work: these
+                    break  # go one by one here, rather than a traceback)
+        outcomes: list[tuple[Any, BaseException | None]] = [
+            (None, f.exception()) if f.exception() is not None else (f.result(), None) for f in futures
+        ]
+        for link in rest:
+            try:
+                outcomes.append((fn(link), None))
+            except Exception as e:
+                outcomes.append((None, e))
+        errors = [e for _, e in outcomes if e is not None]
         if errors:
-            raise errors[0]  # type: ignore[misc]
-        return [f.result() for f in futures]
+            raise errors[0]
+        return [v for v, _ in outcomes]
 
-    def _answering(self, fn: Callable[[HostLink], list[Any]]) -> list[Any]:
-        """The concatenated results of the links that answer (GROUP-1); raises only
-        when none does."""
+    def links_of(self, ranks: Sequence[int]) -> list[HostLink]:
+        """The links of the hosts that run ``ranks``, each once, in host order."""
+        wanted = {self.link_of(r).index for r in ranks}
+        return [link for link in self.links if link.index in wanted]
+
+    def _answering(
+        self, fn: Callable[[HostLink], list[Any]], links: Sequence[HostLink] | None = None
+    ) -> list[Any]:
+        """The concatenated results of the links (default: all) that answer (GROUP-1);
+        raises only when none does."""
         out: list[Any] = []
         failures: list[MonarchKernelError] = []
 
@@ -111,9 +132,10 @@ class AgentGroup:
                 failures.append(e)
                 return []
 
-        for part in self.each(one):
+        targets = self.links if links is None else list(links)
+        for part in self.each(one, targets):
             out.extend(part)
-        if failures and len(failures) == len(self.links):
+        if failures and len(failures) == len(targets):
             raise failures[0]
         return out
 
@@ -168,9 +190,10 @@ class AgentGroup:
             for r, p in self._pings(0, timeout, True).items()
         }
 
-    def list_workers_raw(self, timeout: float = 5.0) -> list[Any]:
+    def list_workers_raw(self, timeout: float = 5.0, links: Sequence[HostLink] | None = None) -> list[Any]:
+        """The agents' ``WorkerInfo`` of every worker (or of the hosts ``links``), by rank."""
         return sorted(
-            self._answering(lambda link: link.client.list_workers_raw(timeout)), key=lambda w: w.rank
+            self._answering(lambda link: link.client.list_workers_raw(timeout), links), key=lambda w: w.rank
         )
 
     def list_workers(self, timeout: float = 5.0) -> list[dict[str, Any]]:

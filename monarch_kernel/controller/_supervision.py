@@ -203,8 +203,9 @@ class Supervisor:
             )
         )
 
-    def worker_died(self, w: Any, notify: bool) -> None:
-        """SUPERVISE-1: worker ``w`` (the agent's WorkerInfo) exited."""
+    def worker_died(self, w: Any, notify: bool, gone: set[int] | None = None) -> None:
+        """SUPERVISE-1: worker ``w`` (the agent's WorkerInfo) exited. ``gone``: the ranks
+        a listing just made says have exited (else the agents are asked)."""
         s = self.s
         info = worker_dict(w)
         rank = info["rank"]
@@ -218,10 +219,11 @@ class Supervisor:
                 info["log_tail"] = list(s.client.logs(rank=rank, tail=tail_lines(info)))
             except MonarchKernelError:
                 info["log_tail"] = []
-            try:  # (all ranks may be going at once: the agent knows which have)
-                gone = {w.rank for w in s.client.list_workers_raw() if has_exited(w)}
-            except MonarchKernelError:
-                gone = set(s.state.dead)
+            if gone is None:
+                try:  # (all ranks may be going at once: the agent knows which have)
+                    gone = {w.rank for w in s.client.list_workers_raw() if has_exited(w)}
+                except MonarchKernelError:
+                    gone = set(s.state.dead)
         others = any(r != rank and r not in gone and r not in s.state.dead for r in range(s.nprocs))
         err = death_error(s.name, rank, info, None, others_alive=others)
         with self._dead_lock:  # the watch and the heartbeat may both see it
@@ -313,9 +315,12 @@ class Supervisor:
             except Exception:
                 by_rank = {}
             results = [by_rank.get(r) for r in ranks]
+            # Ranks their agents say are not running: exits the event stream missed
+            # (SUPERVISE-1), asked of their agents once for the round.
+            exited = self._exits([r for r, res in zip(ranks, results) if isinstance(res, BaseException)])
             for r, res in zip(ranks, results):
-                if s.closed or r in s.state.dead:
-                    continue
+                if s.closed or s.stopping or r in s.state.dead:
+                    continue  # (a stop in progress: its exits are not failures)
                 if isinstance(res, tuple):
                     misses[r] = 0
                     if res[1] > s.epoch and not s.fenced:
@@ -326,8 +331,8 @@ class Supervisor:
                             MeshFailure(s.name, "recovered", f"rank {r} of mesh {s.name!r} answers again", r)
                         )
                     continue
-                if isinstance(res, BaseException) and self._exited(r):
-                    continue  # an exit the event stream missed (SUPERVISE-1)
+                if r in exited:
+                    continue
                 misses[r] = misses.get(r, 0) + 1
                 host = s.host_index(r)
                 if misses[r] >= MISSES and r not in s.state.unresponsive and host not in s.unreachable:
@@ -347,7 +352,7 @@ class Supervisor:
         if info is None or info.get("proc_state") == "R":
             return
         if info["state"] == "exited":
-            self._exited(rank)
+            self._exits([rank])
             return
         with self._dead_lock:
             if rank in s.state.unresponsive or rank in s.state.dead:
@@ -404,18 +409,28 @@ class Supervisor:
         since = self._mute_since.setdefault(link.index, time.monotonic())
         return time.monotonic() - since >= MUTE_S
 
-    def _exited(self, rank: int) -> bool:
-        """Asks the agent whether ``rank`` exited; if so, handles it as a death. For
-        exits the watch stream did not deliver (it drops events when a reader lags)."""
+    def _exits(self, ranks: list[int]) -> set[int]:
+        """Asks the agents of ``ranks``' hosts, each once, which of ``ranks`` exited, and
+        handles those as deaths: exits the watch stream did not deliver (it drops
+        events when a reader lags). The ranks handled. One look per heartbeat, not one
+        per rank at every agent: a heartbeat that met a stop in progress (no rank
+        running) made ranks x hosts looks, 65,536 at 64 x 16, and still made them as
+        the interpreter exited."""
         s = self.s
+        ranks = [r for r in ranks if r not in s.state.dead]
+        if not ranks or s.closed or s.stopping:
+            return set()
         try:
-            w = next((w for w in s.client.list_workers_raw() if w.rank == rank), None)
+            infos = s.client.list_workers_raw(links=s.client.links_of(ranks))
         except MonarchKernelError:
-            return False
-        if w is None or not has_exited(w) or rank in s.state.dead:
-            return False
-        self.worker_died(w, notify=True)
-        return True
+            return set()
+        wanted, done = set(ranks), set()
+        gone = {w.rank for w in infos if has_exited(w)}
+        for w in infos:
+            if w.rank in wanted and w.rank in gone and w.rank not in s.state.dead and not s.stopping:
+                self.worker_died(w, notify=True, gone=gone)
+                done.add(w.rank)
+        return done
 
     def _fence(self, epoch: int) -> None:
         """Another controller attached (epoch ``epoch``): stop listening to the mesh,

@@ -128,6 +128,46 @@ def test_a_host_seen_gone_after_the_stop_is_not_reported(state_home, capfd):
     assert "monarch:" not in capfd.readouterr().err
 
 
+def test_exits_only_the_heartbeat_sees_are_asked_of_the_agents_once_a_round(state_home):
+    """SUPERVISE-1 when the watch stream missed the exits: a heartbeat whose pings find
+    ranks not running asks their agents once for all of them, and each is reported
+    dead once (before: once per rank, and once more per death, at every agent: a stop
+    of 64 x 16 procs that met a heartbeat made 65,536 requests, and printed a
+    traceback if the interpreter was exiting meanwhile)."""
+    procs = this_host().spawn_procs(per_host={"procs": 4})
+    try:
+        failures = Failures()
+        procs.on_failure(failures)
+        assert procs.spawn("mortal", Mortal).ping.call().get(timeout=TIMEOUT).values() == [0, 1, 2, 3]
+        pids = [worker_of(procs, r)["pid"] for r in (1, 2, 3)]
+        session = procs._session("test")
+        # The watch stream drops its exit events (as it does for a reader that lags):
+        # only the heartbeat can see them go now.
+        session._cancel_watch()
+        (link,) = session.client.links
+        session._cancels[0] = session.client.watch_link(
+            link, lambda ev: None if ev.HasField("worker_exited") else session._on_event(ev), session._on_end
+        )
+        looks: list[str] = []
+        real = session.client.list_workers_raw
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            looks.append(threading.current_thread().name)
+            return real(*args, **kwargs)
+
+        session.client.list_workers_raw = counted  # type: ignore[method-assign]
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        assert failures.wait(lambda got: len([f for f in got if f.kind == "dead"]) >= 3), failures.kinds()
+        time.sleep(1.5)  # a heartbeat more: no death is told twice
+        assert sorted(f.rank for f in failures.got if f.kind == "dead") == [1, 2, 3]
+        beats = [name for name in looks if name.startswith("monarch-heartbeat")]
+        # (the kills may fall on both sides of a heartbeat's pings: two rounds)
+        assert 1 <= len(beats) <= 2, looks
+    finally:
+        procs.stop()
+
+
 def _unpickled_in(path: str) -> str:
     with open(path, "a") as f:
         f.write(f"{os.getpid()}\n")
