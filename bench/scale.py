@@ -9,7 +9,8 @@ measures, beside baselines taken in the same run:
   every rank's actor (beside ``srun -N<hosts> true`` and one ``ssh true`` per host,
   16 at a time, as SSHJob starts its agents);
 - ``call()`` to every rank and gather: the median, the call messages this controller
-  sends per call (TREE-1 bounds them by 16), and this process's CPU time per call
+  sends per call (TREE-1 bounds them by 16) and the reply messages (relays' batches)
+  it receives, the agents' CPU per call, and this process's CPU time per call
   on the call's path (the calling thread, and the native runtime less its idle use,
   measured in alternation) and in all (its supervision too),
   beside the same on 16 hosts x 4 procs;
@@ -116,20 +117,23 @@ def _call_figures(procs: Any, name: str, n: int) -> dict[str, float]:
     ping.call(0).get(timeout=300)
     for _ in range(3):
         ping.call(1).get(timeout=60)
-    pids = [w["pid"] for w in procs._session("bench").client.list_workers()]
+    session = procs._session("bench")
+    pids = [w["pid"] for w in session.client.list_workers()]
+    agents = [link.agent_pid for link in session.client.links if link.agent_pid]
     samples: list[float] = []
-    idle = {"mine": 0.0, "theirs": 0.0, "runtime": 0.0, "s": 0.0}
-    busy = {"mine": 0.0, "theirs": 0.0, "runtime": 0.0, "s": 0.0, "caller": 0.0}
-    sent = _native.calls_sent()
+    idle = {"mine": 0.0, "theirs": 0.0, "agents": 0.0, "runtime": 0.0, "s": 0.0}
+    busy = {"mine": 0.0, "theirs": 0.0, "agents": 0.0, "runtime": 0.0, "s": 0.0, "caller": 0.0}
+    sent, (batches, _) = _native.calls_sent(), _native.replies_received()
     per_round = max(1, n // ROUNDS)
 
     # Reading 1,024 /proc files is this bench's work, not the calls': the clocks of
     # this process are read after the workers' at a stretch's start, and before them
     # at its end (read in the calling thread, it counted ~2 ms per call on the path).
     def start() -> dict[str, float]:
-        theirs, runtime = _cpu_of(pids), _runtime_cpu()
+        theirs, of_agents, runtime = _cpu_of(pids), _cpu_of(agents), _runtime_cpu()
         return {
             "theirs": theirs,
+            "agents": of_agents,
             "runtime": runtime,
             "mine": time.process_time(),
             "caller": time.thread_time(),
@@ -138,7 +142,7 @@ def _call_figures(procs: Any, name: str, n: int) -> dict[str, float]:
 
     def add(into: dict[str, float], a: dict[str, float]) -> None:
         b = {"s": time.perf_counter(), "caller": time.thread_time(), "mine": time.process_time()}
-        b["runtime"], b["theirs"] = _runtime_cpu(), _cpu_of(pids)
+        b["runtime"], b["agents"], b["theirs"] = _runtime_cpu(), _cpu_of(agents), _cpu_of(pids)
         for k in into:
             into[k] += b[k] - a[k]
 
@@ -153,16 +157,18 @@ def _call_figures(procs: Any, name: str, n: int) -> dict[str, float]:
             samples.append(time.perf_counter() - t)
         add(busy, a)
     calls = per_round * ROUNDS
-    rate = {k: idle[k] / idle["s"] for k in ("mine", "theirs", "runtime")}
+    rate = {k: idle[k] / idle["s"] for k in ("mine", "theirs", "agents", "runtime")}
     runtime = max(busy["runtime"] - rate["runtime"] * busy["s"], 0.0)
     return {
         "median": statistics.median(samples),
         "messages": (_native.calls_sent() - sent) / calls,
+        "reply_messages": (_native.replies_received()[0] - batches) / calls,
         "cpu": busy["mine"] / calls,
         "cpu_path": (busy["caller"] + runtime) / calls,
         "idle_cpu": rate["mine"],
         "workers_idle": rate["theirs"],
         "floor": max(busy["theirs"] - rate["theirs"] * busy["s"], 0.0) / calls / (os.cpu_count() or 1),
+        "agents": max(busy["agents"] - rate["agents"] * busy["s"], 0.0) / calls / (os.cpu_count() or 1),
     }
 
 
@@ -313,6 +319,14 @@ def to_rows(f: dict[str, float]) -> list[Row]:
             "(a bound of this machine)",
         ),
         (
+            f"  the {HOSTS} agents' CPU per call (their relays) / {os.cpu_count()} CPUs",
+            f["call_agents"] * ms,
+            "ms",
+            f"the same, {BASE_HOSTS} agents, call() to {base_n}",
+            f["base_agents"] * ms,
+            "(with the floor: the call's CPU)",
+        ),
+        (
             f"  bare fan-out here: {n} Python processes answer a pipe byte, 3 threads each",
             f["bare_three"] * ms,
             "ms",
@@ -327,6 +341,14 @@ def to_rows(f: dict[str, float]) -> list[Row]:
             "hosts",
             HOSTS,
             "<= 16",
+        ),
+        (
+            f"  reply messages the controller receives per call() to {n} procs",
+            f["call_reply_messages"],
+            "msgs",
+            f"call() to {base_n} procs",
+            f["base_reply_messages"],
+            "(relays' batches)",
         ),
         (
             f"controller CPU per call() to {n} procs, on its path",

@@ -57,9 +57,14 @@ def test_a_mesh_on_16_hosts_calls_through_the_tree_and_reports_a_lost_head_as_on
     ctl.run("counter = procs.spawn('counter', Counter)")
     assert ctl.eval("counter.incr.call().get(timeout=120).values()") == [1] * n
     # One message per group head, not one per host.
-    ctl.run("sent = _native.calls_sent()")
+    ctl.run("sent, (batches, replies) = _native.calls_sent(), _native.replies_received()")
     assert ctl.eval("counter.incr.call().get(timeout=60).values()") == [2] * n
     assert ctl.eval("_native.calls_sent() - sent") == GROUPS
+    # Every reply came back through the heads, in their batches (make bench shows how many).
+    got, in_batches = ctl.eval(
+        "(_native.replies_received()[1] - replies, _native.replies_received()[0] - batches)"
+    )
+    assert got >= n and 1 <= in_batches <= got, (got, in_batches)  # (>=: a supervision call may reply too)
     where = ctl.eval("counter.where.call().get(timeout=60).values()")
     names = [where[h * PER_HOST][0] for h in range(HOSTS)]  # (SLURM's order of the hosts)
     assert sorted(names) == sorted(f"h{i}" for i in range(1, HOSTS + 1))

@@ -385,6 +385,17 @@ fn calls_sent() -> u64 {
     crate::rpc::client::CALLS_SENT.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// The reply messages this process's call connections have received, and the replies
+/// in them (a relay's batch is one message): `(messages, replies)`.
+#[pyfunction]
+fn replies_received() -> (u64, u64) {
+    use crate::rpc::client::{REPLIES, REPLY_BATCHES};
+    (
+        REPLY_BATCHES.load(std::sync::atomic::Ordering::Relaxed),
+        REPLIES.load(std::sync::atomic::Ordering::Relaxed),
+    )
+}
+
 /// Sets the epoch that this process's commands to the mesh with `token` carry
 /// (fencing: the controller that attached last owns the mesh).
 #[pyfunction]
@@ -485,6 +496,7 @@ pub fn register_python_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(call, m)?)?;
     m.add_class::<PyFanout>()?;
     m.add_function(wrap_pyfunction!(calls_sent, m)?)?;
+    m.add_function(wrap_pyfunction!(replies_received, m)?)?;
     super::pending::register_python_bindings(m)?;
     Ok(())
 }

@@ -17,6 +17,12 @@ use std::time::Duration;
 /// Call messages this process has sent (a fanned-out call is one): `calls_sent()`.
 pub static CALLS_SENT: AtomicU64 = AtomicU64::new(0);
 
+/// Reply messages (batches) this process's call connections have received, and the
+/// replies in them: `replies_received()`.
+pub static REPLY_BATCHES: AtomicU64 = AtomicU64::new(0);
+/// See [`REPLY_BATCHES`].
+pub static REPLIES: AtomicU64 = AtomicU64::new(0);
+
 /// Call ids: unique within this process, and from a random start, so that the ids
 /// of two callers (controllers, or workers calling through one relay) do not meet
 /// (RESUME-1 tells calls apart by caller and id; a pid would repeat across hosts).

@@ -283,6 +283,8 @@ impl Link {
 
     /// Completes the slots of a batch of replies.
     fn replies(&self, replies: Vec<Reply>) {
+        super::calls::REPLY_BATCHES.fetch_add(1, Ordering::Relaxed);
+        super::calls::REPLIES.fetch_add(replies.len() as u64, Ordering::Relaxed);
         for reply in replies {
             let slot = lock(&self.pending).take(reply.call_id, reply.proc);
             let Some(slot) = slot else { continue };

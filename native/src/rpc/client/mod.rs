@@ -48,7 +48,7 @@ mod service;
 mod unary;
 
 pub use agent::{ping_workers, AgentConn, AgentWatch, WatchItem};
-pub use calls::{Target, CALLS_SENT};
+pub use calls::{Target, CALLS_SENT, REPLIES, REPLY_BATCHES};
 pub use fanout::{Fanout, Sent};
 pub use link::set_resume_limit;
 
