@@ -385,15 +385,12 @@ fn calls_sent() -> u64 {
     crate::rpc::client::CALLS_SENT.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// The reply messages this process's call connections have received, and the replies
-/// in them (a relay's batch is one message): `(messages, replies)`.
+/// `(messages, replies)` this process's call connections have received (a relay's batch: one).
 #[pyfunction]
 fn replies_received() -> (u64, u64) {
-    use crate::rpc::client::{REPLIES, REPLY_BATCHES};
-    (
-        REPLY_BATCHES.load(std::sync::atomic::Ordering::Relaxed),
-        REPLIES.load(std::sync::atomic::Ordering::Relaxed),
-    )
+    use crate::rpc::client::{REPLIES as R, REPLY_BATCHES as B};
+    let relaxed = std::sync::atomic::Ordering::Relaxed;
+    (B.load(relaxed), R.load(relaxed))
 }
 
 /// Sets the epoch that this process's commands to the mesh with `token` carry
