@@ -30,7 +30,6 @@ from monarch_kernel.control import (
     LineWindow,
     MergedLine,
     check_tail,
-    has_exited,
 )
 from monarch_kernel.controller._frontend import frontend
 from monarch_kernel.controller._supervision import MeshFailure, Supervisor
@@ -139,9 +138,7 @@ class Session:
             workers = client.list_workers_raw()
         except MonarchKernelError:
             pass  # the watch reports what happens next
-        for w in workers:
-            if has_exited(w) and w.rank not in self.state.dead:  # exited before we watched
-                self.supervisor.worker_died(w, notify=False)
+        self.supervisor.died_in(workers, notify=False)  # exited before we watched
         # Raise every worker's epoch now, so an older controller is fenced at once; this
         # also opens each worker's direct connection before the first call needs it
         # (ORDER-1 holds either way, but a broadcast is not held back for a direct call
@@ -296,9 +293,7 @@ class Session:
         of a lost host stay dead: their agent, which would restart them, is gone."""
         with self.lock:
             try:  # an exit the watch has not brought yet (a call's failure can be first)
-                for w in self.client.list_workers_raw():
-                    if has_exited(w) and w.rank not in self.state.dead:
-                        self.supervisor.worker_died(w, notify=True)
+                self.supervisor.died_in(self.client.list_workers_raw(), notify=True)
             except MonarchKernelError:
                 pass
             ranks = [r for r in sorted(self.state.dead) if self.host_index(r) not in self.lost_hosts]

@@ -424,11 +424,17 @@ class Supervisor:
             infos = s.client.list_workers_raw(links=s.client.links_of(ranks))
         except MonarchKernelError:
             return set()
-        wanted, done = set(ranks), set()
+        return self.died_in(infos, notify=True, ranks=set(ranks))
+
+    def died_in(self, infos: list[Any], notify: bool, ranks: set[int] | None = None) -> set[int]:
+        """Handles as deaths the exited workers (of ``ranks``, if given) in ``infos``,
+        an agents' listing just made, whose exits stand for the ranks gone: one
+        listing for all of them, not one more per death. The ranks handled."""
         gone = {w.rank for w in infos if has_exited(w)}
+        done: set[int] = set()
         for w in infos:
-            if w.rank in wanted and w.rank in gone and w.rank not in s.state.dead and not s.stopping:
-                self.worker_died(w, notify=True, gone=gone)
+            if w.rank in gone and (ranks is None or w.rank in ranks) and w.rank not in self.s.state.dead:
+                self.worker_died(w, notify=notify, gone=gone)
                 done.add(w.rank)
         return done
 
