@@ -62,7 +62,12 @@ def ask_workers(
         return []
     try:
         conns = [_native.WorkerConn(w["addr"], rec.token) for w in workers]
-        calls = call_builtin(conns, list(range(len(conns))), method, *args)
+        if rec.hosts:  # through the hosts' relays, one message per host (START-1)
+            hosts = tuple((h["agent_addr"], h["first_rank"], h["procs"]) for h in rec.hosts)
+            ranks = [int(w["rank"]) for w in workers]
+            calls = call_builtin(conns, ranks, method, *args, fan=_native.Fanout(rec.token, hosts))
+        else:
+            calls = call_builtin(conns, list(range(len(conns))), method, *args)
     except Exception:
         return [None] * len(workers)
     try:

@@ -28,7 +28,6 @@ from monarch_kernel.errors import (
 from monarch_kernel.mesh import _buffers, _port
 from monarch_kernel.mesh._control import session_for
 from monarch_kernel.mesh._future import Future, cancel_calls
-from monarch_kernel.mesh._proc_ref import FAN_OUT
 from monarch_kernel.mesh._serial import dumps, loads, loads_exception
 from monarch_kernel.mesh._shape import MeshTrait, Point, Shape
 from monarch_kernel.mesh._value_mesh import ValueMesh
@@ -191,9 +190,9 @@ class Endpoint(Generic[R]):
         if origin:
             _origin.touched.add(mesh._proc.name)
         try:
-            if mesh._proc.hosts and FAN_OUT:
+            fan = mesh._proc.fanout()
+            if fan is not None:
                 procs = [mesh._shape.ranks[i] for i in local]
-                fan = mesh._proc.state().fanout(mesh._proc.hosts)
                 calls = fan.call(self._target, conns, procs, local, payload, buffers, oneway, origin)
             else:
                 # (positional: pyo3 parses keyword arguments on every call)

@@ -21,15 +21,21 @@ from monarch_kernel.mesh._serial import dumps
 _endpoints: dict[str, Any] = {}
 
 
-def call_builtin(conns: list[Any], ranks: list[int], method: str, *args: Any, origin: str = "") -> list[Any]:
+def call_builtin(
+    conns: list[Any], ranks: list[int], method: str, *args: Any, origin: str = "", fan: Any = None
+) -> list[Any]:
     """Calls ``method(*args)`` of the built-in actor of each worker in ``conns``
     (``ranks[i]`` is the rank of ``conns[i]``); what the worker prints while it runs
-    is tagged with ``origin``. Returns one ``_native.PendingCall`` per worker, in order,
-    whose reply ``decode_reply`` (or ``loads``) reads."""
+    is tagged with ``origin``. With ``fan`` (``ProcRef.fanout()``, a mesh across
+    hosts) they go through the hosts' relays as actor calls do, one message per host
+    (RELAY-1, ORDER-1); without, to each worker. Returns one ``_native.PendingCall``
+    per worker, in order, whose reply ``decode_reply`` (or ``loads``) reads."""
     endpoint = _endpoints.get(method)
     if endpoint is None:
         endpoint = _endpoints[method] = _native.Endpoint(BUILTIN, method)
     payload, buffers = dumps((args, {}), f"arguments of {BUILTIN}.{method}")
+    if fan is not None:
+        return list(fan.call(endpoint, conns, ranks, ranks, payload, buffers, False, origin))
     return _native.call(endpoint, conns, ranks, payload, buffers, origin=origin)
 
 

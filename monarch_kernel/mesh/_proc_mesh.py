@@ -167,7 +167,9 @@ class ProcMesh(MeshTrait):
     def _supervised_by(self, owner: str, name: str, conns: list[Any], ranks: list[int]) -> None:
         """OWN-1: failures of actors ``name`` (just spawned by actor ``owner`` of this
         process) go to ``owner``: their workers get this process's failures port."""
-        calls = call_builtin(conns, ranks, "supervise", name, owner, _control.failures_port())
+        calls = call_builtin(
+            conns, ranks, "supervise", name, owner, _control.failures_port(), fan=self._proc.fanout()
+        )
         wait_calls(calls, SPAWN_TIMEOUT, f"supervision of {name}")
 
     def _init_failures(

@@ -125,6 +125,11 @@ class ProcRef:
             st = _states.setdefault((self.name, self.token), MeshState(self))
         return st
 
+    def fanout(self) -> Any:
+        """The native fan-out through the hosts' relays (RELAY-1, ORDER-1) for a mesh
+        across hosts; None for a mesh on no hosts (its calls go to each worker)."""
+        return self.state().fanout(self.hosts) if self.hosts and FAN_OUT else None
+
     def command_calls(
         self,
         command: Any,
@@ -139,8 +144,8 @@ class ProcRef:
         or ``stopping``) to procs ``ranks`` on ``conns``: as a call, through the hosts'
         relays, for a mesh across hosts (SPAWN-1); else ``unary(conn)``, the RPC, on
         each connection."""
-        if self.hosts and FAN_OUT:
-            fan = self.state().fanout(self.hosts)
+        fan = self.fanout()
+        if fan is not None:
             local = list(range(len(ranks)))
             return list(fan.call(command, conns, ranks, local, payload, list(buffers), False, origin))
         return [unary(c) for c in conns]

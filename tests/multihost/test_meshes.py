@@ -357,6 +357,58 @@ def test_a_call_to_many_procs_goes_as_one_message_per_host(hosts_code, controlle
     assert c.eval("counter.slice(hosts=0).incr.call().get(timeout=30).values()") == [5, 4]
 
 
+def _peers_of(cluster: Cluster, pid: int) -> set[str]:
+    """The addresses process ``pid`` of the login host has TCP connections to."""
+    out = cluster.run_in_login(["ss", "-tnpH"], capture_output=True, text=True, timeout=30, check=True).stdout
+    return {ln.split()[4] for ln in out.splitlines() if f"pid={pid}," in ln}
+
+
+def test_a_controller_reaches_workers_across_hosts_only_through_their_agents(
+    controllers, cluster, state_home
+):
+    # START-1: across hosts a controller's calls go through the relays, and so do the
+    # ping that raises the workers' epoch as a session starts (FENCE-1) and the calls
+    # to the built-in actor (an attach's new root, a cell's flush, the log level, an
+    # administrator's stacks): no connection to any worker. At 64 x 16 they opened
+    # 1,024 TLS connections.
+    ssh = f"SSHJob(hosts=['h1', 'h2'], ssh_args=['-F', {str(cluster.ssh_config)!r}]).state(cached_path=None).hosts"
+    first = _new(controllers, cluster, state_home)
+    first.run(f"import os\nprocs = {ssh}.spawn_procs(per_host={{'procs': 2}}, name='fenced')")
+    first.run("counter = procs.spawn('counter', Counter)")
+    assert first.eval("counter.incr.call().get(timeout=30).values()") == [1, 1, 1, 1]
+    second = _new(controllers, cluster, state_home)
+    second.run("import os\nprocs = attach('fenced')\nsession = procs._session('t')")
+    epoch = second.eval("session.epoch")
+    assert epoch > first.eval("procs._session('t').epoch")
+    # Every worker has the new epoch before any call of the new controller...
+    pings = second.eval("[list(p) for p in session.client.ping_workers(0, 5.0).values()]")
+    assert [p[1] for p in pings] == [epoch] * 4, pings
+    # ...so the first controller's next call is refused at once.
+    with pytest.raises(ControllerError) as fenced:
+        first.eval("counter.incr.call().get(timeout=30).values()")
+    assert fenced.value.kind == "MeshOwnershipError"
+    assert second.eval("procs.actors['counter'].incr.call().get(timeout=30).values()") == [2, 2, 2, 2]
+    assert second.eval("session.flush('cell-1')") == [0, 1, 2, 3]
+    second.run("procs.logging_option(stream_to_client=True, level=20)")
+    # An administrator's look (the panel's stacks, `monarch-kernel debug`) from a
+    # process with no session goes through the relays too.
+    third = _new(controllers, cluster, state_home)
+    third.run(
+        "import os\nfrom monarch_kernel.controller import ask_workers\n"
+        "from monarch_kernel.hosts import registry\nfrom monarch_kernel.hosts._admin import group_of\n"
+        "rec = registry.read('fenced')\nlive = group_of(rec).list_workers()"
+    )
+    assert (
+        third.eval("['Thread ' in (s or '') for s in ask_workers(rec, live, 'stacks', 10.0)]") == [True] * 4
+    )
+    workers = set(second.eval("list(session.ref.addrs)"))
+    assert len(workers) == 4
+    for c in (first, second, third):
+        peers = _peers_of(cluster, c.eval("os.getpid()"))
+        assert peers and not peers & workers, (peers, workers)
+    second.run("procs.stop()")
+
+
 def test_the_control_plane_across_hosts_is_tls(controllers, cluster, state_home):
     c = _new(controllers, cluster, state_home)
     c.run(
