@@ -35,8 +35,8 @@ class MeshSession(Protocol):
         """The whole proc mesh."""
         ...
 
-    def calls_in_flight(self, rank: int) -> int | None:
-        """How many calls worker ``rank`` serves now (None if it does not say)."""
+    def calls_in_flight(self, ranks: list[int], timeout: float = 2.0) -> dict[int, int]:
+        """How many calls each of workers ``ranks`` holds unanswered now (those that say)."""
         ...
 
     def flush(self, origin: str, timeout: float = 5.0) -> list[int]:

@@ -384,24 +384,38 @@ class Session:
     def usage(self, ranks: list[int], timeout: float = 1.0) -> list[dict[str, Any] | None]:
         """Each worker's CPU, memory and GPU use, measured on its own host (None for
         a rank that does not answer within ``timeout``)."""
-        out: list[dict[str, Any] | None] = []
-        calls = self._builtin(ranks, "usage")
-        deadline = time.monotonic() + timeout
-        for r, c in zip(ranks, calls):
+        return [None if u is None else dict(u) for u in self._ask(ranks, "usage", timeout)]
+
+    def calls_in_flight(self, ranks: list[int], timeout: float = 2.0) -> dict[int, int]:
+        """How many calls each of workers ``ranks`` holds unanswered now, for those that
+        say within ``timeout``. Across hosts one question per host, through the relays
+        (START-1); on this host each worker's ``Stats``, on the connection calls use."""
+        if not ranks or self.closed or self.state.lost is not None:
+            return {}
+        if self.state.ref.hosts:
+            answers = self._ask(ranks, "calls_in_flight", timeout)
+            return {r: int(n) for r, n in zip(ranks, answers) if n is not None}
+        out: dict[int, int] = {}
+        for rank, conn in zip(ranks, self.state.connect(ranks)):
             try:
-                reply = c.wait(max(0.0, deadline - time.monotonic()))
-                out.append(dict(decode_reply(reply, self.state.ref, r, self.state.ref.point(r), "usage")))
+                out[rank] = int(conn.stats()["calls_in_flight"])
             except Exception:
-                out.append(None)
+                pass
         return out
 
-    def calls_in_flight(self, rank: int) -> int | None:
-        """How many calls worker ``rank`` is serving now (None if it does not say)."""
-        try:
-            (conn,) = self.state.connect([rank])
-            return int(conn.stats()["calls_in_flight"])
-        except Exception:
-            return None
+    def _ask(self, ranks: list[int], method: str, timeout: float) -> list[Any]:
+        """What the built-in actor of each of ``ranks`` answers to ``method()``; None
+        for a rank that does not answer within ``timeout`` (its call is cancelled)."""
+        out: list[Any] = []
+        deadline = time.monotonic() + timeout
+        for r, c in zip(ranks, self._builtin(ranks, method)):
+            try:
+                reply = c.wait(max(0.0, deadline - time.monotonic()))
+                out.append(decode_reply(reply, self.state.ref, r, self.state.ref.point(r), method))
+            except Exception:
+                c.cancel()
+                out.append(None)
+        return out
 
     @property
     def nprocs(self) -> int:

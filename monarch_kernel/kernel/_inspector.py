@@ -172,6 +172,8 @@ class MeshInspector(anywidget.AnyWidget):  # type: ignore[misc]
         view = controller.view_of(self.mesh)
         session = controller.session(self.mesh)
         errors = self._procs.death_lines() if session is not None else {}
+        alive = [p["rank"] for p in view["ranks"] if p["state"] == "alive"] if view is not None else []
+        inflight = session.calls_in_flight(alive) if session is not None else {}
         rows = []
         for p in view["ranks"] if view is not None else []:
             row: dict[str, Any] = {"rank": p["rank"], "state": p["state"], "pid": p["pid"], "host": p["host"]}
@@ -182,10 +184,8 @@ class MeshInspector(anywidget.AnyWidget):  # type: ignore[misc]
                     row["gpu"], row["gpu_mem"] = u["gpu"], f"{u['gpu_mem'] / 2**20:,.0f} MiB"
                 if "tensors" in u:
                     row["tensors"] = f"{_size(u['tensors'])} in {u['tensor_refs']}"
-            if p["state"] == "alive" and session is not None:
-                inflight = session.calls_in_flight(p["rank"])
-                if inflight is not None:
-                    row["inflight"] = inflight
+            if p["rank"] in inflight:
+                row["inflight"] = inflight[p["rank"]]
             error = errors.get(p["rank"]) or (p["why"] if p["state"] != "alive" else "")
             if error:
                 row["error"] = _escape(error[:200])

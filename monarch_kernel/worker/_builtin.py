@@ -129,6 +129,13 @@ class WorkerBuiltin(Actor):
         return _workspace.use(mesh, folders, changed, reload, self._d.token)
 
     @endpoint
+    def calls_in_flight(self) -> int:
+        """How many calls this worker holds unanswered (queued or running), this one
+        not counted: what ``Stats`` says, asked as a call so that it can go through the
+        hosts' relays (START-1)."""
+        return max(0, self._d.server.in_flight() - 1)
+
+    @endpoint
     def usage(self) -> dict[str, Any]:
         """This worker's CPU (percent since the last ``usage``), resident memory and,
         where NVML lists its GPU, the GPU's use and this process's GPU memory,

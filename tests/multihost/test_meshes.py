@@ -389,6 +389,13 @@ def test_a_controller_reaches_workers_across_hosts_only_through_their_agents(
     assert fenced.value.kind == "MeshOwnershipError"
     assert second.eval("procs.actors['counter'].incr.call().get(timeout=30).values()") == [2, 2, 2, 2]
     assert second.eval("session.flush('cell-1')") == [0, 1, 2, 3]
+    # The inspector's calls in flight: a call napping on host 1's procs counts there.
+    second.run("napping = procs.actors['counter'].slice(hosts=1).nap.call(5)")
+    deadline = time.monotonic() + WITHIN
+    while (busy := second.eval("session.calls_in_flight([0, 1, 2, 3])")) != {"0": 0, "1": 0, "2": 1, "3": 1}:
+        assert time.monotonic() < deadline, busy
+        time.sleep(0.1)
+    assert second.eval("napping.get(timeout=30).values()") == ["woke", "woke"]
     second.run("procs.logging_option(stream_to_client=True, level=20)")
     # An administrator's look (the panel's stacks, `monarch-kernel debug`) from a
     # process with no session goes through the relays too.

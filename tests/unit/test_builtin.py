@@ -47,6 +47,7 @@ class Blocker(Actor):
 def test_the_builtin_actor_has_the_endpoints_the_docs_list():
     assert ENDPOINTS == {
         "busy",
+        "calls_in_flight",
         "comm_msg",
         "debug_waiting",
         "flush",

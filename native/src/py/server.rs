@@ -99,6 +99,11 @@ impl PyWorkerServer {
         self.host.tls
     }
 
+    /// How many calls this worker holds unanswered (queued or running), as `Stats` says.
+    fn in_flight(&self) -> usize {
+        self.host.inbox.in_flight()
+    }
+
     /// An eventfd that is readable while `lane` has items.
     #[pyo3(signature = (lane=LANE_LOOP))]
     fn fileno(&self, lane: usize) -> PyResult<i32> {
