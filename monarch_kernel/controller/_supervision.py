@@ -295,10 +295,15 @@ class Supervisor:
             local = [i for i, r in enumerate(shape.ranks) if r not in s.state.dead and r != failure.rank]
             if not local:
                 continue
-            conns = s.state.connect([shape.ranks[i] for i in local])
+            procs = [shape.ranks[i] for i in local]
+            conns = s.state.connect(procs)
             data, raws = dumps(((failure,), {}), "supervision event")
             target = _native.Endpoint(name, "__supervise__", list(shape.labels), list(shape.extent.sizes))
-            _native.call(target, conns, local, data, raws, oneway=True)
+            fan = s.state.ref.fanout()  # across hosts through the relays, as its calls (START-1)
+            if fan is not None:
+                fan.call(target, conns, procs, local, data, raws, True, "")
+            else:
+                _native.call(target, conns, local, data, raws, oneway=True)
             any_hook = True
         return any_hook
 

@@ -367,10 +367,11 @@ def test_a_controller_reaches_workers_across_hosts_only_through_their_agents(
     controllers, cluster, state_home
 ):
     # START-1: across hosts a controller's calls go through the relays, and so do the
-    # ping that raises the workers' epoch as a session starts (FENCE-1) and the calls
-    # to the built-in actor (an attach's new root, a cell's flush, the log level, an
-    # administrator's stacks): no connection to any worker. At 64 x 16 they opened
-    # 1,024 TLS connections.
+    # ping that raises the workers' epoch as a session starts (FENCE-1), the calls to
+    # the built-in actor (an attach's new root, a cell's flush, the log level, the
+    # inspector's calls in flight, an administrator's stacks) and a death's
+    # __supervise__ calls: no connection to any worker (a call to a host's only proc
+    # would go direct, ORDER-1's one hop; none here). At 64 x 16 they opened 1,024.
     ssh = f"SSHJob(hosts=['h1', 'h2'], ssh_args=['-F', {str(cluster.ssh_config)!r}]).state(cached_path=None).hosts"
     first = _new(controllers, cluster, state_home)
     first.run(f"import os\nprocs = {ssh}.spawn_procs(per_host={{'procs': 2}}, name='fenced')")
@@ -408,11 +409,28 @@ def test_a_controller_reaches_workers_across_hosts_only_through_their_agents(
     assert (
         third.eval("['Thread ' in (s or '') for s in ask_workers(rec, live, 'stacks', 10.0)]") == [True] * 4
     )
+    # A rank's death reaches the other ranks' __supervise__ through the relays too.
+    second.run(
+        "class Watcher(Actor):\n"
+        "    def __init__(self):\n        self.seen = []\n"
+        "    def __supervise__(self, failure):\n        self.seen.append([failure.kind, failure.rank])\n"
+        "    @endpoint\n    def events(self):\n        return self.seen\n"
+        "watchers = procs.spawn('watchers', Watcher)"
+    )
+    pid = second.eval("[w['pid'] for w in session.client.list_workers() if w['rank'] == 3][0]")
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + WITHIN
+    while (seen := second.eval("watchers.slice(hosts=0).events.call().get(timeout=30).values()")) != [
+        [["dead", 3]],
+        [["dead", 3]],
+    ]:
+        assert time.monotonic() < deadline, seen
+        time.sleep(0.1)
     workers = set(second.eval("list(session.ref.addrs)"))
     assert len(workers) == 4
     for c in (first, second, third):
         peers = _peers_of(cluster, c.eval("os.getpid()"))
-        assert peers and not peers & workers, (peers, workers)
+        assert peers and not peers & workers, ([first, second, third].index(c), peers, workers)
     second.run("procs.stop()")
 
 
