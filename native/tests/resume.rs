@@ -60,7 +60,15 @@ fn calls_across_a_partition_wait_then_complete_once_each() {
     let d = Bytes::from_static(b"d");
     let slot_d = conn.call(&target(&d), 0).1.unwrap();
     assert!(slot_d.wait(Some(Duration::from_secs(30))).unwrap().is_ok());
-    assert!(host.inbox.remembered() <= 1);
+    // The server reads a message's acknowledgements after it has queued the message's
+    // calls (processed first, an acknowledgement of a call the same message sends
+    // again would let it run twice), so `d` can be answered before the server reads
+    // that `c` arrived: on a loaded machine the count is briefly 2.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while host.inbox.remembered() > 1 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(host.inbox.remembered() <= 1, "{}", host.inbox.remembered());
     proxy.task.abort();
 }
 
