@@ -37,6 +37,10 @@ class Probe(Actor):
         return current_rank().rank, str(context().message_rank)
 
     @endpoint
+    def echo(self, value: Any) -> Any:
+        return value
+
+    @endpoint
     def fail(self, text: str) -> None:
         raise ValueError(text)
 
@@ -68,6 +72,17 @@ def test_plain_calls_keep_their_context_results_and_exceptions(fresh_procs2: Any
     assert "no such thing" in text and "raise ValueError(text)" in text, text
     assert "in _call" not in text, text  # the remote traceback starts at the endpoint
     assert one.bump.call_one().get(timeout=TIMEOUT) == 4  # an exception leaves it usable
+
+
+def test_plain_calls_scalar_results_come_back_as_they_were(fresh_procs1: Any) -> None:
+    """A scalar result is pickled by the native server (the commonest without a
+    pickler): each comes back equal and of its type, at the edges of the short forms."""
+    p = fresh_procs1.spawn("probe", Probe)
+    values = [None, True, False, 0, 1, 255, 256, -1, 65535, 65536, 2**31, -(2**31) - 1, 2**70, 0.5, -0.0]
+    for v in values * 2:  # (the first call of each takes the dispatcher)
+        got = p.echo.call_one(v).get(timeout=TIMEOUT)
+        assert (got, type(got)) == (v, type(v)), (v, got)
+    assert str(p.echo.call_one(-0.0).get(timeout=TIMEOUT)) == "-0.0"
 
 
 def test_an_actor_that_fails_in_a_plain_call_refuses_the_next(fresh_procs1: Any) -> None:

@@ -372,12 +372,38 @@ impl PlainCalls {
         if !scalar {
             self.finish.bind(py).call1((i.token, result, &what))?;
         } else if i.token != 0 {
-            let data = self.dumps.bind(py).call1((result, 5))?;
-            let data = Bytes::copy_from_slice(data.cast::<PyBytes>()?.as_bytes());
+            let data = match small_pickle(&result) {
+                Some(data) => data,
+                None => {
+                    let data = self.dumps.bind(py).call1((result, 5))?;
+                    Bytes::copy_from_slice(data.cast::<PyBytes>()?.as_bytes())
+                }
+            };
             inbox.reply(i.token, ReplyKind::Result, data, Vec::new());
         }
         Ok(None)
     }
+}
+
+/// The bytes `pickle.dumps(value, 5)` makes for the commonest results (None, a bool,
+/// an int from 0 to 255), without a pickler; None for any other value.
+fn small_pickle(value: &Bound<'_, PyAny>) -> Option<Bytes> {
+    if value.is_none() {
+        return Some(Bytes::from_static(b"\x80\x05N."));
+    }
+    if value.is_exact_instance_of::<pyo3::types::PyBool>() {
+        let truth = value.is_truthy().ok()?;
+        return Some(Bytes::from_static(if truth {
+            b"\x80\x05\x88."
+        } else {
+            b"\x80\x05\x89."
+        }));
+    }
+    if !value.is_exact_instance_of::<pyo3::types::PyInt>() {
+        return None;
+    }
+    let byte = value.extract::<u8>().ok()?;
+    Some(Bytes::copy_from_slice(&[0x80, 5, b'K', byte, b'.']))
 }
 
 /// A message's rank, and its caller's mesh's dims and sizes.

@@ -184,11 +184,20 @@ impl Lane {
     ) -> (Vec<Incoming>, bool) {
         let until = timeout.map(|t| Instant::now() + t);
         let mut read = Vec::new();
+        // Whether the last wait said the eventfd is not set: what this thread then
+        // queued from the pipe is taken without reading the eventfd (a signal sent
+        // since stays set, and the next wait returns at once for it).
+        let mut efd_clear = false;
         loop {
-            let (signalled, items) = self.take_signalled();
-            if signalled || !items.is_empty() {
-                return (items, !read.is_empty());
+            if efd_clear {
+                let items: Vec<Incoming> = lock(&self.queue).drain(..).collect();
+                if !items.is_empty() {
+                    return (items, !read.is_empty());
+                }
+            } else if !lock(&self.queue).is_empty() {
+                return (self.take(), !read.is_empty());
             }
+            // (nothing queued: a signal is seen by the wait, which reports the eventfd)
             for p in read.drain(..) {
                 elsewhere(p);
             }
@@ -207,28 +216,22 @@ impl Lane {
                 // (the time is up, or a signal or an item came)
                 return (self.take(), !read.is_empty());
             }
+            efd_clear = true;
         }
     }
 
     /// Takes every queued item and clears the eventfd.
     pub fn take(&self) -> Vec<Incoming> {
-        self.take_signalled().1
-    }
-
-    /// Clears the eventfd, then takes every queued item: whether the eventfd was
-    /// set (an item or a signal came since the last take), and the items.
-    fn take_signalled(&self) -> (bool, Vec<Incoming>) {
         let mut buf: u64 = 0;
         // SAFETY: reads 8 bytes into a valid u64 from our own non-blocking eventfd.
-        let n = unsafe {
+        unsafe {
             libc::read(
                 self.efd.as_raw_fd(),
                 &mut buf as *mut u64 as *mut libc::c_void,
                 8,
             )
         };
-        let mut q = lock(&self.queue);
-        (n == 8 && buf > 0, q.drain(..).collect())
+        lock(&self.queue).drain(..).collect()
     }
 }
 
@@ -458,6 +461,7 @@ impl Inbox {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Read;
     use std::sync::mpsc;
 
     #[test]
@@ -490,5 +494,41 @@ mod tests {
         assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
         lane.signal();
         assert_eq!(rx.recv_timeout(Duration::from_secs(30)), Ok(0));
+    }
+
+    #[test]
+    fn a_signal_sent_while_its_thread_reads_the_pipe_ends_the_next_wait() {
+        // PIPE-2: a wait that the pipe alone woke takes what its thread queued from it
+        // without reading the eventfd (a system call per call); a signal another thread
+        // sent meanwhile (a job, a stop) must then end the next wait at once.
+        use std::io::Write;
+        let lane = Arc::new(Lane::new().unwrap());
+        let (mut agent, worker) = std::os::unix::net::UnixStream::pair().unwrap();
+        worker.set_nonblocking(true).unwrap();
+        pipe_in::watch(lane.ep.as_raw_fd(), worker.as_raw_fd(), 7, false);
+        agent.write_all(b"x").unwrap();
+        let read_pipe = |p: u64| {
+            assert_eq!(p, 7);
+            let mut byte = [0u8; 1];
+            assert_eq!((&worker).read(&mut byte).unwrap(), 1);
+            lock(&lane.queue).push_back(Incoming::of(Call::default()));
+            lane.signal(); // (as another thread would, while this one reads)
+        };
+        let (items, read) = lane.wait_then_take(None, read_pipe, |_| {});
+        assert_eq!((items.len(), read), (1, true));
+        let (tx, rx) = mpsc::channel();
+        let waiter = lane.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(waiter.take_wait(None).len());
+        });
+        let got = rx.recv_timeout(Duration::from_secs(30));
+        if got.is_err() {
+            lane.signal(); // let the thread go
+        }
+        assert_eq!(
+            got,
+            Ok(0),
+            "a signal sent during the read did not end the next wait"
+        );
     }
 }

@@ -138,11 +138,16 @@ impl FrameReader {
                 .await
                 .map_err(|e| RpcError::Io(e.to_string()))?;
             let buf = &mut self.buf;
+            let room = buf.capacity() - buf.len();
             let read = guard.try_io(|s| read_into(s.get_ref().as_raw_fd(), buf));
             match read {
                 Err(_would_block) => continue,
                 Ok(Ok(0)) if self.buf.is_empty() => return Ok(None),
                 Ok(Ok(0)) => return Err(RpcError::Io("the pipe ended inside a frame".into())),
+                // A read short of the room took all the socket had: the readiness is
+                // cleared now (one newer than this wait is kept), not by a second read
+                // that hears `EAGAIN` (a system call per reply).
+                Ok(Ok(n)) if n < room => guard.clear_ready(),
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Ok(Err(e)) => return Err(RpcError::Io(e.to_string())),

@@ -143,9 +143,19 @@ impl PipeIn {
             return queued;
         }
         loop {
+            let room = buf.capacity() - buf.len();
             let ok = match pipe::read_into(self.fd(), &mut buf) {
                 Ok(0) => false,
-                Ok(_) => self.queue_frames(&mut buf, inbox, &mut queued),
+                Ok(n) => {
+                    let ok = self.queue_frames(&mut buf, inbox, &mut queued);
+                    // A read short of the room took all the socket had: what comes
+                    // later is reported by the waits (level-triggered), so no second
+                    // read to hear `EAGAIN` (a system call per call).
+                    if ok && n < room {
+                        return queued;
+                    }
+                    ok
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return queued,
                 Err(e) => e.kind() == std::io::ErrorKind::Interrupted,
             };
