@@ -15,6 +15,7 @@ mod agent_conn;
 mod client;
 mod errors;
 mod pending;
+mod plain;
 mod server;
 mod tls;
 mod transfer;

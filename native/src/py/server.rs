@@ -10,7 +10,6 @@ use crate::rpc::server::WorkerHost;
 use bytes::Bytes;
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
-use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 use std::cell::RefCell;
@@ -142,7 +141,7 @@ impl PyWorkerServer {
         lane: usize,
         handle: &Bound<'_, PyAny>,
         runner: &Bound<'_, PyAny>,
-        plain: &Bound<'_, PlainCalls>,
+        plain: &Bound<'_, super::plain::PlainCalls>,
     ) -> PyResult<()> {
         let lane = self.lane(lane)?;
         let inbox = &self.host.inbox;
@@ -213,222 +212,33 @@ impl PyWorkerServer {
     }
 }
 
-/// FAST-1: what a sync actor's thread needs to run a plain call without the Python
-/// dispatcher (`_sync_actors.run_sync_item` does the same for every other item): the
-/// actors it may take (`table`: name -> (instance, place, context, the dispatcher's
-/// entry), filled by the dispatcher as it runs a call, emptied of an actor that fails
-/// or ends), and the dispatcher's objects it uses.
-#[pyclass(frozen, name = "PlainCalls", module = "monarch_kernel._native")]
-pub struct PlainCalls {
-    table: Py<pyo3::types::PyDict>,
-    /// The dispatcher's cancels of calls not started (a call in it goes the long way).
-    early_cancels: Py<PyAny>,
-    actor_var: Py<PyAny>,
-    origin_var: Py<PyAny>,
-    /// `(instance, method, payload) -> result`: unpickles and calls (a Python frame,
-    /// so an exception's traceback starts as the dispatcher's does).
-    call: Py<PyAny>,
-    /// `(table entry, token, exception, what)`: an exception of the call (DISPATCH-2, -4).
-    failed: Py<PyAny>,
-    /// `(token, result, what)`: replies with a result that is no scalar.
-    finish: Py<PyAny>,
-    dumps: Py<PyAny>,
-}
-
-#[pymethods]
-impl PlainCalls {
-    #[new]
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        table: Py<pyo3::types::PyDict>,
-        early_cancels: Py<PyAny>,
-        actor_var: Py<PyAny>,
-        origin_var: Py<PyAny>,
-        call: Py<PyAny>,
-        failed: Py<PyAny>,
-        finish: Py<PyAny>,
-        dumps: Py<PyAny>,
-    ) -> Self {
-        PlainCalls {
-            table,
-            early_cancels,
-            actor_var,
-            origin_var,
-            call,
-            failed,
-            finish,
-            dumps,
-        }
-    }
-}
-
-// The context-variable calls of CPython's C API (in every CPython since 3.7, with the
-// same signatures; pyo3 leaves them out of the limited API's declarations).
-extern "C" {
-    fn PyContextVar_Set(
-        var: *mut pyo3::ffi::PyObject,
-        value: *mut pyo3::ffi::PyObject,
-    ) -> *mut pyo3::ffi::PyObject;
-    fn PyContextVar_Reset(var: *mut pyo3::ffi::PyObject, token: *mut pyo3::ffi::PyObject) -> i32;
-}
-
-/// A context variable set for the length of a call.
-struct VarSet {
-    var: *mut pyo3::ffi::PyObject,
-    token: *mut pyo3::ffi::PyObject,
-}
-
-impl VarSet {
-    fn new(py: Python<'_>, var: &Py<PyAny>, value: &Bound<'_, PyAny>) -> PyResult<VarSet> {
-        // SAFETY: `var` is a ContextVar (checked by the caller's types at `PlainCalls`'
-        // making: a wrong object makes PyContextVar_Set fail, which is handled); the
-        // GIL is held.
-        let token = unsafe { PyContextVar_Set(var.as_ptr(), value.as_ptr()) };
-        if token.is_null() {
-            return Err(PyErr::fetch(py));
-        }
-        Ok(VarSet {
-            var: var.as_ptr(),
-            token,
-        })
-    }
-}
-
-impl Drop for VarSet {
-    fn drop(&mut self) {
-        // SAFETY: the GIL is held (a `VarSet` lives inside one `PlainCalls::run`), and
-        // `token` is the new reference PyContextVar_Set gave, released here once.
-        unsafe {
-            PyContextVar_Reset(self.var, self.token);
-            pyo3::ffi::Py_DECREF(self.token);
-        }
-    }
-}
-
-impl PlainCalls {
-    /// Runs `i` if it is a plain call this thread may take (no buffers, a plain pickle,
-    /// to an actor of the table, at the place of its kept context, no early cancel
-    /// pending: the dispatcher then looks whether it is this call's); else gives it
-    /// back for the dispatcher.
-    fn run(
-        &self,
-        py: Python<'_>,
-        inbox: &crate::rpc::inbox::Inbox,
-        runner: &Bound<'_, PyAny>,
-        i: Incoming,
-    ) -> PyResult<Option<Incoming>> {
-        if i.kind != Kind::Call
-            || !i.buffers.is_empty()
-            || i.payload.starts_with(crate::transfer::HEADER)
-        {
-            return Ok(Some(i));
-        }
-        let (actor, method, origin, place, what) = LAST.with(|last| {
-            let last = &mut *last.borrow_mut();
-            Ok::<_, PyErr>((
-                same_str(py, &mut last.actor, &i.actor),
-                same_str(py, &mut last.method, &i.method),
-                same_str(py, &mut last.origin, &i.origin),
-                place_of(py, last, &i)?,
-                what_of(py, last, &i)?,
-            ))
-        })?;
-        let Some(entry) = self.table.bind(py).get_item(&actor)? else {
-            return Ok(Some(i));
-        };
-        let entry = entry.cast_into::<PyTuple>()?;
-        if !entry.get_item(1)?.is(&place) {
-            return Ok(Some(i));
-        }
-        let (instance, context) = (entry.get_item(0)?, entry.get_item(2)?);
-        runner.setattr(intern!(py, "running_what"), &what)?;
-        runner.setattr(intern!(py, "running_call"), i.call_id)?; // a cancel from now on gets a reply
-        if self.early_cancels.bind(py).is_truthy()? {
-            // (after `running_call`, as the dispatcher looks: a cancel comes either
-            // before, and is in there, or after, and interrupts the call)
-            runner.setattr(intern!(py, "running_call"), py.None())?;
-            return Ok(Some(i));
-        }
-        let result = {
-            let _ctx = VarSet::new(py, &self.actor_var, &context)?;
-            let _origin = VarSet::new(py, &self.origin_var, origin.bind(py))?;
-            let payload = PyBytes::new(py, &i.payload);
-            let called = self.call.bind(py).call1((instance, &method, payload));
-            runner.setattr(intern!(py, "running_call"), py.None())?;
-            match called {
-                Ok(r) => r,
-                Err(e) => {
-                    self.failed
-                        .bind(py)
-                        .call1((&entry, i.token, e.value(py), &what))?;
-                    return Ok(None);
-                }
-            }
-        };
-        let scalar = result.is_none()
-            || result.is_exact_instance_of::<pyo3::types::PyBool>()
-            || result.is_exact_instance_of::<pyo3::types::PyInt>()
-            || result.is_exact_instance_of::<pyo3::types::PyFloat>();
-        if !scalar {
-            self.finish.bind(py).call1((i.token, result, &what))?;
-        } else if i.token != 0 {
-            let data = match small_pickle(&result) {
-                Some(data) => data,
-                None => {
-                    let data = self.dumps.bind(py).call1((result, 5))?;
-                    Bytes::copy_from_slice(data.cast::<PyBytes>()?.as_bytes())
-                }
-            };
-            inbox.reply(i.token, ReplyKind::Result, data, Vec::new());
-        }
-        Ok(None)
-    }
-}
-
-/// The bytes `pickle.dumps(value, 5)` makes for the commonest results (None, a bool,
-/// an int from 0 to 255), without a pickler; None for any other value.
-fn small_pickle(value: &Bound<'_, PyAny>) -> Option<Bytes> {
-    if value.is_none() {
-        return Some(Bytes::from_static(b"\x80\x05N."));
-    }
-    if value.is_exact_instance_of::<pyo3::types::PyBool>() {
-        let truth = value.is_truthy().ok()?;
-        return Some(Bytes::from_static(if truth {
-            b"\x80\x05\x88."
-        } else {
-            b"\x80\x05\x89."
-        }));
-    }
-    if !value.is_exact_instance_of::<pyo3::types::PyInt>() {
-        return None;
-    }
-    let byte = value.extract::<u8>().ok()?;
-    Some(Bytes::copy_from_slice(&[0x80, 5, b'K', byte, b'.']))
-}
-
 /// A message's rank, and its caller's mesh's dims and sizes.
-type Place = (u32, Vec<String>, Vec<u32>);
+pub(super) type Place = (u32, Vec<String>, Vec<u32>);
 
 /// The Python objects of the last message a thread took, reused for the next one where
 /// it has the same (an actor's calls mostly come from one caller to one rank): a
 /// call's hot path makes no string, and the dispatcher compares places by identity.
 #[derive(Default)]
-struct Last {
-    actor: Option<(String, Py<PyString>)>,
-    method: Option<(String, Py<PyString>)>,
-    origin: Option<(String, Py<PyString>)>,
+pub(super) struct Last {
+    pub(super) actor: Option<(String, Py<PyString>)>,
+    pub(super) method: Option<(String, Py<PyString>)>,
+    pub(super) origin: Option<(String, Py<PyString>)>,
     place: Option<(Place, Py<PyTuple>)>,
     /// `actor.method` of the last plain call (FAST-1).
     what: Option<((String, String), Py<PyString>)>,
 }
 
 thread_local! {
-    static LAST: RefCell<Last> = RefCell::new(Last::default());
+    pub(super) static LAST: RefCell<Last> = RefCell::new(Last::default());
 }
 
 /// `text` as a Python string: `last`'s when it holds the same text, else a new one,
 /// kept there.
-fn same_str(py: Python<'_>, last: &mut Option<(String, Py<PyString>)>, text: &str) -> Py<PyString> {
+pub(super) fn same_str(
+    py: Python<'_>,
+    last: &mut Option<(String, Py<PyString>)>,
+    text: &str,
+) -> Py<PyString> {
     match last {
         Some((t, s)) if t == text => s.clone_ref(py),
         _ => {
@@ -440,7 +250,7 @@ fn same_str(py: Python<'_>, last: &mut Option<(String, Py<PyString>)>, text: &st
 }
 
 /// `i`'s `(rank, dims, sizes)`: `last`'s object while it is the same.
-fn place_of(py: Python<'_>, last: &mut Last, i: &Incoming) -> PyResult<Py<PyTuple>> {
+pub(super) fn place_of(py: Python<'_>, last: &mut Last, i: &Incoming) -> PyResult<Py<PyTuple>> {
     if let Some((p, t)) = &last.place {
         if p.0 == i.rank && p.1 == i.dims && p.2 == i.sizes {
             return Ok(t.clone_ref(py));
@@ -460,7 +270,7 @@ fn place_of(py: Python<'_>, last: &mut Last, i: &Incoming) -> PyResult<Py<PyTupl
 }
 
 /// `actor.method` of `i`: `last`'s string while it is the same.
-fn what_of(py: Python<'_>, last: &mut Last, i: &Incoming) -> PyResult<Py<PyString>> {
+pub(super) fn what_of(py: Python<'_>, last: &mut Last, i: &Incoming) -> PyResult<Py<PyString>> {
     if let Some(((a, m), s)) = &last.what {
         if *a == i.actor && *m == i.method {
             return Ok(s.clone_ref(py));
@@ -501,7 +311,7 @@ fn to_py_items(py: Python<'_>, items: Vec<Incoming>) -> PyResult<Vec<PyIncoming>
 pub fn register_python_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyWorkerServer>()?;
     m.add_class::<PyIncoming>()?;
-    m.add_class::<PlainCalls>()?;
+    m.add_class::<super::plain::PlainCalls>()?;
     m.add("LANE_LOOP", LANE_LOOP)?;
     m.add("KIND_SPAWN", Kind::Spawn as u8)?;
     m.add("KIND_STOP", Kind::Stop as u8)?;

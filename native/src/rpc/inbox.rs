@@ -8,17 +8,17 @@
 //! INBOX-2: each queued item that expects an answer holds a reply token; answering a
 //! token whose caller has gone is not an error (the reply is dropped).
 
+pub use super::lane::Lane;
 use super::pipe_in::{self, PipeIn};
 use super::resume::{Callers, Requests};
 use super::RpcError;
 use crate::proto::v1::{Call, CallCommand, PingReply, PingRequest, PortMessage, Reply, ReplyKind};
 use crate::sync::{lock, unpoison};
 use bytes::Bytes;
-use std::collections::{HashMap, VecDeque};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::collections::HashMap;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, watch};
 
 /// What an inbox item asks the dispatcher to do.
@@ -106,134 +106,8 @@ pub(crate) enum Sink {
     Pipe(Arc<super::pipe::PipeWriter>, u64),
 }
 
-thread_local! {
-    /// PIPE-2: the lane this thread reads the pipe for: what it queues there needs no signal.
-    static READING_FOR: std::cell::Cell<*const Lane> = const { std::cell::Cell::new(std::ptr::null()) };
-}
-
 /// The lane of everything not routed elsewhere: async actors, spawns, stops, cancels.
 pub const LANE_LOOP: usize = 0;
-
-/// One queue and the eventfd that says it is non-empty (INBOX-1).
-pub struct Lane {
-    /// Items not yet taken by the dispatcher.
-    queue: Mutex<VecDeque<Incoming>>,
-    efd: OwnedFd,
-    /// What its thread waits on: `efd` (reported as 0), and the worker's pipes if it
-    /// reads them (PIPE-2: reported by their ids).
-    pub(super) ep: OwnedFd,
-}
-
-impl Lane {
-    fn new() -> Result<Self, RpcError> {
-        let io = |e: std::io::Error| RpcError::Io(e.to_string());
-        // SAFETY: eventfd has no memory-safety preconditions; we check the result.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(io(std::io::Error::last_os_error()));
-        }
-        // SAFETY: fd is a fresh descriptor that nothing else owns.
-        let efd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let ep = pipe_in::epoll().map_err(io)?;
-        pipe_in::watch(ep.as_raw_fd(), efd.as_raw_fd(), 0, false);
-        Ok(Lane {
-            queue: Mutex::new(VecDeque::new()),
-            efd,
-            ep,
-        })
-    }
-
-    /// Makes a waiter on this lane return (with whatever is queued, maybe nothing).
-    pub fn signal(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a valid u64 to our own eventfd. A full counter
-        // (EAGAIN) still leaves it readable, which is all INBOX-1 needs.
-        unsafe {
-            libc::write(
-                self.efd.as_raw_fd(),
-                &one as *const u64 as *const libc::c_void,
-                8,
-            );
-        }
-    }
-
-    /// The eventfd to wait on (INBOX-1).
-    pub fn fd(&self) -> RawFd {
-        self.efd.as_raw_fd()
-    }
-
-    /// Like [`Lane::take`], but first waits up to `timeout` (None: with no limit) for
-    /// an item (or a [`Lane::signal`]) if there is none. Blocks: call it without the GIL.
-    ///
-    /// LANE-1: a signal sent before the call (a job submitted while the thread was
-    /// still looking at its jobs) is not lost: it makes the call return at once,
-    /// maybe empty, so the thread looks at its jobs again.
-    pub fn take_wait(&self, timeout: Option<Duration>) -> Vec<Incoming> {
-        self.wait_then_take(timeout, |_| {}, |_| {}).0
-    }
-
-    /// [`Lane::take_wait`], reading the pipe with id `p` by `read_pipe(p)` when it is
-    /// what woke the thread (PIPE-2); a pipe's calls for other lanes do not end the
-    /// wait, and after them `elsewhere(p)` (the lane steps back among the pipe's
-    /// readers). Also whether the items came with a pipe this thread read.
-    pub(super) fn wait_then_take(
-        &self,
-        timeout: Option<Duration>,
-        read_pipe: impl Fn(u64),
-        elsewhere: impl Fn(u64),
-    ) -> (Vec<Incoming>, bool) {
-        let until = timeout.map(|t| Instant::now() + t);
-        let mut read = Vec::new();
-        // Whether the last wait said the eventfd is not set: what this thread then
-        // queued from the pipe is taken without reading the eventfd (a signal sent
-        // since stays set, and the next wait returns at once for it).
-        let mut efd_clear = false;
-        loop {
-            if efd_clear {
-                let items: Vec<Incoming> = lock(&self.queue).drain(..).collect();
-                if !items.is_empty() {
-                    return (items, !read.is_empty());
-                }
-            } else if !lock(&self.queue).is_empty() {
-                return (self.take(), !read.is_empty());
-            }
-            // (nothing queued: a signal is seen by the wait, which reports the eventfd)
-            for p in read.drain(..) {
-                elsewhere(p);
-            }
-            let ms = until.map_or(-1, |u| {
-                let left = u.saturating_duration_since(Instant::now());
-                left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
-            });
-            let ready = pipe_in::wait(self.ep.as_raw_fd(), ms);
-            READING_FOR.with(|r| r.set(self));
-            for &p in ready.iter().filter(|&&p| p != 0) {
-                read_pipe(p);
-                read.push(p);
-            }
-            READING_FOR.with(|r| r.set(std::ptr::null())); // (what it queued: taken above)
-            if ready.is_empty() || ready.contains(&0) {
-                // (the time is up, or a signal or an item came)
-                return (self.take(), !read.is_empty());
-            }
-            efd_clear = true;
-        }
-    }
-
-    /// Takes every queued item and clears the eventfd.
-    pub fn take(&self) -> Vec<Incoming> {
-        let mut buf: u64 = 0;
-        // SAFETY: reads 8 bytes into a valid u64 from our own non-blocking eventfd.
-        unsafe {
-            libc::read(
-                self.efd.as_raw_fd(),
-                &mut buf as *mut u64 as *mut libc::c_void,
-                8,
-            )
-        };
-        lock(&self.queue).drain(..).collect()
-    }
-}
 
 /// The queues between the gRPC service and the Python dispatcher.
 ///
@@ -372,15 +246,7 @@ impl Inbox {
         let Some(lane) = self.lane(routed).or_else(|| self.lane(LANE_LOOP)) else {
             return;
         };
-        let was_empty = {
-            let mut q = lock(&lane.queue);
-            let was_empty = q.is_empty();
-            q.push_back(item);
-            was_empty
-        };
-        if was_empty && !READING_FOR.with(|r| std::ptr::eq(r.get(), Arc::as_ptr(&lane))) {
-            lane.signal();
-        }
+        lane.push(item);
     }
 
     /// Answers the item that carried `token` (INBOX-2).
@@ -455,80 +321,5 @@ impl Inbox {
     /// Items answered by nobody yet (in flight).
     pub fn in_flight(&self) -> usize {
         lock(&self.sinks).len()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::io::Read;
-    use std::sync::mpsc;
-
-    #[test]
-    fn a_signal_sent_before_the_wait_is_not_lost() {
-        // LANE-1: a lane thread looks at its jobs, finds none, and only then waits; a
-        // job submitted in between signals before the wait begins. The wait must
-        // return (its thread then finds the job), not sleep on with the job queued.
-        let lane = Arc::new(Lane::new().unwrap());
-        lane.signal();
-        let (tx, rx) = mpsc::channel();
-        let waiter = lane.clone();
-        std::thread::spawn(move || {
-            let _ = tx.send(waiter.take_wait(None).len());
-        });
-        let got = rx.recv_timeout(Duration::from_secs(30));
-        if got.is_err() {
-            lane.signal(); // let the thread go
-        }
-        assert_eq!(
-            got,
-            Ok(0),
-            "the wait slept on through a signal sent before it"
-        );
-        // With nothing sent since, a wait blocks until a signal comes.
-        let (tx, rx) = mpsc::channel();
-        let waiter = lane.clone();
-        std::thread::spawn(move || {
-            let _ = tx.send(waiter.take_wait(None).len());
-        });
-        assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
-        lane.signal();
-        assert_eq!(rx.recv_timeout(Duration::from_secs(30)), Ok(0));
-    }
-
-    #[test]
-    fn a_signal_sent_while_its_thread_reads_the_pipe_ends_the_next_wait() {
-        // PIPE-2: a wait that the pipe alone woke takes what its thread queued from it
-        // without reading the eventfd (a system call per call); a signal another thread
-        // sent meanwhile (a job, a stop) must then end the next wait at once.
-        use std::io::Write;
-        let lane = Arc::new(Lane::new().unwrap());
-        let (mut agent, worker) = std::os::unix::net::UnixStream::pair().unwrap();
-        worker.set_nonblocking(true).unwrap();
-        pipe_in::watch(lane.ep.as_raw_fd(), worker.as_raw_fd(), 7, false);
-        agent.write_all(b"x").unwrap();
-        let read_pipe = |p: u64| {
-            assert_eq!(p, 7);
-            let mut byte = [0u8; 1];
-            assert_eq!((&worker).read(&mut byte).unwrap(), 1);
-            lock(&lane.queue).push_back(Incoming::of(Call::default()));
-            lane.signal(); // (as another thread would, while this one reads)
-        };
-        let (items, read) = lane.wait_then_take(None, read_pipe, |_| {});
-        assert_eq!((items.len(), read), (1, true));
-        let (tx, rx) = mpsc::channel();
-        let waiter = lane.clone();
-        std::thread::spawn(move || {
-            let _ = tx.send(waiter.take_wait(None).len());
-        });
-        let got = rx.recv_timeout(Duration::from_secs(30));
-        if got.is_err() {
-            lane.signal(); // let the thread go
-        }
-        assert_eq!(
-            got,
-            Ok(0),
-            "a signal sent during the read did not end the next wait"
-        );
     }
 }

@@ -6,6 +6,7 @@ pub mod auth;
 pub mod batch;
 pub mod client;
 pub mod inbox;
+pub mod lane;
 pub mod pipe;
 pub mod pipe_in;
 pub mod resume;
