@@ -39,6 +39,7 @@ from monarch_kernel.mesh import (
     escalate,
     loads,
     owner_handles,
+    send_calls,
     tail_lines,
     user_fault_hook,
 )
@@ -299,11 +300,8 @@ class Supervisor:
             conns = s.state.connect(procs)
             data, raws = dumps(((failure,), {}), "supervision event")
             target = _native.Endpoint(name, "__supervise__", list(shape.labels), list(shape.extent.sizes))
-            fan = s.state.ref.fanout()  # across hosts through the relays, as its calls (START-1)
-            if fan is not None:
-                fan.call(target, conns, procs, local, data, raws, True, "")
-            else:
-                _native.call(target, conns, local, data, raws, oneway=True)
+            # (across hosts through the relays, as the mesh's calls: START-1)
+            send_calls(s.state.ref.fanout(), target, conns, procs, local, data, raws, True, "")
             any_hook = True
         return any_hook
 

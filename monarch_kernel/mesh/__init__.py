@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from monarch_kernel.actor import _current as actor_context
     from monarch_kernel.mesh._actor_mesh import ActorMesh, Endpoint, NotAnEndpoint, decode_reply, set_rref
     from monarch_kernel.mesh._buffers import calling_token, know_token, prefer_huge_pages, wait_read
-    from monarch_kernel.mesh._builtin import call_builtin
+    from monarch_kernel.mesh._builtin import call_builtin, send_calls
     from monarch_kernel.mesh._control import (
         MeshControl,
         MeshFailure,
@@ -63,6 +63,7 @@ _LAZY: dict[str, str] = {
     "ActorMesh": "monarch_kernel.mesh._actor_mesh",
     "adopt": "monarch_kernel.mesh._control",
     "call_builtin": "monarch_kernel.mesh._builtin",
+    "send_calls": "monarch_kernel.mesh._builtin",
     "Channel": "monarch_kernel.mesh._port",
     "current_proc": "monarch_kernel.mesh._proc_mesh",
     "states_count": "monarch_kernel.mesh._proc_rows",
@@ -126,6 +127,7 @@ __all__ = [
     "ActorMesh",
     "adopt",
     "call_builtin",
+    "send_calls",
     "Channel",
     "current_proc",
     "death_error",

@@ -26,6 +26,7 @@ from monarch_kernel.errors import (
     UnknownEndpointError,
 )
 from monarch_kernel.mesh import _buffers, _port
+from monarch_kernel.mesh._builtin import send_calls
 from monarch_kernel.mesh._control import session_for
 from monarch_kernel.mesh._future import Future, cancel_calls
 from monarch_kernel.mesh._serial import dumps, loads, loads_exception
@@ -190,13 +191,10 @@ class Endpoint(Generic[R]):
         if origin:
             _origin.touched.add(mesh._proc.name)
         try:
-            fan = mesh._proc.fanout()
-            if fan is not None:
-                procs = [mesh._shape.ranks[i] for i in local]
-                calls = fan.call(self._target, conns, procs, local, payload, buffers, oneway, origin)
-            else:
-                # (positional: pyo3 parses keyword arguments on every call)
-                calls = _native.call(self._target, conns, local, payload, buffers, oneway, origin)
+            procs = [mesh._shape.ranks[i] for i in local]
+            calls = send_calls(
+                mesh._proc.fanout(), self._target, conns, procs, local, payload, buffers, oneway, origin
+            )
         except BaseException:
             _buffers.drop_now(regs)  # nothing was sent: nobody will read them
             raise

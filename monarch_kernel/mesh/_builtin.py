@@ -34,9 +34,28 @@ def call_builtin(
     if endpoint is None:
         endpoint = _endpoints[method] = _native.Endpoint(BUILTIN, method)
     payload, buffers = dumps((args, {}), f"arguments of {BUILTIN}.{method}")
+    return send_calls(fan, endpoint, conns, ranks, ranks, payload, buffers, False, origin)
+
+
+def send_calls(
+    fan: Any,
+    target: Any,
+    conns: list[Any],
+    procs: list[int],
+    local: list[int],
+    payload: bytes,
+    buffers: list[Any],
+    oneway: bool,
+    origin: str,
+) -> list[Any]:
+    """The calls of ``target`` (a ``_native.Endpoint``) to procs ``procs`` on ``conns``
+    (``local``: their indices in the called mesh): through the hosts' relays with
+    ``fan`` (``ProcRef.fanout()``: a mesh across hosts, RELAY-1), else to each worker.
+    One ``_native.PendingCall`` per proc, in order."""
     if fan is not None:
-        return list(fan.call(endpoint, conns, ranks, ranks, payload, buffers, False, origin))
-    return _native.call(endpoint, conns, ranks, payload, buffers, origin=origin)
+        return fan.call(target, conns, procs, local, payload, buffers, oneway, origin)
+    # (positional: pyo3 parses keyword arguments on every call)
+    return _native.call(target, conns, local, payload, buffers, oneway, origin)
 
 
 __all__ = ["call_builtin"]
