@@ -166,17 +166,8 @@ mod tests {
         // return (its thread then finds the job), not sleep on with the job queued.
         let lane = Arc::new(Lane::new().unwrap());
         lane.signal();
-        let (tx, rx) = mpsc::channel();
-        let waiter = lane.clone();
-        std::thread::spawn(move || {
-            let _ = tx.send(waiter.take_wait(None).len());
-        });
-        let got = rx.recv_timeout(Duration::from_secs(30));
-        if got.is_err() {
-            lane.signal(); // let the thread go
-        }
         assert_eq!(
-            got,
+            waited(&lane),
             Ok(0),
             "the wait slept on through a signal sent before it"
         );
@@ -211,6 +202,16 @@ mod tests {
         };
         let (items, read) = lane.wait_then_take(None, read_pipe, |_| {});
         assert_eq!((items.len(), read), (1, true));
+        assert_eq!(
+            waited(&lane),
+            Ok(0),
+            "a signal sent during the read did not end the next wait"
+        );
+    }
+
+    /// How many items a `take_wait` on `lane` in another thread returned, if it
+    /// returned within 30 s (else it is signalled, to let its thread go).
+    fn waited(lane: &Arc<Lane>) -> Result<usize, mpsc::RecvTimeoutError> {
         let (tx, rx) = mpsc::channel();
         let waiter = lane.clone();
         std::thread::spawn(move || {
@@ -218,12 +219,8 @@ mod tests {
         });
         let got = rx.recv_timeout(Duration::from_secs(30));
         if got.is_err() {
-            lane.signal(); // let the thread go
+            lane.signal();
         }
-        assert_eq!(
-            got,
-            Ok(0),
-            "a signal sent during the read did not end the next wait"
-        );
+        got
     }
 }
