@@ -302,13 +302,22 @@ class MonarchKernel(IPythonKernel):
         try:
             return await super().do_execute(code, silent, *args, **kwargs)
         finally:
-            try:
-                self._flush(origin)
-            except BaseException:  # a second stop press: the cell still gets its reply
-                pass
-            finally:
-                self.router.cell_finished()
-                _origin.set_default("")
+            self._end_cell(origin)
+
+    def _end_cell(self, origin: str) -> None:
+        """ROUTE-3, then the cell ends for the router before the stream batch is sent
+        (ROUTE-4, ROUTE-5): a line routed to the cell is in the batch by then, and
+        later ones wait for the next cell; none goes out after the cell's end."""
+        try:
+            self._flush_meshes(origin)
+        except BaseException:  # a second stop press: the cell still gets its reply
+            pass
+        self.router.cell_finished()
+        try:
+            self._batch.flush()
+        except BaseException:
+            pass
+        _origin.set_default("")
 
     def _flush(self, origin: str) -> None:
         """ROUTE-3: waits until the meshes this cell called have delivered its output,

@@ -75,6 +75,10 @@ class Router:
         return pending, failures
 
     def cell_finished(self) -> None:
+        """From now on, lines wait for the next cell (ROUTE-4). A line routed to this
+        cell was handed to ``send`` under the same lock, so once this returns every
+        one of them is in the kernel's stream batch, which the cell's end flushes
+        next: none is sent after the cell's end (a front end drops it)."""
         with self._lock:
             self.current = ""
 
@@ -172,8 +176,8 @@ class Router:
             else:
                 stream, text = line.stream, f"[{mesh} {line.rank}] {text}\n"
             parent = self._running_or_keep(stream, text)
-        if parent is not None:
-            self._send(parent, stream, text)
+            if parent is not None:  # (under the lock: see cell_finished)
+                self._send(parent, stream, text)
 
     def on_merged(self, session: MeshSession, merged: MergedLine) -> None:
         """Lines merged over ``logging_option``'s window, from the ranks that wrote
@@ -182,8 +186,8 @@ class Router:
         with self._lock:
             self._lines_seen += 1
             parent = self._running_or_keep(merged.stream, text)
-        if parent is not None:
-            self._send(parent, merged.stream, text)
+            if parent is not None:  # (under the lock: see cell_finished)
+                self._send(parent, merged.stream, text)
 
     def _running_or_keep(self, stream: str, text: str | DisplayMessage) -> dict[str, Any] | None:
         """The request of the cell running now; while none runs, ``text`` waits for
