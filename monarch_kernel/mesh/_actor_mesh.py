@@ -191,10 +191,10 @@ class Endpoint(Generic[R]):
         if origin:
             _origin.touched.add(mesh._proc.name)
         try:
-            procs = [mesh._shape.ranks[i] for i in local]
-            calls = send_calls(
-                mesh._proc.fanout(), self._target, conns, procs, local, payload, buffers, oneway, origin
-            )
+            fan = mesh._proc.fanout()
+            # (the procs' ranks only where the relays need them: not on a call's local path)
+            procs = local if fan is None else [mesh._shape.ranks[i] for i in local]
+            calls = send_calls(fan, self._target, conns, procs, local, payload, buffers, oneway, origin)
         except BaseException:
             _buffers.drop_now(regs)  # nothing was sent: nobody will read them
             raise

@@ -58,4 +58,4 @@ def send_calls(
     return _native.call(target, conns, local, payload, buffers, oneway, origin)
 
 
-__all__ = ["call_builtin"]
+__all__ = ["call_builtin", "send_calls"]
