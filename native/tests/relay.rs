@@ -22,12 +22,15 @@ mod common;
 use common::{runtime, target, Proxy};
 
 const WAIT: Option<Duration> = Some(Duration::from_secs(30));
+/// How late a worker answers a call that names it `late<proc>`.
+const LATE: Duration = Duration::from_secs(2);
 
 /// Not a test: the worker process an agent of these tests starts (the agent passes
 /// its listening socket in `MONARCH_LISTEN_FD` and the token on stdin). It answers
 /// each call with `"proc:rank:n:payload"` (`n`: the calls it has run so far,
-/// broadcasts and this one included), a second late if the payload is `slow`, and
-/// exits when its stdin closes, as a worker does (AGENT-1).
+/// broadcasts and this one included), a second late if the payload is `slow`, two
+/// seconds late if it names this proc as `late<proc>`, as an exception if it names
+/// it as `fail<proc>`, and exits when its stdin closes, as a worker does (AGENT-1).
 #[test]
 #[ignore = "the worker process of the other tests, started by their agent"]
 fn relay_test_worker() {
@@ -63,8 +66,16 @@ fn relay_test_worker() {
                 if payload == "slow" {
                     std::thread::sleep(Duration::from_secs(1));
                 }
+                if payload.contains(&format!("late{proc}")) {
+                    std::thread::sleep(LATE);
+                }
+                let kind = if payload.contains(&format!("fail{proc}")) {
+                    ReplyKind::Exception
+                } else {
+                    ReplyKind::Result
+                };
                 let reply = format!("{proc}:{}:{n}:{payload}", item.rank);
-                inbox.reply(item.token, ReplyKind::Result, Bytes::from(reply), vec![]);
+                inbox.reply(item.token, kind, Bytes::from(reply), vec![]);
             }
         }
     });
@@ -109,6 +120,17 @@ impl Host {
         workers: u32,
         first: u32,
     ) -> Host {
+        Self::start_holding(rt, token, workers, first, Duration::from_millis(20))
+    }
+
+    /// An agent whose relay holds a call's results up to `hold` (GATHER-1).
+    fn start_holding(
+        rt: &tokio::runtime::Runtime,
+        token: &'static str,
+        workers: u32,
+        first: u32,
+        hold: Duration,
+    ) -> Host {
         let logs = tempfile::tempdir().unwrap();
         let cfg = AgentConfig {
             name: "relay-test".into(),
@@ -120,6 +142,7 @@ impl Host {
             bind_host: "127.0.0.1".into(),
             tls: None,
             tls_ca: None,
+            relay_hold: hold,
         };
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let handle = agent::start(rt.handle(), cfg, listener).unwrap();
@@ -229,6 +252,60 @@ fn a_relay_forwards_the_deliveries_of_another_host_to_its_relay_and_returns_thei
     }
     assert!(relay.lost().is_none());
     a.stop(&rt);
+}
+
+/// Whether `slot` has completed (without waiting).
+fn done(slot: &Arc<Slot>) -> bool {
+    slot.wait(Some(Duration::ZERO)).is_some()
+}
+
+#[test]
+fn a_relay_sends_a_calls_results_back_together_and_a_failure_at_once() {
+    // GATHER-1, with a hold longer than the test: results wait for the call's last.
+    let rt = runtime();
+    let token = "relay-test-token-gather";
+    let host = Host::start_holding(&rt, token, 3, 0, Duration::from_secs(600));
+    let relay = WorkerConn::relay(rt.handle(), &host.handle.addr, token).unwrap();
+    let all = here(&[(0, 0), (1, 1), (2, 2)]);
+    // Procs 1 and 2 answer at once, proc 0 late: all three come back together.
+    let late = Bytes::from_static(b"late0");
+    let (_, slots) = relay.call_fanned(&target(&late), all.clone());
+    assert!(
+        slots[1].wait(Some(LATE / 2)).is_none(),
+        "a result came back before the call's last"
+    );
+    assert_eq!(text(&slots[0]), "0:0:1:late0");
+    assert!(done(&slots[1]) && done(&slots[2]), "the results came apart");
+    assert_eq!(text(&slots[2]), "2:2:1:late0");
+    // An exception goes back at once, with the results held before it; the late
+    // result follows alone.
+    let fail = Bytes::from_static(b"late0fail1");
+    let (_, slots) = relay.call_fanned(&target(&fail), all);
+    let r = slots[1].wait(WAIT).unwrap().unwrap();
+    assert_eq!(reply_kind(&r), ReplyKind::Exception);
+    assert!(
+        !done(&slots[0]),
+        "the late proc answered before the failure came back"
+    );
+    // (proc 2's result was held until the failure came, or came with it)
+    assert_eq!(text(&slots[2]), "2:2:2:late0fail1");
+    assert_eq!(text(&slots[0]), "0:0:2:late0fail1");
+    host.stop(&rt);
+}
+
+#[test]
+fn a_result_a_relay_holds_goes_back_within_the_hold_while_the_call_runs_on() {
+    // GATHER-1: a slow rank does not keep the other results from the caller.
+    let rt = runtime();
+    let token = "relay-test-token-hold";
+    let host = Host::start_holding(&rt, token, 2, 0, Duration::from_millis(100));
+    let relay = WorkerConn::relay(rt.handle(), &host.handle.addr, token).unwrap();
+    let late = Bytes::from_static(b"late0");
+    let (_, slots) = relay.call_fanned(&target(&late), here(&[(0, 0), (1, 1)]));
+    assert_eq!(text(&slots[1]), "1:1:1:late0");
+    assert!(!done(&slots[0]), "the result waited for the late proc");
+    assert_eq!(text(&slots[0]), "0:0:1:late0");
+    host.stop(&rt);
 }
 
 #[test]

@@ -85,6 +85,9 @@ pub struct AgentConfig {
     /// The mesh's CA, handed to the workers, whose own calls to the mesh's other
     /// workers check them against it (TLS-2).
     pub tls_ca: Option<String>,
+    /// The longest the relay holds a call's result to send it back with the call's
+    /// others (GATHER-1, `relay::hold_from_env`); zero: each reply goes as it comes.
+    pub relay_hold: Duration,
 }
 
 /// State shared by the service and its background tasks.
@@ -159,6 +162,11 @@ impl Agent {
     /// The mesh token (the relay's connections to the workers carry it).
     pub fn token(&self) -> &str {
         &self.cfg.token
+    }
+
+    /// See [`AgentConfig::relay_hold`].
+    pub fn relay_hold(&self) -> Duration {
+        self.cfg.relay_hold
     }
 
     /// FENCE-2: admits a command that changes the mesh from a controller at `epoch`.

@@ -18,6 +18,16 @@
 //! any other); its replies come back here as its workers' and go on to the caller
 //! under the caller's call id. A relay it cannot reach answers LOST for each of its
 //! procs, so a call never waits on a broken branch.
+//!
+//! GATHER-1: a relay sends a call's replies back together. It holds each result until
+//! every delivery of the call has answered, and then sends them all at once, so a
+//! call's replies cost the caller (and each relay on the way back) one message per
+//! host or group, not one per reply that happened to come alone. A reply that is not
+//! a result (an exception, a refusal, a lost worker) goes at once with those held, so a
+//! failure still fails the call fast; and no result is held longer than the agent's hold (20 ms), so a
+//! slow rank does not keep its host's other answers from a caller that streams them
+//! for longer than that.
+//! (`AgentConfig::relay_hold`; 0 sends each reply as it comes.)
 
 use super::Agent;
 use crate::proto::v1::relay_server;
@@ -31,6 +41,7 @@ use bytes::Bytes;
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
@@ -39,9 +50,31 @@ use tonic::{Request, Response, Status, Streaming};
 /// worker, or to another relay: TREE-1) and the call's id on that connection.
 type Leg = (u32, Arc<WorkerConn>, u64);
 
-/// Calls in flight through the relay: for each call id, where its deliveries went and
-/// how many replies are still to come (so that a cancel reaches them).
-type InFlight = Arc<Mutex<HashMap<u64, (usize, Vec<Leg>)>>>;
+/// The longest a relay holds a result back to send it with the call's others
+/// (GATHER-1, `AgentConfig::relay_hold`): 20 ms, or `MONARCH_RELAY_HOLD_MS` in the
+/// environment (0: none is held, each reply goes as it comes).
+pub fn hold_from_env() -> Duration {
+    let ms = std::env::var("MONARCH_RELAY_HOLD_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    Duration::from_millis(ms)
+}
+
+/// A call in flight through the relay.
+struct Flight {
+    /// Replies still to come.
+    left: usize,
+    /// Where its deliveries went (so that a cancel reaches them).
+    legs: Vec<Leg>,
+    /// Results held to go back together (GATHER-1).
+    held: Vec<Reply>,
+    /// Whether a send of what is held is due within the hold.
+    timed: bool,
+}
+
+/// Calls in flight through the relay, by call id.
+type InFlight = Arc<Mutex<HashMap<u64, Flight>>>;
 
 /// The relay service of one agent.
 pub struct Relay {
@@ -130,8 +163,9 @@ impl relay_server::Relay for Relay {
         let r = req.into_inner();
         let legs: Vec<Leg> = lock(&self.in_flight)
             .get(&r.call_id)
-            .map(|(_, legs)| {
-                legs.iter()
+            .map(|f| {
+                f.legs
+                    .iter()
                     .filter(|(p, _, _)| r.proc.is_none_or(|want| want == *p))
                     .cloned()
                     .collect()
@@ -259,12 +293,18 @@ fn deliver(
     {
         // Before any reply can come back to the caller: each one counts down its
         // call's entry.
-        let kept = legs.iter().map(|(leg, _)| leg.clone()).collect();
-        lock(in_flight).insert(call_id, (legs.len(), kept));
+        let flight = Flight {
+            left: legs.len(),
+            legs: legs.iter().map(|(leg, _)| leg.clone()).collect(),
+            held: Vec::new(),
+            timed: false,
+        };
+        lock(in_flight).insert(call_id, flight);
     }
     for ((proc, _, _), slot) in legs {
         let Some(slot) = slot else { continue };
         let (callers, slot2, in_flight) = (callers.clone(), slot.clone(), in_flight.clone());
+        let (rt, hold) = (rt.clone(), agent.relay_hold());
         slot.on_done(Box::new(move || {
             let reply = match slot2.outcome() {
                 Some(Ok(mut r)) => {
@@ -275,14 +315,63 @@ fn deliver(
                 Some(Err(e)) => refusal(call_id, ReplyKind::Lost, Some(proc), e.to_string()),
                 None => return,
             };
-            callers.reply(caller, reply);
-            let mut map = lock(&in_flight);
-            if let Some((left, _)) = map.get_mut(&call_id) {
-                *left -= 1;
-                if *left == 0 {
-                    map.remove(&call_id);
-                }
-            }
+            let to = Held {
+                rt: &rt,
+                in_flight: &in_flight,
+                callers: &callers,
+                caller,
+                hold,
+            };
+            let out = to.gathered(call_id, reply);
+            callers.reply_all(caller, out);
         }));
+    }
+}
+
+/// Where a relayed call's replies are held (GATHER-1) and whom they go to.
+struct Held<'a> {
+    rt: &'a tokio::runtime::Handle,
+    in_flight: &'a InFlight,
+    callers: &'a Arc<Callers>,
+    caller: u64,
+    /// The longest a result is held.
+    hold: Duration,
+}
+
+impl Held<'_> {
+    /// What goes back to the caller now that `reply` came for `call_id`: every reply
+    /// held so far with it once the call has no reply left to come or `reply` is not
+    /// a result; else nothing, and `reply` is held (sent within the hold at the latest).
+    fn gathered(&self, call_id: u64, reply: Reply) -> Vec<Reply> {
+        let mut map = lock(self.in_flight);
+        let Some(f) = map.get_mut(&call_id) else {
+            return vec![reply];
+        };
+        f.left -= 1;
+        let urgent = reply.kind != ReplyKind::Result as i32;
+        f.held.push(reply);
+        if f.left == 0 {
+            return map.remove(&call_id).map(|f| f.held).unwrap_or_default();
+        }
+        if urgent || self.hold.is_zero() {
+            return std::mem::take(&mut f.held);
+        }
+        if !f.timed {
+            f.timed = true;
+            let (in_flight, callers) = (self.in_flight.clone(), self.callers.clone());
+            let (caller, hold) = (self.caller, self.hold);
+            self.rt.spawn(async move {
+                tokio::time::sleep(hold).await;
+                let out = match lock(&in_flight).get_mut(&call_id) {
+                    Some(f) => {
+                        f.timed = false;
+                        std::mem::take(&mut f.held)
+                    }
+                    None => Vec::new(),
+                };
+                callers.reply_all(caller, out);
+            });
+        }
+        Vec::new()
     }
 }

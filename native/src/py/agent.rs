@@ -69,6 +69,7 @@ fn start_agent(
         bind_host,
         tls,
         tls_ca,
+        relay_hold: agent::relay::hold_from_env(),
     };
     let handle = detach(py, || {
         let l = std::net::TcpListener::bind((cfg.bind_host.as_str(), port))

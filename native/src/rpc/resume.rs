@@ -278,15 +278,26 @@ impl Callers {
     /// `reply` for a call of `caller`: remembered until received, and sent on the
     /// caller's newest stream.
     pub fn reply(&self, caller: u64, reply: Reply) {
+        self.reply_all(caller, [reply]);
+    }
+
+    /// [`reply`](Self::reply) for each of `replies`, under one lock, in order.
+    pub fn reply_all(&self, caller: u64, replies: impl IntoIterator<Item = Reply>) {
+        let mut replies = replies.into_iter().peekable();
+        if replies.peek().is_none() {
+            return;
+        }
         let mut t = lock(&self.map);
         let Some(c) = t.callers.get_mut(&caller) else {
             return; // forgotten (RESUME-3): nobody waits for it
         };
-        if let MapEntry::Occupied(mut e) = c.calls.entry(key(reply.call_id, reply.proc)) {
-            e.insert(Entry::Done(reply.clone()));
-        }
-        if let Some(tx) = &c.tx {
-            let _ = tx.send(reply);
+        for reply in replies {
+            if let MapEntry::Occupied(mut e) = c.calls.entry(key(reply.call_id, reply.proc)) {
+                e.insert(Entry::Done(reply.clone()));
+            }
+            if let Some(tx) = &c.tx {
+                let _ = tx.send(reply);
+            }
         }
     }
 
