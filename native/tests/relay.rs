@@ -120,7 +120,7 @@ impl Host {
         workers: u32,
         first: u32,
     ) -> Host {
-        Self::start_holding(rt, token, workers, first, Duration::from_millis(20))
+        Self::start_holding(rt, token, workers, first, agent::relay::HOLD)
     }
 
     /// An agent whose relay holds a call's results up to `hold` (GATHER-1).

@@ -152,7 +152,7 @@ fn an_agent_with_tls_answers_a_client_with_its_mesh_ca_and_no_other() {
         bind_host: "127.0.0.1".into(),
         tls: Some(id.server.clone()),
         tls_ca: Some(id.ca_pem.clone()),
-        relay_hold: Duration::from_millis(20),
+        relay_hold: agent::relay::HOLD,
     };
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let handle = agent::start(rt.handle(), cfg, listener).unwrap();

@@ -23,11 +23,10 @@
 //! every delivery of the call has answered, and then sends them all at once, so a
 //! call's replies cost the caller (and each relay on the way back) one message per
 //! host or group, not one per reply that happened to come alone. A reply that is not
-//! a result (an exception, a refusal, a lost worker) goes at once with those held, so a
-//! failure still fails the call fast; and no result is held longer than the agent's hold (20 ms), so a
-//! slow rank does not keep its host's other answers from a caller that streams them
-//! for longer than that.
-//! (`AgentConfig::relay_hold`; 0 sends each reply as it comes.)
+//! a result (an exception, a refusal, a lost worker) goes at once with those held, so
+//! a failure still fails the call fast; and no result is held longer than the agent's
+//! hold ([`HOLD`], `AgentConfig::relay_hold`; zero sends each reply as it comes), so a
+//! slow rank does not keep its host's other answers from a caller that streams them.
 
 use super::Agent;
 use crate::proto::v1::relay_server;
@@ -51,14 +50,16 @@ use tonic::{Request, Response, Status, Streaming};
 type Leg = (u32, Arc<WorkerConn>, u64);
 
 /// The longest a relay holds a result back to send it with the call's others
-/// (GATHER-1, `AgentConfig::relay_hold`): 20 ms, or `MONARCH_RELAY_HOLD_MS` in the
-/// environment (0: none is held, each reply goes as it comes).
+/// (GATHER-1), unless `MONARCH_RELAY_HOLD_MS` says otherwise ([`hold_from_env`]).
+pub const HOLD: Duration = Duration::from_millis(20);
+
+/// The agent's hold (`AgentConfig::relay_hold`): `MONARCH_RELAY_HOLD_MS` in the
+/// environment (0: none is held, each reply goes as it comes), else [`HOLD`].
 pub fn hold_from_env() -> Duration {
-    let ms = std::env::var("MONARCH_RELAY_HOLD_MS")
+    std::env::var("MONARCH_RELAY_HOLD_MS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(20);
-    Duration::from_millis(ms)
+        .map_or(HOLD, Duration::from_millis)
 }
 
 /// A call in flight through the relay.
