@@ -96,6 +96,12 @@ def decode_all(
     whose call failed (its worker died) raises, even while other ranks still run
     (their entries are None: ``wait_calls`` returned at the first failure).
     ``point_of(i)``: the point of reply ``i``, made only for an error that names it."""
+    n = len(replies)
+    if not kw and n > 1 and not isinstance(replies[0], BaseException) and replies.count(replies[0]) == n:
+        # one Reply for every rank (``wait_all`` shares equal ones): read once
+        values = _plain_values(replies[:1])
+        if values is not None and type(values[0]) in _ATOMS:
+            return values * n
     for i, r in enumerate(replies):
         if isinstance(r, BaseException):
             decode_reply(r, proc, ranks[i], point_of(i), what, **kw)  # raises
@@ -119,7 +125,13 @@ def _plain_values(replies: list[Any]) -> list[Any] | None:
     ``pickle.loads``); None when any reply needs :func:`decode_reply`."""
     seen: dict[bytes, Any] = {}
     out = []
+    last: Any = None
+    v: Any = None
     for r in replies:
+        if r is last and type(v) in _ATOMS:  # the same Reply (``wait_all`` shares them)
+            out.append(v)
+            continue
+        last = r
         payload = r.payload
         if r.kind != _RESULT or r.buffers or payload[:4] == _buffers.HEADER:
             return None

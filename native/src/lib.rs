@@ -8,6 +8,7 @@
 #![warn(missing_docs)]
 
 pub mod agent;
+mod ids;
 pub mod node;
 pub mod proto;
 pub mod rpc;

@@ -17,6 +17,7 @@ from monarch_kernel import (
     Point,
     Shape,
     ValueMesh,
+    _native,
     context,
     current_rank,
     current_size,
@@ -43,6 +44,10 @@ class Counter(Actor):
     @endpoint
     def set(self, v: int) -> None:
         self.v = v
+
+    @endpoint
+    def as_list(self) -> list[int]:
+        return [self.v]
 
     @endpoint
     def nap(self, seconds: float) -> str:
@@ -160,6 +165,22 @@ def test_future_get_returns_the_same_value_every_time(counter):
     assert future.get(timeout=TIMEOUT) == 1
     assert future.get(timeout=TIMEOUT) == 1
     assert future.done()
+
+
+def test_ranks_that_return_equal_values_share_one_reply_but_each_gets_its_own_mutable_value(counter):
+    # wait_all gives equal replies one Reply object (TREE-1's per-reply cost); the
+    # values read from it are the same object only where that cannot be seen
+    # (immutable), and each rank's list is its own.
+    counter.set.call(5).get(timeout=TIMEOUT)
+    future = counter.value.call()
+    replies = _native.wait_all(future._calls, TIMEOUT)
+    assert len(replies) == 4 and all(r is replies[0] for r in replies)
+    assert future.get(timeout=TIMEOUT).values() == [5, 5, 5, 5]
+    lists = counter.as_list.call().get(timeout=TIMEOUT).values()
+    assert lists == [[5], [5], [5], [5]]
+    lists[0].append(6)
+    assert lists[1:] == [[5], [5], [5]]
+    assert len({id(v) for v in lists}) == 4
 
 
 def test_future_get_refuses_a_negative_timeout(counter):

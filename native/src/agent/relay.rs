@@ -29,6 +29,7 @@
 //! slow rank does not keep its host's other answers from a caller that streams them.
 
 use super::Agent;
+use crate::ids::IdMap;
 use crate::proto::v1::relay_server;
 use crate::proto::v1::{Calls, CancelReply, CancelRequest, Replies, Reply, ReplyKind};
 use crate::rpc::batch::Batched;
@@ -37,7 +38,6 @@ use crate::rpc::resume::{self, Admit, Callers};
 use crate::rpc::slot::Slot;
 use crate::sync::lock;
 use bytes::Bytes;
-use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -75,7 +75,7 @@ struct Flight {
 }
 
 /// Calls in flight through the relay, by call id.
-type InFlight = Arc<Mutex<HashMap<u64, Flight>>>;
+type InFlight = Arc<Mutex<IdMap<u64, Flight>>>;
 
 /// The relay service of one agent.
 pub struct Relay {

@@ -7,8 +7,7 @@ use super::errors::to_py;
 use crate::node;
 use crate::proto::v1::Reply;
 use crate::rpc::client::WorkerConn;
-use crate::rpc::slot::{Outcome, Slot};
-use crate::sync::{lock, unpoison};
+use crate::rpc::slot::{Bell, Outcome, Slot};
 use pyo3::exceptions::PyTimeoutError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
@@ -179,7 +178,8 @@ impl PendingCall {
 /// deadline passes first. With `fail_fast`, it returns as soon as one call has
 /// failed (its worker died: a reply from a live worker, even an exception, is not a
 /// failure), with None for the calls still running, so a dead rank is known at once
-/// whatever the others do.
+/// whatever the others do. Consecutive equal replies without buffers (1,024 ranks
+/// that return the same value) are one `Reply` object, repeated.
 #[pyfunction]
 #[pyo3(signature = (calls, timeout=None, fail_fast=false))]
 fn wait_all(
@@ -195,8 +195,11 @@ fn wait_all(
     }
     let mut out = Vec::with_capacity(calls.len());
     // TREE-1: consecutive replies with the same payload (1,024 ranks returning the
-    // same value) share one bytes object, made once.
+    // same value) share one bytes object, made once; and, when they also have the
+    // same kind and no buffers, one `Reply` (frozen): the caller reads it once for
+    // all of them (`_actor_mesh._plain_values`).
     let mut last: Option<(bytes::Bytes, Py<PyBytes>)> = None;
+    let mut last_reply: Option<(i32, Py<PyAny>)> = None;
     for c in &calls {
         if early && !c.slot.is_done() {
             out.push(py.None());
@@ -210,64 +213,54 @@ fn wait_all(
             }
         };
         let payload = match &last {
-            Some((bytes, obj)) if *bytes == reply.payload => obj.clone_ref(py),
+            Some((bytes, obj)) if *bytes == reply.payload => {
+                if let Some((kind, obj)) = &last_reply {
+                    if *kind == reply.kind && reply.buffers.is_empty() {
+                        out.push(obj.clone_ref(py));
+                        continue;
+                    }
+                }
+                obj.clone_ref(py)
+            }
             _ => {
                 let obj = PyBytes::new(py, &reply.payload).unbind();
                 last = Some((reply.payload.clone(), obj.clone_ref(py)));
                 obj
             }
         };
-        out.push(Py::new(py, reply_with_payload(py, &reply, payload)?)?.into_any());
+        let obj = Py::new(py, reply_with_payload(py, &reply, payload)?)?.into_any();
+        last_reply = reply
+            .buffers
+            .is_empty()
+            .then(|| (reply.kind, obj.clone_ref(py)));
+        out.push(obj);
     }
     Ok(out)
 }
 
 /// Waits until every call is done or one has failed (or the deadline passes:
 /// TimeoutError), with the GIL released and signals checked every 50 ms. Each slot
-/// counts itself done as it completes, and only the last one (or a failure) wakes
+/// rings one [`Bell`] as it completes, and only the last one (or a failure) wakes
 /// the wait: 1,024 replies arriving in a relay's batches wake it once, not once per
-/// batch with a look at every slot each time (TREE-1's per-reply cost).
+/// batch with a look at every slot each time, and no callback is made per slot
+/// (TREE-1's per-reply cost).
 fn wait_first_failure(
     py: Python<'_>,
     calls: &[PyRef<'_, PendingCall>],
     deadline: Option<Instant>,
 ) -> PyResult<()> {
-    // (done, failed)
-    let bell = Arc::new((
-        std::sync::Mutex::new((0usize, false)),
-        std::sync::Condvar::new(),
-    ));
-    let n = calls.len();
+    let bell = Bell::new(calls.len());
     for c in calls {
-        let b = bell.clone();
-        let slot = Arc::downgrade(&c.slot);
-        c.slot.on_done(Box::new(move || {
-            let failed = slot.upgrade().is_some_and(|s| s.has_failed());
-            let mut st = lock(&b.0);
-            st.0 += 1;
-            st.1 |= failed;
-            if st.0 >= n || failed {
-                b.1.notify_all();
-            }
-        }));
+        c.slot.ring_when_done(&bell);
     }
     loop {
-        let settled = detach(py, || {
-            let chunk = match deadline {
-                None => Duration::from_millis(50),
-                Some(d) => d
-                    .saturating_duration_since(Instant::now())
-                    .min(Duration::from_millis(50)),
-            };
-            let st = lock(&bell.0);
-            let st = if st.0 >= n || st.1 {
-                st
-            } else {
-                unpoison(bell.1.wait_timeout(st, chunk)).0
-            };
-            st.0 >= n || st.1
-        });
-        if settled {
+        let chunk = match deadline {
+            None => Duration::from_millis(50),
+            Some(d) => d
+                .saturating_duration_since(Instant::now())
+                .min(Duration::from_millis(50)),
+        };
+        if bell.settled() || detach(py, || bell.wait(chunk)) {
             return Ok(());
         }
         py.check_signals()?;

@@ -18,6 +18,7 @@
 //! its connection broke runs once: every copy gets that one run's reply
 //! ([`Requests`]; the last [`REQUESTS_KEPT`] ids are remembered).
 
+use crate::ids::IdMap;
 use crate::proto::v1::{Calls, Received, Reply, ReplyKind};
 use crate::sync::lock;
 use bytes::Bytes;
@@ -80,7 +81,7 @@ struct Caller {
     /// closed (a message of an older stream read then is stale, not new).
     newest: u64,
     /// Calls admitted and not yet received, by (call id, proc).
-    calls: HashMap<(u64, u32), Entry>,
+    calls: IdMap<(u64, u32), Entry>,
     /// Since when no stream has been open (RESUME-3).
     idle_since: Option<Instant>,
 }
@@ -171,7 +172,7 @@ impl Callers {
         let c = t.callers.entry(caller).or_insert_with(|| Caller {
             tx: None,
             newest: n,
-            calls: HashMap::new(),
+            calls: IdMap::default(),
             idle_since: None,
         });
         if knew && n < c.newest {

@@ -7,7 +7,7 @@
 use super::RpcError;
 use crate::proto::v1::Reply;
 use crate::sync::{lock, unpoison};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -18,8 +18,61 @@ pub type Outcome = Result<Reply, RpcError>;
 pub type Callback = Box<dyn FnOnce() + Send>;
 
 enum State {
-    Pending(Vec<Callback>),
+    /// The callbacks to run, and the bells to ring, when it completes (a bell in a
+    /// field of its own: most slots have one, and no `Vec` is made for it).
+    Pending(Vec<Callback>, Option<Arc<Bell>>, Vec<Arc<Bell>>),
     Done(Outcome),
+}
+
+/// Counts the completions of a set of slots for one waiter ([`Bell::wait`]): woken
+/// once every slot is done or one has failed (a fail-fast wait on the slots of a call
+/// to 1,024 procs), with no callback made, boxed and run per slot.
+pub struct Bell {
+    slots: usize,
+    done: AtomicUsize,
+    failed: AtomicBool,
+    lock: Mutex<()>,
+    rung: Condvar,
+}
+
+impl Bell {
+    /// A bell for `slots` slots, each to be watched by [`Slot::ring_when_done`].
+    pub fn new(slots: usize) -> Arc<Bell> {
+        Arc::new(Bell {
+            slots,
+            done: AtomicUsize::new(0),
+            failed: AtomicBool::new(false),
+            lock: Mutex::new(()),
+            rung: Condvar::new(),
+        })
+    }
+
+    fn ring(&self, failed: bool) {
+        if failed {
+            self.failed.store(true, Ordering::SeqCst);
+        }
+        let done = self.done.fetch_add(1, Ordering::SeqCst) + 1;
+        if failed || done >= self.slots {
+            // (under the lock: a waiter that saw it unsettled is waiting by now)
+            let _held = lock(&self.lock);
+            self.rung.notify_all();
+        }
+    }
+
+    /// Whether every slot is done or one has failed.
+    pub fn settled(&self) -> bool {
+        self.failed.load(Ordering::SeqCst) || self.done.load(Ordering::SeqCst) >= self.slots
+    }
+
+    /// Waits up to `timeout` until [`settled`](Self::settled); whether it is.
+    pub fn wait(&self, timeout: Duration) -> bool {
+        let held = lock(&self.lock);
+        if self.settled() {
+            return true;
+        }
+        drop(unpoison(self.rung.wait_timeout(held, timeout)));
+        self.settled()
+    }
 }
 
 /// One pending call's result.
@@ -37,7 +90,7 @@ pub struct Slot {
 impl Default for Slot {
     fn default() -> Self {
         Slot {
-            state: Mutex::new(State::Pending(Vec::new())),
+            state: Mutex::new(State::Pending(Vec::new(), None, Vec::new())),
             ready: Condvar::new(),
             waiters: AtomicUsize::new(0),
         }
@@ -59,14 +112,15 @@ impl Slot {
 
     /// Completes the slot (SLOT-1), then runs the callbacks outside the lock.
     pub fn complete(&self, outcome: Outcome) {
-        let callbacks = {
+        let failed = outcome.is_err();
+        let (callbacks, bell, bells) = {
             let mut st = lock(&self.state);
             match &mut *st {
                 State::Done(_) => return,
-                State::Pending(cbs) => {
-                    let cbs = std::mem::take(cbs);
+                State::Pending(cbs, bell, bells) => {
+                    let taken = (std::mem::take(cbs), bell.take(), std::mem::take(bells));
                     *st = State::Done(outcome);
-                    cbs
+                    taken
                 }
             }
         };
@@ -74,6 +128,9 @@ impl Slot {
         // was set under that lock: one that waits is counted here)
         if self.waiters.load(Ordering::SeqCst) > 0 {
             self.ready.notify_all();
+        }
+        for bell in bell.into_iter().chain(bells) {
+            bell.ring(failed);
         }
         for cb in callbacks {
             cb();
@@ -89,7 +146,7 @@ impl Slot {
     pub fn peek<R>(&self, f: impl FnOnce(Option<&Outcome>) -> R) -> R {
         match &*lock(&self.state) {
             State::Done(o) => f(Some(o)),
-            State::Pending(_) => f(None),
+            State::Pending(..) => f(None),
         }
     }
 
@@ -108,10 +165,25 @@ impl Slot {
     pub fn on_done(&self, cb: Callback) {
         let mut st = lock(&self.state);
         match &mut *st {
-            State::Pending(cbs) => cbs.push(cb),
+            State::Pending(cbs, ..) => cbs.push(cb),
             State::Done(_) => {
                 drop(st);
                 cb();
+            }
+        }
+    }
+
+    /// Rings `bell` when the slot completes (at once if it already has), saying
+    /// whether it failed.
+    pub fn ring_when_done(&self, bell: &Arc<Bell>) {
+        let mut st = lock(&self.state);
+        match &mut *st {
+            State::Pending(_, watch @ None, _) => *watch = Some(bell.clone()),
+            State::Pending(_, Some(_), more) => more.push(bell.clone()),
+            State::Done(o) => {
+                let failed = o.is_err();
+                drop(st);
+                bell.ring(failed);
             }
         }
     }
@@ -184,5 +256,39 @@ mod tests {
             n2.fetch_add(1, Ordering::SeqCst);
         }));
         assert_eq!(n.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn a_bell_rings_when_all_are_done_or_at_once_when_one_fails() {
+        let (a, b, c) = (Slot::new(), Slot::new(), Slot::new());
+        let bell = Bell::new(3);
+        let other = Bell::new(1); // a second waiter on `a`
+        a.ring_when_done(&bell);
+        a.ring_when_done(&other);
+        b.complete(Ok(Reply::default()));
+        b.ring_when_done(&bell); // done before it was watched
+        c.ring_when_done(&bell);
+        assert!(!bell.wait(Duration::from_millis(5)));
+        a.complete(Ok(Reply::default()));
+        assert!(other.settled());
+        assert!(!bell.settled());
+        let c2 = c.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            c2.complete(Ok(Reply::default()));
+        });
+        assert!(bell.wait(Duration::from_secs(60)));
+        t.join().unwrap();
+
+        let (d, e) = (Slot::new(), Slot::new());
+        let bell = Bell::new(2);
+        d.ring_when_done(&bell);
+        e.ring_when_done(&bell);
+        e.complete(Err(RpcError::Io("gone".into())));
+        assert!(
+            bell.settled(),
+            "a failure settles it while the other is pending"
+        );
+        assert!(!d.is_done());
     }
 }

@@ -8,6 +8,7 @@ use super::service::Client;
 use crate::proto::v1::{Call, Calls, Reply, ReplyKind};
 use crate::rpc::batch::Batched;
 use crate::rpc::resume::{CALLER_HEADER, INCARNATION_HEADER, KNEW_HEADER, STREAM_HEADER};
+use crate::rpc::slot::Slot;
 use crate::rpc::RpcError;
 use crate::sync::lock;
 use std::collections::HashSet;
@@ -285,8 +286,15 @@ impl Link {
     fn replies(&self, replies: Vec<Reply>) {
         super::calls::REPLY_BATCHES.fetch_add(1, Ordering::Relaxed);
         super::calls::REPLIES.fetch_add(replies.len() as u64, Ordering::Relaxed);
-        for reply in replies {
-            let slot = lock(&self.pending).take(reply.call_id, reply.proc);
+        // (the table locked once per batch: a relay's batch has a host's replies)
+        let slots: Vec<Option<Arc<Slot>>> = {
+            let mut pending = lock(&self.pending);
+            replies
+                .iter()
+                .map(|r| pending.take(r.call_id, r.proc))
+                .collect()
+        };
+        for (reply, slot) in replies.into_iter().zip(slots) {
             let Some(slot) = slot else { continue };
             if reply.kind == ReplyKind::Lost as i32 {
                 // (fan-out) the relay lost the worker, as a direct call would have; or

@@ -1,20 +1,20 @@
 //! The calls of one connection waiting for replies (CLIENT-1, RESUME-1): the table the
 //! connection task completes from and resends from, and its one way to fail them all.
 
+use crate::ids::IdMap;
 use crate::proto::v1::{Call, Received};
 use crate::rpc::slot::Slot;
 use crate::rpc::RpcError;
 use crate::sync::lock;
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 /// Calls waiting for replies, and whether the connection is gone (CLIENT-1).
 #[derive(Default)]
 pub(super) struct Pending {
     /// Each call with the message it went as, to send again on a resumed stream.
-    pub(super) calls: HashMap<u64, (Arc<Slot>, Call)>,
+    pub(super) calls: IdMap<u64, (Arc<Slot>, Call)>,
     /// Calls fanned out by a relay (a host agent): one slot per worker, by proc.
-    pub(super) fanned: HashMap<u64, (HashMap<u32, Arc<Slot>>, Call)>,
+    pub(super) fanned: IdMap<u64, (IdMap<u32, Arc<Slot>>, Call)>,
     pub(super) lost: Option<RpcError>,
     /// Replies received since the last message went out: the next one says so, and
     /// the worker forgets them (RESUME-1).
