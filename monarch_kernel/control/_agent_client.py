@@ -175,6 +175,20 @@ def _broke(e: Any) -> bool:
     )
 
 
+def _cut_short(e: Any) -> bool:
+    """Whether a failed RPC's connection attempt was cut before the connection was up
+    (its TCP, TLS or HTTP/2 set-up slower than the attempt's time: gRPC gives a first
+    attempt only ``grpc.min_reconnect_backoff_ms``, and a host starting 16 workers
+    can take longer), so the request was never sent. Not a refusal: nothing listens
+    there, and that fails at once."""
+    import grpc
+
+    details = (e.details() or "").lower()
+    return e.code() == grpc.StatusCode.UNAVAILABLE and any(
+        w in details for w in ("handshaker shutdown", "timed out before receiving settings")
+    )
+
+
 class _Failed:
     """A native stream's failure (WATCH-1) as grpcio's ``RpcError`` shows one, for
     :meth:`AgentClient._error`."""
@@ -253,8 +267,11 @@ class AgentClient:
         healed) is waited for, up to ``timeout``, instead of failing the call at once.
         ``resend``: the request means the same sent twice (the agent knows it by its id,
         or it records or reads): a connection that breaks after it was sent (a starved
-        or partitioned link: the agent's keepalive gives up on this process) is opened
-        again and the request sent again, up to ``RESENDS`` times within ``timeout``."""
+        or partitioned link: the agent's keepalive gives up on this process), or whose
+        set-up was cut short before it was sent (a loaded host), is opened again and
+        the request sent again, up to ``RESENDS`` times within ``timeout``; later
+        attempts wait for the connection (each set-up gets up to a second, gRPC's
+        backoff). A refused connection still fails at once."""
         deadline, attempt = time.monotonic() + timeout, 0
         while True:
             try:
@@ -265,7 +282,8 @@ class AgentClient:
                     wait_for_ready=wait_for_ready or attempt > 0 or None,
                 )
             except self._grpc.RpcError as e:
-                if resend and attempt < RESENDS and _broke(e) and time.monotonic() < deadline:
+                again = _broke(e) or _cut_short(e)
+                if resend and attempt < RESENDS and again and time.monotonic() < deadline:
                     attempt += 1
                     continue
                 raise self._error(e, name) from None

@@ -130,3 +130,32 @@ def test_a_record_whose_connection_broke_after_it_was_sent_is_sent_again():
     finally:
         front.stopped.set()
         server.stop(0).wait()
+
+
+class _SlowFront(_Front):
+    """A front whose every connection takes ``delay`` s to set up (a loaded host)."""
+
+    def __init__(self, to_port: int, delay: float) -> None:
+        self.delay = delay
+        super().__init__(to_port)
+
+    def _hold(self, conn: socket.socket) -> None:
+        time.sleep(self.delay)
+        super()._hold(conn)
+
+
+def test_a_request_whose_connection_is_slow_to_set_up_is_sent_once_it_is_up():
+    # bench.scale, 1,024 procs starting: "TLS with the host agent ... failed
+    # (SpawnWorkers): failed to connect to all addresses; ... handshaker shutdown".
+    # gRPC gives a first connection attempt 200 ms (grpc.min_reconnect_backoff_ms).
+    server, port = _serve(0, pid=7)
+    front = _SlowFront(port, delay=0.6)
+    try:
+        client = AgentClient(f"127.0.0.1:{front.port}", "token")
+        with pytest.raises(SupervisionError, match="timed out before receiving SETTINGS"):
+            _ping(client)  # a request that is not sent again fails, as before
+        reply = client._call("Ping", agent_pb2.AgentPingRequest(), 30.0, resend=True)
+        assert reply.pid == 7
+    finally:
+        front.stopped.set()
+        server.stop(0).wait()
