@@ -395,7 +395,7 @@ fn the_fan_out_keeps_each_workers_calls_in_the_order_sent_whichever_path_each_ta
         .map(|s| {
             s.relayed
                 .as_ref()
-                .map(|(c, p)| (c.addr().to_string(), *p))
+                .map(|(i, p)| (conns[*i].addr().to_string(), *p))
                 .unwrap()
         })
         .collect();

@@ -6,7 +6,7 @@ use super::errors::to_py;
 use super::pending::PendingCall;
 use crate::node;
 use crate::proto::v1::{CallCommand, PortMessage};
-use crate::rpc::client::{Fanout, Target, WorkerConn};
+use crate::rpc::client::{Target, WorkerConn};
 use bytes::Bytes;
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyTimeoutError;
@@ -18,7 +18,7 @@ use std::time::Duration;
 /// A connection to one worker (shared per address and token within the process).
 #[pyclass(frozen, name = "WorkerConn", module = "monarch_kernel._native")]
 pub struct PyWorkerConn {
-    inner: Arc<WorkerConn>,
+    pub(super) inner: Arc<WorkerConn>,
 }
 
 /// Copies Python buffer-protocol objects (format "B") into owned bytes.
@@ -201,7 +201,7 @@ impl PyEndpoint {
     }
 
     /// A call of this endpoint with `payload` and `buffers`.
-    fn target<'a>(
+    pub(super) fn target<'a>(
         &'a self,
         payload: &'a Bytes,
         buffers: &'a [Bytes],
@@ -309,74 +309,6 @@ fn call(
         .into_iter()
         .filter_map(|(id, slot, c)| slot.map(|s| PendingCall::new(s, id, c)))
         .collect())
-}
-
-/// How a mesh's procs lie on its hosts, to call procs across hosts (RELAY-1) by the
-/// paths ORDER-1 allows: made once per mesh (converted once); every fan-out of one
-/// mesh token in this process keeps one order (`rpc/client/order.rs`).
-#[pyclass(frozen, name = "Fanout", module = "monarch_kernel._native")]
-pub struct PyFanout {
-    inner: Fanout,
-}
-
-#[pymethods]
-impl PyFanout {
-    /// `hosts`: each host's agent address (its relay), first proc rank and number of
-    /// procs.
-    #[new]
-    fn new(token: &str, hosts: Vec<(String, u32, u32)>) -> PyResult<Self> {
-        if hosts.is_empty() {
-            return Err(pyo3::exceptions::PyValueError::new_err(
-                "a fan-out needs the mesh's hosts",
-            ));
-        }
-        Ok(PyFanout {
-            inner: Fanout::new(token, &hosts),
-        })
-    }
-
-    /// Sends one call of `endpoint` to the procs `procs`, each by the path ORDER-1
-    /// allows: direct on `conns[i]` (the connection to `procs[i]`), or with the other
-    /// procs of its host through the host's agent (RELAY-1). `ranks[i]` is the index
-    /// of `procs[i]` within the called mesh. Returns the pending calls in the order of
-    /// `procs`, or an empty list if `oneway`.
-    #[pyo3(signature = (endpoint, conns, procs, ranks, payload, buffers, oneway=false, origin=""))]
-    #[allow(clippy::too_many_arguments)] // eight from Python, and the GIL token
-    fn call(
-        &self,
-        py: Python<'_>,
-        endpoint: PyRef<'_, PyEndpoint>,
-        conns: Vec<PyRef<'_, PyWorkerConn>>,
-        procs: Vec<u32>,
-        ranks: Vec<u32>,
-        payload: &[u8],
-        buffers: Vec<PyBuffer<u8>>,
-        oneway: bool,
-        origin: &str,
-    ) -> PyResult<Vec<PendingCall>> {
-        if procs.len() != ranks.len() || procs.len() != conns.len() {
-            return Err(pyo3::exceptions::PyValueError::new_err(
-                "conns, procs and ranks differ in length",
-            ));
-        }
-        let bufs = to_bytes_vec(py, &buffers)?;
-        let payload = Bytes::copy_from_slice(payload);
-        let conns: Vec<Arc<WorkerConn>> = conns.iter().map(|c| c.inner.clone()).collect();
-        let t = endpoint.target(&payload, &bufs, oneway, origin);
-        let sent = detach(py, || {
-            self.inner.send(node::handle(), &t, &conns, &procs, &ranks)
-        })
-        .map_err(to_py)?;
-        Ok(sent
-            .into_iter()
-            .map(|s| PendingCall {
-                slot: s.slot,
-                call_id: s.call_id,
-                conn: s.conn,
-                target: s.relayed,
-            })
-            .collect())
-    }
 }
 
 /// How many call messages this process has sent (a fanned-out call counts once).
@@ -491,7 +423,6 @@ pub fn register_python_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyWorkerConn>()?;
     m.add_class::<PyEndpoint>()?;
     m.add_function(wrap_pyfunction!(call, m)?)?;
-    m.add_class::<PyFanout>()?;
     m.add_function(wrap_pyfunction!(calls_sent, m)?)?;
     m.add_function(wrap_pyfunction!(replies_received, m)?)?;
     super::pending::register_python_bindings(m)?;

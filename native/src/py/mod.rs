@@ -14,6 +14,7 @@ mod agent;
 mod agent_conn;
 mod client;
 mod errors;
+mod fanout;
 mod pending;
 mod plain;
 mod server;
@@ -121,6 +122,7 @@ fn set_runtime_threads(n: usize) -> bool {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register_python_bindings(m)?;
     client::register_python_bindings(m)?;
+    fanout::register_python_bindings(m)?;
     server::register_python_bindings(m)?;
     agent::register_python_bindings(m)?;
     agent_conn::register_python_bindings(m)?;

@@ -20,10 +20,15 @@ pub struct PendingCall {
     pub(super) slot: Arc<Slot>,
     pub(super) call_id: u64,
     pub(super) conn: Arc<WorkerConn>,
-    /// The worker's own connection (for its address) and proc rank when the call
-    /// went through a relay (fan-out).
-    pub(super) target: Option<(Arc<WorkerConn>, u32)>,
+    /// When the call went through a relay (fan-out): the call's connections, the
+    /// index of the worker's own among them (for its address) and its proc rank. (The
+    /// connections are shared by the call's 1,024 `PendingCall`s: holding each
+    /// worker's own touched 1,024 cold objects per call, twice.)
+    pub(super) target: Option<(Conns, usize, u32)>,
 }
+
+/// The connections of a call to many procs, shared by its `PendingCall`s.
+pub(super) type Conns = Arc<[Arc<WorkerConn>]>;
 
 /// A call's reply: its kind (`REPLY_RESULT`, `REPLY_EXCEPTION`, `REPLY_REJECTED`,
 /// `REPLY_FENCED`), the pickled payload (or, rejected or fenced, the reason in UTF-8)
@@ -154,7 +159,7 @@ impl PendingCall {
 
     /// Asks the worker to cancel this call.
     fn cancel(&self) {
-        let proc = self.target.as_ref().map(|t| t.1);
+        let proc = self.target.as_ref().map(|t| t.2);
         self.conn.cancel(node::handle(), self.call_id, proc);
     }
 
@@ -167,7 +172,7 @@ impl PendingCall {
     #[getter]
     fn addr(&self) -> String {
         match &self.target {
-            Some((worker, _)) => worker.addr().to_string(),
+            Some((conns, i, _)) => conns[*i].addr().to_string(),
             None => self.conn.addr().to_string(),
         }
     }

@@ -80,8 +80,9 @@ pub struct Sent {
     pub slot: Arc<Slot>,
     /// The connection it went on: the worker's, or its host's relay's.
     pub conn: Arc<WorkerConn>,
-    /// Through a relay: the worker's own connection (for its address) and proc rank.
-    pub relayed: Option<(Arc<WorkerConn>, u32)>,
+    /// Through a relay: the index of the proc in the call (that of its connection
+    /// in `conns`, for its address) and its proc rank.
+    pub relayed: Option<(usize, u32)>,
 }
 
 impl Fanout {
@@ -203,7 +204,7 @@ impl Fanout {
                     call_id,
                     slot,
                     conn: relay.clone(),
-                    relayed: Some((conns[i].clone(), procs[i])),
+                    relayed: Some((i, procs[i])),
                 });
             }
         }
