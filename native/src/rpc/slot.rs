@@ -155,12 +155,6 @@ impl Slot {
         self.peek(|o| o.is_some())
     }
 
-    /// True once complete with an error (the call failed: its worker went away, or
-    /// the message could not be sent), not with a reply.
-    pub fn has_failed(&self) -> bool {
-        self.peek(|o| matches!(o, Some(Err(_))))
-    }
-
     /// Runs `cb` when the slot completes (at once, on this thread, if it already has).
     pub fn on_done(&self, cb: Callback) {
         let mut st = lock(&self.state);
