@@ -34,6 +34,10 @@ _SCALARS = frozenset({type(None), bool, int, float})
 _ORIGIN = _origin.var
 #: What a message whose buffers went through the transfer engine starts with.
 _HEADER = _native.MESSAGE_HEADER
+#: DISPLAY-1's test (``_display.ensure_if_imported``) on a plain call's hot path, inline
+#: (a frame fewer per call): the shell list is appended to, never rebound.
+_SHELL = _display._shell
+_MODULES = sys.modules
 
 
 def run_sync_item(d: DispatcherLike, runner: LaneThread, item: _native.Incoming) -> None:
@@ -119,7 +123,8 @@ def _call(instance: Any, method: str, payload: bytes) -> Any:
     """FAST-1: a plain call's arguments unpickled, and the call (the frame an
     exception's traceback starts at, as ``run_sync_item``'s: ``_replies`` drops it)."""
     args, kwargs = pickle.loads(payload)
-    _display.ensure_if_imported()  # DISPLAY-1
+    if not _SHELL and "IPython" in _MODULES:  # DISPLAY-1, as ensure_if_imported
+        _display.ensure()
     return getattr(instance, method)(*args, **kwargs)
 
 

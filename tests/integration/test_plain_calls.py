@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -129,3 +131,76 @@ def test_a_stopped_actors_queued_plain_calls_are_refused(fresh_procs1: Any) -> N
     with pytest.raises(Exception) as refused:
         p.bump.call_one().get(timeout=TIMEOUT)
     assert "probe" in str(refused.value), refused.value
+
+
+class Turns(Actor):
+    """Counts the turns of its thread's lane loop (``LaneThread._run``), each of which
+    asks the thread's job queue whether it is empty."""
+
+    def __init__(self) -> None:
+        self.flag = threading.Event()
+
+    def _runner(self) -> Any:
+        from monarch_kernel.worker._lanes import lane_threads
+
+        return next(r for r in list(lane_threads) if r.thread is threading.current_thread())
+
+    @endpoint
+    def watch(self) -> None:
+        runner = self._runner()
+
+        class Counting:
+            def __init__(self, jobs: Any) -> None:
+                self.jobs, self.turns = jobs, 0
+
+            def empty(self) -> bool:
+                self.turns += 1
+                return bool(self.jobs.empty())
+
+            def get_nowait(self) -> Any:
+                return self.jobs.get_nowait()
+
+            def put(self, job: Any) -> None:
+                self.jobs.put(job)
+
+        runner.jobs = Counting(runner.jobs)
+
+    @endpoint
+    def turns(self) -> int:
+        return int(self._runner().jobs.turns)
+
+    @endpoint
+    def bump(self) -> int:
+        return 1
+
+    @endpoint
+    def submit_later(self) -> None:
+        """A job for this thread, submitted from another thread while calls arrive."""
+        runner = self._runner()
+        threading.Timer(0.2, lambda: runner.submit(self.flag.set)).start()
+
+    @endpoint
+    def flagged(self) -> bool:
+        return self.flag.is_set()
+
+
+def test_plain_calls_in_a_row_run_no_line_of_the_lane_loop(fresh_procs1: Any) -> None:
+    """LANE-2: the native server goes on serving an actor's plain calls until its lane
+    is woken for a job; the Python loop between them turns only then."""
+    p = fresh_procs1.spawn("turns", Turns)
+    for _ in range(2):  # (the first call of the actor takes the dispatcher)
+        p.watch.call_one().get(timeout=TIMEOUT)
+    for _ in range(50):
+        assert p.bump.call_one().get(timeout=TIMEOUT) == 1
+    turns = p.turns.call_one().get(timeout=TIMEOUT)
+    assert turns < 10, f"the lane loop turned {turns} times for 50 plain calls"
+
+
+def test_a_job_submitted_while_plain_calls_arrive_still_runs(fresh_procs1: Any) -> None:
+    """LANE-2: a job submitted to an actor's thread while it serves plain calls runs
+    between two of them (its wake makes the native server return)."""
+    p = fresh_procs1.spawn("turns", Turns)
+    p.submit_later.call_one().get(timeout=TIMEOUT)
+    deadline = time.monotonic() + TIMEOUT
+    while not p.flagged.call_one().get(timeout=TIMEOUT):
+        assert time.monotonic() < deadline, "the job never ran"

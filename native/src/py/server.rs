@@ -133,8 +133,9 @@ impl PyWorkerServer {
 
     /// FAST-1: waits as `take_wait(lane)` does, then runs what came: a plain call to an
     /// actor of `plain`'s table here, every other item by `handle(runner, item)`.
-    /// Returns when the items are done (or at once, woken with none): the caller's loop
-    /// then runs its jobs, as after `take_wait`.
+    /// LANE-2: goes on waiting and running until the lane is woken (`wake`: a job, a
+    /// stop, an interrupt), then returns, so the caller's loop runs its jobs; a call's
+    /// hot path runs no line of that loop.
     fn serve(
         &self,
         py: Python<'_>,
@@ -145,22 +146,30 @@ impl PyWorkerServer {
     ) -> PyResult<()> {
         let lane = self.lane(lane)?;
         let inbox = &self.host.inbox;
-        let items = detach(py, || inbox.take_wait(&lane, None));
         let plain = plain.get();
-        for i in items {
-            if let Some(i) = plain.run(py, inbox, runner, i)? {
-                let item = to_py_items(py, vec![i])?
-                    .pop()
-                    .expect("one item in, one out");
-                handle.call1((runner, item))?;
+        loop {
+            let items = detach(py, || inbox.take_wait(&lane, None));
+            if items.is_empty() {
+                lane.take_woken(); // (woken with nothing queued)
+                return Ok(());
+            }
+            for i in items {
+                if let Some(i) = plain.run(py, inbox, runner, i)? {
+                    let item = to_py_items(py, vec![i])?
+                        .pop()
+                        .expect("one item in, one out");
+                    handle.call1((runner, item))?;
+                }
+            }
+            if lane.take_woken() {
+                return Ok(());
             }
         }
-        Ok(())
     }
 
-    /// Wakes a `take_wait` on `lane`.
+    /// Wakes a `take_wait` or a `serve` on `lane` (LANE-2).
     fn wake(&self, lane: usize) -> PyResult<()> {
-        self.lane(lane)?.signal();
+        self.lane(lane)?.wake();
         Ok(())
     }
 

@@ -8,6 +8,7 @@ use super::RpcError;
 use crate::sync::lock;
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -21,6 +22,9 @@ pub struct Lane {
     /// Items not yet taken by the dispatcher.
     queue: Mutex<VecDeque<Incoming>>,
     efd: OwnedFd,
+    /// Set by [`Lane::wake`] (its thread has jobs to look at, or is to stop), read by
+    /// a thread that serves calls between them ([`Lane::take_woken`]).
+    woken: AtomicBool,
     /// What its thread waits on: `efd` (reported as 0), and the worker's pipes if it
     /// reads them (PIPE-2: reported by their ids).
     pub(super) ep: OwnedFd,
@@ -41,6 +45,7 @@ impl Lane {
         Ok(Lane {
             queue: Mutex::new(VecDeque::new()),
             efd,
+            woken: AtomicBool::new(false),
             ep,
         })
     }
@@ -71,6 +76,18 @@ impl Lane {
                 8,
             );
         }
+    }
+
+    /// Makes a waiter on this lane return as [`Lane::signal`] does, and says why: its
+    /// thread is wanted outside the lane (LANE-2: a job, its stop, an interrupt).
+    pub fn wake(&self) {
+        self.woken.store(true, Ordering::Release);
+        self.signal();
+    }
+
+    /// Whether [`Lane::wake`] was called since the last time this was asked.
+    pub fn take_woken(&self) -> bool {
+        self.woken.swap(false, Ordering::AcqRel)
     }
 
     /// The eventfd to wait on (INBOX-1).
@@ -180,6 +197,20 @@ mod tests {
         assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
         lane.signal();
         assert_eq!(rx.recv_timeout(Duration::from_secs(30)), Ok(0));
+    }
+
+    #[test]
+    fn a_wake_ends_the_wait_and_is_told_once_and_an_item_is_not_a_wake() {
+        // LANE-2: a thread serving calls returns to its jobs only when woken: an item
+        // pushed must not say so, a wake must say so once.
+        let lane = Arc::new(Lane::new().unwrap());
+        lane.push(Incoming::of(Call::default()));
+        assert_eq!(lane.take_wait(None).len(), 1);
+        assert!(!lane.take_woken(), "an item read as a wake");
+        lane.wake();
+        assert_eq!(waited(&lane), Ok(0), "a wake did not end the wait");
+        assert!(lane.take_woken(), "a wake was not told");
+        assert!(!lane.take_woken(), "a wake was told twice");
     }
 
     #[test]
