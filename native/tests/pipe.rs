@@ -410,3 +410,42 @@ fn a_call_to_one_actor_is_read_while_another_actors_thread_is_busy() {
     long.join().unwrap();
     t.join().unwrap();
 }
+
+#[test]
+fn a_relays_call_is_on_the_pipe_when_its_send_returns() {
+    // PIPE-1: the relaying thread writes the call itself (no task between it and the
+    // socket): the worker could read it the moment `forward` returned.
+    let rt = runtime();
+    let addr = format!("127.0.0.1:{}", 40000 + std::process::id() % 20000);
+    let name = SocketAddr::from_abstract_name(pipe::name_of(&addr)).unwrap();
+    let listener = std::os::unix::net::UnixListener::bind_addr(&name).unwrap();
+    let conn = WorkerConn::relayed(rt.handle(), &addr, "tok-now").unwrap();
+    let (mut s, _) = listener.accept().unwrap();
+    let call = Call {
+        call_id: 11,
+        actor: "echo".into(),
+        method: "ping".into(),
+        payload: Bytes::from_static(b"now"),
+        rank: 5,
+        ..Default::default()
+    };
+    let slot = conn
+        .forward_ref(&call)
+        .expect("a call that expects a reply has a slot");
+    s.set_nonblocking(true).unwrap();
+    let mut got = vec![0u8; 4096];
+    let n = s
+        .read(&mut got)
+        .expect("nothing on the pipe when forward returned");
+    let hello = pipe::frame_bytes(b"Bearer tok-now");
+    let framed = pipe::frame(&Calls {
+        calls: vec![call],
+        ..Default::default()
+    });
+    assert_eq!(&got[..n], [hello, framed].concat().as_slice());
+    drop(s); // the worker ends: the call waiting fails as lost
+    assert!(matches!(
+        slot.wait(WAIT),
+        Some(Err(RpcError::ConnectionLost { .. }))
+    ));
+}

@@ -283,9 +283,8 @@ fn deliver(
         }
     }
     for (proc, rank, conn) in targets {
-        let mut one = call.clone();
-        one.rank = rank;
-        let slot = conn.forward(one);
+        call.rank = rank; // (each delivery's own; a pipe's is written from the borrow)
+        let slot = conn.forward_ref(&call);
         legs.push(((proc, conn, call_id), slot));
     }
     if oneway || legs.is_empty() {

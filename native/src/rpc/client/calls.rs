@@ -149,19 +149,52 @@ impl WorkerConn {
         Some(self.awaited(msg))
     }
 
+    /// [`forward`](Self::forward) of a borrowed `msg`: on a worker's pipe it is written
+    /// from the borrow (PIPE-1: a pipe never resumes, so no copy is kept either);
+    /// elsewhere a copy is sent.
+    pub fn forward_ref(&self, msg: &Call) -> Option<Arc<Slot>> {
+        let Some(pipe) = &self.pipe else {
+            return self.forward(msg.clone());
+        };
+        let slot = match msg.oneway {
+            true => None,
+            false => match self.waiting(msg) {
+                Ok(slot) => Some(slot),
+                Err(lost) => return Some(lost),
+            },
+        };
+        CALLS_SENT.fetch_add(1, Ordering::Relaxed);
+        pipe.send_call(msg);
+        slot
+    }
+
     /// Sends `msg`, which expects a reply, and returns the slot the reply completes
     /// (done at once with the loss if the connection is lost).
     fn awaited(&self, msg: Call) -> Arc<Slot> {
-        let slot = Slot::new();
-        {
-            let mut p = lock(&self.pending);
-            if let Some(err) = &p.lost {
-                return Slot::done_with(Err(err.clone()));
+        match self.waiting(&msg) {
+            Ok(slot) => {
+                self.send(msg);
+                slot
             }
-            p.calls.insert(msg.call_id, (slot.clone(), msg.clone()));
+            Err(lost) => lost,
         }
-        self.send(msg);
-        slot
+    }
+
+    /// The slot `msg`'s reply completes, entered among the calls waiting with what a
+    /// resumed stream sends again (nothing on a pipe, which never resumes); `Err`: the
+    /// connection is lost, and that slot is done with the loss.
+    fn waiting(&self, msg: &Call) -> Result<Arc<Slot>, Arc<Slot>> {
+        let slot = Slot::new();
+        let mut p = lock(&self.pending);
+        if let Some(err) = &p.lost {
+            return Err(Slot::done_with(Err(err.clone())));
+        }
+        let kept = match self.pipe {
+            Some(_) => Call::default(),
+            None => msg.clone(),
+        };
+        p.calls.insert(msg.call_id, (slot.clone(), kept));
+        Ok(slot)
     }
 
     fn message(
@@ -214,6 +247,10 @@ impl WorkerConn {
 
     fn send(&self, msg: Call) {
         CALLS_SENT.fetch_add(1, Ordering::Relaxed);
+        if let Some(pipe) = &self.pipe {
+            pipe.send_call(&msg); // PIPE-1 (its end fails the calls waiting on it)
+            return;
+        }
         if self.tx.send(msg).is_err() {
             // The task that owned the stream has ended, and records why (the first
             // cause: a refused token, the peer gone) just after it drops the stream:

@@ -103,8 +103,9 @@ pub struct WorkerConn {
     answered: Arc<AtomicBool>,
     /// Wakes the connection task when the calls are abandoned ([`WorkerConn::abandon`]).
     abandoned: Arc<Notify>,
-    /// A relay's pings on the worker's pipe (PIPE-3), when its calls take one.
-    pings: Option<Arc<pipe::Pings>>,
+    /// The worker's pipe, when a relay's calls take one (PIPE-1): its calls and its
+    /// pings (PIPE-3) go there.
+    pipe: Option<Arc<pipe::Pipe>>,
 }
 
 /// The epoch cell of the mesh with `token` in this process (FENCE-3: one per mesh, so

@@ -1,8 +1,8 @@
-//! The agent's end of a pipe to a worker of its host (PIPE-1, `rpc/pipe.rs`): the task
-//! that writes a relayed connection's calls as `Calls` frames, and the one that reads
-//! the worker's `Replies` frames and completes their slots. A pipe that ends fails
-//! every call still waiting on it as lost (CLIENT-1): it is never resumed, so nothing
-//! is sent twice. A heartbeat's ping goes on the pipe too (PIPE-3, [`Pings`]).
+//! The agent's end of a pipe to a worker of its host (PIPE-1, `rpc/pipe.rs`): a relayed
+//! connection's calls written as `Calls` frames by the thread that sends them, and the
+//! task that reads the worker's `Replies` frames and completes their slots. A pipe that
+//! ends fails every call still waiting on it as lost (CLIENT-1): it is never resumed,
+//! so nothing is sent twice. A heartbeat's ping goes on the pipe too (PIPE-3, [`Pipe`]).
 
 use super::pending::{fail_all, Pending};
 use crate::proto::v1::{Call, Calls, PingReply, PingRequest, Replies};
@@ -17,6 +17,10 @@ use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot, Notify};
 
+/// The agent's end of a worker's pipe, as its connection uses it: each call goes out
+/// on it at once, from the thread that sends it (PIPE-1: no task between, no copy), and
+/// the heartbeat's pings.
+///
 /// PIPE-3: the pings of a pipe's connection, answered on the pipe by the worker's
 /// reading thread (its runtime is not woken, nor is Python), as the `Ping` RPC
 /// answers: an idle worker's heartbeat costs it one thread wake-up, not a gRPC request.
@@ -25,7 +29,7 @@ use tokio::sync::{mpsc, oneshot, Notify};
 /// from its last pong (its pid, and its epoch, when that is at least the ping's) for up
 /// to [`PONG_KEPT`]: a busy worker's replies show it answers, and its heartbeat does
 /// not wake it between calls. A newer epoch, or a silent worker, goes on the pipe.
-pub struct Pings {
+pub struct Pipe {
     writer: Arc<PipeWriter>,
     state: Mutex<PingState>,
 }
@@ -63,7 +67,7 @@ impl PingState {
 
 /// Forgets a ping whose caller stopped waiting (a timeout): a hung worker's pings do
 /// not pile up.
-struct Waiting<'a>(&'a Pings, u64);
+struct Waiting<'a>(&'a Pipe, u64);
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
@@ -71,7 +75,12 @@ impl Drop for Waiting<'_> {
     }
 }
 
-impl Pings {
+impl Pipe {
+    /// Writes `call` on the pipe now, as a `Calls` frame made from it (PIPE-1).
+    pub(super) fn send_call(&self, call: &Call) {
+        self.writer.send(calls_frame(call));
+    }
+
     /// Pings the worker on the pipe, carrying `epoch`: its answer, or `None` if the
     /// pipe has ended (or ends before the answer).
     pub(super) async fn ping(&self, epoch: u64) -> Option<PingReply> {
@@ -121,6 +130,17 @@ impl Pings {
     }
 }
 
+/// A `Calls` message holding `call` alone, as one frame ([`pipe::frame`]'s), encoded
+/// from the borrowed call (`calls` is the message's field 1).
+fn calls_frame(call: &Call) -> bytes::Bytes {
+    use prost::encoding::message;
+    let len = message::encoded_len(1, call);
+    let mut buf = bytes::BytesMut::with_capacity(4 + len);
+    buf.extend_from_slice(&(len as u32).to_le_bytes());
+    message::encode(1, call, &mut buf);
+    buf.freeze()
+}
+
 /// The pipe of the worker serving at `addr`, connected (a local socket: this does not
 /// wait), or `None` if there is none to connect to (then the connection keeps gRPC).
 pub(super) fn connect(addr: &str) -> Option<std::os::unix::net::UnixStream> {
@@ -142,8 +162,9 @@ pub(super) fn connect(addr: &str) -> Option<std::os::unix::net::UnixStream> {
 
 /// Runs the pipe `stream` for a relayed connection: calls from `rx` go out, replies
 /// complete `pending`'s slots, until the pipe ends or nobody holds the connection.
-/// Returns the connection's [`Pings`], or `None` if the pipe could not be used (its
-/// calls failed).
+/// Returns the connection's [`Pipe`], or `None` if the pipe could not be used (its
+/// calls failed). The calls go on the pipe itself ([`Pipe::send_call`]); `rx` brings
+/// none, and its end (nobody holds the connection) or `abandoned` ends the writing half.
 pub(super) fn run(
     rt: &Handle,
     stream: std::os::unix::net::UnixStream,
@@ -152,7 +173,7 @@ pub(super) fn run(
     rx: mpsc::UnboundedReceiver<Call>,
     pending: Arc<Mutex<Pending>>,
     abandoned: Arc<Notify>,
-) -> Option<Arc<Pings>> {
+) -> Option<Arc<Pipe>> {
     let _guard = rt.enter();
     let sock = match pipe::socket(stream) {
         Ok(s) => s,
@@ -166,38 +187,28 @@ pub(super) fn run(
     // (the token was checked when the connection's client was made)
     let hello = crate::rpc::auth::bearer(token).unwrap_or_default();
     writer.send(pipe::frame_bytes(hello.as_bytes()));
-    let pings = Arc::new(Pings {
+    let pings = Arc::new(Pipe {
         writer: writer.clone(),
         state: Mutex::default(),
     });
-    rt.spawn(write_calls(writer, rx, abandoned));
+    rt.spawn(hold_writer(writer, rx, abandoned));
     let rd = pipe::FrameReader::new(sock);
     rt.spawn(read_replies(rd, addr, pending, pings.clone()));
     Some(pings)
 }
 
-/// Sends what `rx` brings, each batch queued at once as one frame.
-async fn write_calls(
+/// Holds the pipe's writing half until nobody holds the connection (`rx`, which
+/// brings no call, ends) or its calls are abandoned.
+async fn hold_writer(
     writer: Arc<PipeWriter>,
     mut rx: mpsc::UnboundedReceiver<Call>,
     abandoned: Arc<Notify>,
 ) {
-    let mut calls = Vec::new();
-    loop {
-        tokio::select! {
-            n = rx.recv_many(&mut calls, crate::rpc::batch::MAX_BATCH) => {
-                if n == 0 {
-                    return; // nobody holds the connection: the worker sees the pipe end
-                }
-            }
-            _ = abandoned.notified() => return,
-        }
-        let batch = Calls {
-            calls: std::mem::take(&mut calls),
-            ..Default::default()
-        };
-        writer.send(pipe::frame(&batch));
+    tokio::select! {
+        _ = async { while rx.recv().await.is_some() {} } => {}
+        _ = abandoned.notified() => {}
     }
+    drop(writer);
 }
 
 /// Completes the slots of the replies the worker sends; when the pipe ends, fails
@@ -206,7 +217,7 @@ async fn read_replies(
     mut rd: pipe::FrameReader,
     addr: String,
     pending: Arc<Mutex<Pending>>,
-    pings: Arc<Pings>,
+    pings: Arc<Pipe>,
 ) {
     let reason = loop {
         let frame = match rd.next().await {
@@ -244,6 +255,26 @@ async fn read_replies(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_call_framed_from_a_borrow_is_the_frame_of_a_calls_message_holding_it() {
+        let call = Call {
+            call_id: 7,
+            actor: "echo".into(),
+            method: "ping".into(),
+            payload: bytes::Bytes::from_static(b"x"),
+            rank: 3,
+            dims: vec!["hosts".into(), "procs".into()],
+            sizes: vec![64, 16],
+            origin: "cell 1".into(),
+            ..Default::default()
+        };
+        let whole = pipe::frame(&Calls {
+            calls: vec![call.clone()],
+            ..Default::default()
+        });
+        assert_eq!(calls_frame(&call), whole);
+    }
 
     #[test]
     fn a_pong_answers_only_while_replies_are_recent_the_pong_young_and_its_epoch_enough() {

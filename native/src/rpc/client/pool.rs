@@ -182,7 +182,7 @@ impl WorkerConn {
         let piped = (peer == Peer::Relayed)
             .then(|| super::pipe::connect(addr))
             .flatten();
-        let pings = match piped {
+        let pipe = match piped {
             Some(stream) => super::pipe::run(
                 rt,
                 stream,
@@ -208,7 +208,7 @@ impl WorkerConn {
             ca,
             answered,
             abandoned,
-            pings,
+            pipe,
         })
     }
 }

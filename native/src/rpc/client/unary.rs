@@ -130,8 +130,8 @@ impl WorkerConn {
     pub async fn ping_as(&self, epoch: u64) -> Result<(u32, u64), RpcError> {
         // PIPE-3: on the worker's pipe while it lasts (the worker's runtime is not
         // woken); a pipe that has ended leaves the ping to gRPC, which says why.
-        if let Some(pings) = &self.pings {
-            if let Some(r) = pings.ping(epoch).await {
+        if let Some(pipe) = &self.pipe {
+            if let Some(r) = pipe.ping(epoch).await {
                 self.answered.store(true, Ordering::Relaxed);
                 return Ok((r.pid, r.epoch));
             }
