@@ -153,9 +153,9 @@ impl WorkerConn {
     /// from the borrow (PIPE-1: a pipe never resumes, so no copy is kept either);
     /// elsewhere a copy is sent.
     pub fn forward_ref(&self, msg: &Call) -> Option<Arc<Slot>> {
-        let Some(pipe) = &self.pipe else {
+        if self.pipe.is_none() {
             return self.forward(msg.clone());
-        };
+        }
         let slot = match msg.oneway {
             true => None,
             false => match self.waiting(msg) {
@@ -163,8 +163,7 @@ impl WorkerConn {
                 Err(lost) => return Some(lost),
             },
         };
-        CALLS_SENT.fetch_add(1, Ordering::Relaxed);
-        pipe.send_call(msg);
+        self.send_ref(msg);
         slot
     }
 
@@ -245,12 +244,21 @@ impl WorkerConn {
         Ok(())
     }
 
-    fn send(&self, msg: Call) {
+    /// Sends a borrowed `msg`: on a worker's pipe, written from the borrow (PIPE-1; the
+    /// pipe's end fails the calls waiting on it); elsewhere, a copy goes as [`send`](Self::send)'s.
+    fn send_ref(&self, msg: &Call) {
+        let Some(pipe) = &self.pipe else {
+            return self.send(msg.clone());
+        };
         CALLS_SENT.fetch_add(1, Ordering::Relaxed);
-        if let Some(pipe) = &self.pipe {
-            pipe.send_call(&msg); // PIPE-1 (its end fails the calls waiting on it)
-            return;
+        pipe.send_call(msg);
+    }
+
+    fn send(&self, msg: Call) {
+        if self.pipe.is_some() {
+            return self.send_ref(&msg);
         }
+        CALLS_SENT.fetch_add(1, Ordering::Relaxed);
         if self.tx.send(msg).is_err() {
             // The task that owned the stream has ended, and records why (the first
             // cause: a refused token, the peer gone) just after it drops the stream:

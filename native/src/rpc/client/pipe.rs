@@ -160,11 +160,11 @@ pub(super) fn connect(addr: &str) -> Option<std::os::unix::net::UnixStream> {
     Some(s)
 }
 
-/// Runs the pipe `stream` for a relayed connection: calls from `rx` go out, replies
-/// complete `pending`'s slots, until the pipe ends or nobody holds the connection.
-/// Returns the connection's [`Pipe`], or `None` if the pipe could not be used (its
-/// calls failed). The calls go on the pipe itself ([`Pipe::send_call`]); `rx` brings
-/// none, and its end (nobody holds the connection) or `abandoned` ends the writing half.
+/// Runs the pipe `stream` for a relayed connection: replies complete `pending`'s
+/// slots until the pipe ends. Returns the connection's [`Pipe`], on which its calls go
+/// ([`Pipe::send_call`]), or `None` if the pipe could not be used (its calls failed).
+/// `rx` brings no call: its end (nobody holds the connection) or `abandoned` ends the
+/// writing half.
 pub(super) fn run(
     rt: &Handle,
     stream: std::os::unix::net::UnixStream,
@@ -187,14 +187,14 @@ pub(super) fn run(
     // (the token was checked when the connection's client was made)
     let hello = crate::rpc::auth::bearer(token).unwrap_or_default();
     writer.send(pipe::frame_bytes(hello.as_bytes()));
-    let pings = Arc::new(Pipe {
+    let conn_pipe = Arc::new(Pipe {
         writer: writer.clone(),
         state: Mutex::default(),
     });
     rt.spawn(hold_writer(writer, rx, abandoned));
     let rd = pipe::FrameReader::new(sock);
-    rt.spawn(read_replies(rd, addr, pending, pings.clone()));
-    Some(pings)
+    rt.spawn(read_replies(rd, addr, pending, conn_pipe.clone()));
+    Some(conn_pipe)
 }
 
 /// Holds the pipe's writing half until nobody holds the connection (`rx`, which
