@@ -309,6 +309,35 @@ fn a_result_a_relay_holds_goes_back_within_the_hold_while_the_call_runs_on() {
 }
 
 #[test]
+fn a_call_whose_results_all_came_leaves_no_send_of_them_due() {
+    // GATHER-1: the send due within the hold ends when the call's last reply sends
+    // what was held; it would otherwise live (and wake its relay) for the whole hold.
+    let rt = runtime();
+    let token = "relay-test-token-hold-ends";
+    let host = Host::start_holding(&rt, token, 2, 0, Duration::from_secs(600));
+    let relay = WorkerConn::relay(rt.handle(), &host.handle.addr, token).unwrap();
+    let all = here(&[(0, 0), (1, 1)]);
+    let (_, slots) = relay.call_fanned(&target(&Bytes::from_static(b"warm")), all.clone());
+    assert_eq!(text(&slots[1]), "1:1:1:warm");
+    let alive = || rt.metrics().num_alive_tasks();
+    let before = alive();
+    // Proc 1 answers at once, its result is held, and the send of it falls due in 600 s.
+    let (_, slots) = relay.call_fanned(&target(&Bytes::from_static(b"late0")), all);
+    assert_eq!(text(&slots[0]), "0:0:2:late0");
+    assert_eq!(text(&slots[1]), "1:1:2:late0");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while alive() > before && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        alive() <= before,
+        "{} tasks alive after the call, {before} before it: its held results' send is still due",
+        alive()
+    );
+    host.stop(&rt);
+}
+
+#[test]
 fn the_agent_serves_the_relay_and_not_the_worker_service() {
     let rt = runtime();
     let host = Host::start(&rt, "relay-test-token-2", 1);

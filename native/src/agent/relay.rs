@@ -70,8 +70,10 @@ struct Flight {
     legs: Vec<Leg>,
     /// Results held to go back together (GATHER-1).
     held: Vec<Reply>,
-    /// Whether a send of what is held is due within the hold.
-    timed: bool,
+    /// The send of what is held that is due within the hold, if one is: ended when
+    /// the call's last reply sends everything first, so that a call whose replies all
+    /// came within the hold wakes its relay for nothing more.
+    timer: Option<tokio::task::AbortHandle>,
 }
 
 /// Calls in flight through the relay, by call id.
@@ -297,7 +299,7 @@ fn deliver(
             left: legs.len(),
             legs: legs.iter().map(|(leg, _)| leg.clone()).collect(),
             held: Vec::new(),
-            timed: false,
+            timer: None,
         };
         lock(in_flight).insert(call_id, flight);
     }
@@ -351,26 +353,32 @@ impl Held<'_> {
         let urgent = reply.kind != ReplyKind::Result as i32;
         f.held.push(reply);
         if f.left == 0 {
-            return map.remove(&call_id).map(|f| f.held).unwrap_or_default();
+            let f = map
+                .remove(&call_id)
+                .expect("(looked up above, under the same lock)");
+            if let Some(timer) = f.timer {
+                timer.abort();
+            }
+            return f.held;
         }
         if urgent || self.hold.is_zero() {
             return std::mem::take(&mut f.held);
         }
-        if !f.timed {
-            f.timed = true;
+        if f.timer.is_none() {
             let (in_flight, callers) = (self.in_flight.clone(), self.callers.clone());
             let (caller, hold) = (self.caller, self.hold);
-            self.rt.spawn(async move {
+            let timer = self.rt.spawn(async move {
                 tokio::time::sleep(hold).await;
                 let out = match lock(&in_flight).get_mut(&call_id) {
                     Some(f) => {
-                        f.timed = false;
+                        f.timer = None;
                         std::mem::take(&mut f.held)
                     }
                     None => Vec::new(),
                 };
                 callers.reply_all(caller, out);
             });
+            f.timer = Some(timer.abort_handle());
         }
         Vec::new()
     }
