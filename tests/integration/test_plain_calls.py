@@ -183,6 +183,19 @@ class Turns(Actor):
     def flagged(self) -> bool:
         return self.flag.is_set()
 
+    @endpoint
+    def seen_by_a_job(self) -> None:
+        """A job for this thread that keeps the actor context and origin it sees."""
+        from monarch_kernel import _origin
+        from monarch_kernel.actor import _ROOT, _current
+
+        runner = self._runner()
+        runner.submit(lambda: setattr(self, "_seen", (_current.get() is _ROOT, _origin.var.get())))
+
+    @endpoint
+    def seen(self) -> Any:
+        return getattr(self, "_seen", None)
+
 
 def test_plain_calls_in_a_row_run_no_line_of_the_lane_loop(fresh_procs1: Any) -> None:
     """LANE-2: the native server goes on serving an actor's plain calls until its lane
@@ -194,6 +207,19 @@ def test_plain_calls_in_a_row_run_no_line_of_the_lane_loop(fresh_procs1: Any) ->
         assert p.bump.call_one().get(timeout=TIMEOUT) == 1
     turns = p.turns.call_one().get(timeout=TIMEOUT)
     assert turns < 10, f"the lane loop turned {turns} times for 50 plain calls"
+
+
+def test_a_job_after_plain_calls_runs_outside_their_context(fresh_procs1: Any) -> None:
+    """LANE-2: plain calls in a row keep the actor's context and origin set between
+    them; what else runs on the thread (a job) sees neither."""
+    p = fresh_procs1.spawn("turns", Turns)
+    for _ in range(5):
+        assert p.bump.call_one().get(timeout=TIMEOUT) == 1
+    p.seen_by_a_job.call_one().get(timeout=TIMEOUT)
+    deadline = time.monotonic() + TIMEOUT
+    while (seen := p.seen.call_one().get(timeout=TIMEOUT)) is None:
+        assert time.monotonic() < deadline, "the job never ran"
+    assert seen == (True, ""), f"the job saw (the root context, the origin) = {seen}"
 
 
 def test_a_job_submitted_while_plain_calls_arrive_still_runs(fresh_procs1: Any) -> None:

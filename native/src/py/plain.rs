@@ -68,36 +68,89 @@ extern "C" {
     fn PyContextVar_Reset(var: *mut pyo3::ffi::PyObject, token: *mut pyo3::ffi::PyObject) -> i32;
 }
 
-/// A context variable set for the length of a call.
-struct VarSet {
-    var: *mut pyo3::ffi::PyObject,
-    token: *mut pyo3::ffi::PyObject,
+/// LANE-2: what a run of plain calls (one `serve` between wakes) keeps set on its
+/// thread between calls. A call sets the actor's context and its origin, as the
+/// dispatcher does, but only where they differ from what the run's last call set
+/// (an actor's calls mostly come from one caller at one place), and `running_what`
+/// likewise; the variables go back to their values before the run when it ends or
+/// hands an item to the dispatcher (`restore`), so nothing else on the thread sees
+/// them. Lives in `serve`'s frame, which holds the GIL but while it waits (and it is
+/// not touched there).
+#[derive(Default)]
+pub(super) struct Kept {
+    actor: Option<KeptVar>,
+    origin: Option<KeptVar>,
+    /// The `running_what` this run set last (the thread's runner is this run's alone).
+    what: Option<Py<PyAny>>,
 }
 
-impl VarSet {
-    fn new(py: Python<'_>, var: &Py<PyAny>, value: &Bound<'_, PyAny>) -> PyResult<VarSet> {
-        // SAFETY: `var` is a ContextVar (checked by the caller's types at `PlainCalls`'
-        // making: a wrong object makes PyContextVar_Set fail, which is handled); the
-        // GIL is held.
+/// A context variable a run set: the token of its first set (what `restore` resets
+/// to) and the value it holds now.
+struct KeptVar {
+    var: *mut pyo3::ffi::PyObject,
+    token: *mut pyo3::ffi::PyObject,
+    value: Py<PyAny>,
+}
+
+impl Kept {
+    /// `var` (a ContextVar of `PlainCalls`, which outlives the run) holds `value`.
+    fn set(
+        py: Python<'_>,
+        kept: &mut Option<KeptVar>,
+        var: &Py<PyAny>,
+        value: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        if kept.as_ref().is_some_and(|k| k.value.is(value)) {
+            return Ok(());
+        }
+        // SAFETY: `var` is a ContextVar (a wrong object makes PyContextVar_Set fail,
+        // which is handled); the GIL is held.
         let token = unsafe { PyContextVar_Set(var.as_ptr(), value.as_ptr()) };
         if token.is_null() {
             return Err(PyErr::fetch(py));
         }
-        Ok(VarSet {
-            var: var.as_ptr(),
-            token,
-        })
+        match kept {
+            Some(k) => {
+                // (the first set's token is the one `restore` resets to)
+                // SAFETY: the new reference PyContextVar_Set gave, released once.
+                unsafe { pyo3::ffi::Py_DECREF(token) };
+                k.value = value.clone().unbind();
+            }
+            None => {
+                *kept = Some(KeptVar {
+                    var: var.as_ptr(),
+                    token,
+                    value: value.clone().unbind(),
+                })
+            }
+        }
+        Ok(())
+    }
+
+    /// The variables back to their values before the run; `running_what` set anew by
+    /// the next call.
+    pub(super) fn restore(&mut self) {
+        self.what = None;
+        for k in [self.origin.take(), self.actor.take()]
+            .into_iter()
+            .flatten()
+        {
+            // SAFETY: the GIL is held (see `Kept`); `token` is the new reference the
+            // first PyContextVar_Set gave, in this thread's context, reset and released
+            // once. A reset fails only for a token of another context or used already.
+            unsafe {
+                if PyContextVar_Reset(k.var, k.token) != 0 {
+                    pyo3::ffi::PyErr_Clear();
+                }
+                pyo3::ffi::Py_DECREF(k.token);
+            }
+        }
     }
 }
 
-impl Drop for VarSet {
+impl Drop for Kept {
     fn drop(&mut self) {
-        // SAFETY: the GIL is held (a `VarSet` lives inside one `PlainCalls::run`), and
-        // `token` is the new reference PyContextVar_Set gave, released here once.
-        unsafe {
-            PyContextVar_Reset(self.var, self.token);
-            pyo3::ffi::Py_DECREF(self.token);
-        }
+        self.restore();
     }
 }
 
@@ -106,11 +159,13 @@ impl PlainCalls {
     /// to an actor of the table, at the place of its kept context, no early cancel
     /// pending: the dispatcher then looks whether it is this call's); else gives it
     /// back for the dispatcher.
+    /// What the run sets on its thread is kept in `kept` between its calls.
     pub(super) fn run(
         &self,
         py: Python<'_>,
         inbox: &crate::rpc::inbox::Inbox,
         runner: &Bound<'_, PyAny>,
+        kept: &mut Kept,
         i: Incoming,
     ) -> PyResult<Option<Incoming>> {
         if i.kind != Kind::Call
@@ -137,7 +192,10 @@ impl PlainCalls {
             return Ok(Some(i));
         }
         let (instance, context) = (entry.get_item(0)?, entry.get_item(2)?);
-        runner.setattr(intern!(py, "running_what"), &what)?;
+        if !kept.what.as_ref().is_some_and(|w| w.is(&what)) {
+            runner.setattr(intern!(py, "running_what"), &what)?;
+            kept.what = Some(what.clone_ref(py).into_any());
+        }
         runner.setattr(intern!(py, "running_call"), i.call_id)?; // a cancel from now on gets a reply
         if self.early_cancels.bind(py).is_truthy()? {
             // (after `running_call`, as the dispatcher looks: a cancel comes either
@@ -145,9 +203,9 @@ impl PlainCalls {
             runner.setattr(intern!(py, "running_call"), py.None())?;
             return Ok(Some(i));
         }
+        Kept::set(py, &mut kept.actor, &self.actor_var, &context)?;
+        Kept::set(py, &mut kept.origin, &self.origin_var, origin.bind(py))?;
         let result = {
-            let _ctx = VarSet::new(py, &self.actor_var, &context)?;
-            let _origin = VarSet::new(py, &self.origin_var, origin.bind(py))?;
             let payload = PyBytes::new(py, &i.payload);
             let called = self.call.bind(py).call1((instance, &method, payload));
             runner.setattr(intern!(py, "running_call"), py.None())?;
@@ -166,6 +224,7 @@ impl PlainCalls {
             || result.is_exact_instance_of::<pyo3::types::PyInt>()
             || result.is_exact_instance_of::<pyo3::types::PyFloat>();
         if !scalar {
+            kept.restore(); // (a reply that waits runs as the dispatcher's: outside the call)
             self.finish.bind(py).call1((i.token, result, &what))?;
         } else if i.token != 0 {
             let data = match small_pickle(&result) {

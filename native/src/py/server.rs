@@ -147,6 +147,7 @@ impl PyWorkerServer {
         let lane = self.lane(lane)?;
         let inbox = &self.host.inbox;
         let plain = plain.get();
+        let mut kept = super::plain::Kept::default(); // (restored as this returns)
         loop {
             let items = detach(py, || inbox.take_wait(&lane, None));
             if items.is_empty() {
@@ -154,7 +155,8 @@ impl PyWorkerServer {
                 return Ok(());
             }
             for i in items {
-                if let Some(i) = plain.run(py, inbox, runner, i)? {
+                if let Some(i) = plain.run(py, inbox, runner, &mut kept, i)? {
+                    kept.restore(); // (the dispatcher runs it as it would any item)
                     let item = to_py_items(py, vec![i])?
                         .pop()
                         .expect("one item in, one out");
