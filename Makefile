@@ -88,7 +88,7 @@ test-fast: setup ## Every test but the slow, browser and multi-host ones (their 
 test-python: setup $(STAMPS)/browser $(STAMPS)/cluster k8s-bed ## pytest: unit and integration tests against real agents and workers
 	$(PY) -m pytest -q
 
-bench: setup ## Print this project's figures beside baselines measured in the same run (AB=COMMIT: the call rows of this checkout and of COMMIT's build, run alternately)
+bench: setup $(if $(AB),,$(STAMPS)/cluster k8s-bed) ## Print this project's figures beside baselines measured in the same run, the test cluster's and the k8s bed's included (AB=COMMIT: the call rows of this checkout and of COMMIT's build, run alternately)
 	$(if $(AB),$(PY) -m bench.ab $(AB),$(PY) -m bench.run)
 
 lint: setup ## ruff, mypy, stubtest of _native.pyi, cargo fmt and clippy; eslint and prettier on the panel (extension/)
