@@ -73,7 +73,7 @@ def slow_wait(calls: Sequence[Any], timeout: float | None, what: str) -> list[An
     """``wait_all`` with a progress bar (the front end's ``slow_wait``, see ``controller.Frontend``); only on
     the kernel's main thread, where a cell's output goes."""
     if threading.current_thread() is not threading.main_thread():
-        return _native.wait_all(list(calls), timeout, fail_fast=True)
+        return _native.wait_all(calls, timeout, fail_fast=True)
     deadline = None if timeout is None else time.monotonic() + timeout
     bar = Bar(len(calls), what)
     say_at: float | None = time.monotonic() + SAY_WAIT_S
@@ -82,7 +82,7 @@ def slow_wait(calls: Sequence[Any], timeout: float | None, what: str) -> list[An
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             step = EVERY if left is None else min(EVERY, left)
             try:
-                return _native.wait_all(list(calls), step, fail_fast=True)
+                return _native.wait_all(calls, step, fail_fast=True)
             except TimeoutError:
                 if left is not None and left <= EVERY:
                     raise TimeoutError(f"{what}: not done within the timeout") from None

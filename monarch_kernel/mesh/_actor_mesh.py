@@ -179,7 +179,7 @@ class Endpoint(Generic[R]):
         self._explicit: bool = prop._explicit_response_port
 
     def _send(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any], local: list[int], oneway: bool
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], local: Sequence[int], oneway: bool
     ) -> list[Any]:
         lo, hi = self._positional
         if kwargs or not lo <= len(args) <= hi:  # the common case needs no bind()
@@ -204,8 +204,11 @@ class Endpoint(Generic[R]):
             _origin.touched.add(mesh._proc.name)
         try:
             fan = mesh._proc.fanout()
-            # (the procs' ranks only where the relays need them: not on a call's local path)
-            procs = local if fan is None else [mesh._shape.ranks[i] for i in local]
+            # (the procs' ranks only where the relays need them, not on a call's local
+            # path; a call to the whole mesh passes the mesh's own tuples, which the
+            # fan-out converts once, not per call: TREE-1)
+            of = mesh._shape.ranks
+            procs = local if fan is None else of if local is mesh._every else [of[i] for i in local]
             calls = send_calls(fan, self._target, conns, procs, local, payload, buffers, oneway, origin)
         except BaseException:
             _buffers.drop_now(regs)  # nothing was sent: nobody will read them
@@ -227,7 +230,7 @@ class Endpoint(Generic[R]):
         return calls
 
     def _answered(
-        self, local: list[int], args: tuple[Any, ...], kwargs: dict[str, Any], expected: int, finish: Any
+        self, local: Sequence[int], args: tuple[Any, ...], kwargs: dict[str, Any], expected: int, finish: Any
     ) -> Future[Any]:
         """ENDPOINT-1: calls the actors at ``local`` with a port of this process as
         their first argument; the Future settles from what arrives on it (``finish``
@@ -242,7 +245,7 @@ class Endpoint(Generic[R]):
             _where=(self._mesh._proc.name, self._what, [shape.ranks[i] for i in local]),
         )
 
-    def _decoder(self, local: list[int]) -> Callable[[Any, int], Any]:
+    def _decoder(self, local: Sequence[int]) -> Callable[[Any, int], Any]:
         """``decode(reply, i)``: the value of reply ``i`` of a call to ``local``, or the error it means."""
         shape, proc, what = self._mesh._shape, self._mesh._proc, self._what
 
@@ -265,8 +268,8 @@ class Endpoint(Generic[R]):
                     values[rank if rank is not None and 0 <= rank < n else i] = _port.value_of(item)
                 return ValueMesh(local_shape, values)
 
-            return self._answered(list(range(n)), args, kwargs, n, by_rank)
-        calls = self._send(args, kwargs, list(range(len(shape))), False)
+            return self._answered(self._mesh._every, args, kwargs, n, by_rank)
+        calls = self._send(args, kwargs, self._mesh._every, False)
         proc, what = self._mesh._proc, self._what
         local_shape = Shape(shape.extent)
 
@@ -306,11 +309,11 @@ class Endpoint(Generic[R]):
         supervision: the mesh's ``on_failure``, else the notebook)."""
         if self._explicit:
             args = (_port.DroppingPort(), *args)
-        self._send(args, kwargs, list(range(len(self._mesh._shape))), True)
+        self._send(args, kwargs, self._mesh._every, True)
 
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[R]]:
         """Calls every actor; yields one Future per actor, in rank order."""
-        yield from self._each(list(range(len(self._mesh._shape))), args, kwargs)
+        yield from self._each(self._mesh._every, args, kwargs)
 
     def rref(self, *args: Any, **kwargs: Any) -> Any:
         """Monarch's: runs the endpoint on every proc of the active mesh, in order with
@@ -322,7 +325,7 @@ class Endpoint(Generic[R]):
             )
         return _rref[0](self, args, kwargs)
 
-    def _each(self, local: list[int], args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Future[R]]:
+    def _each(self, local: Sequence[int], args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Future[R]]:
         """Calls the actors at ``local`` (indices into this mesh) in one native call;
         one Future each."""
         shape = self._mesh._shape
@@ -388,6 +391,9 @@ class ActorMesh(MeshTrait, Generic[R]):
         self._sizes = list(shape.extent.sizes)
         self._conn_cache: list[Any] | None = None
         self._conn_gen = -1
+        #: The indices of all its ranks: one tuple, which every call to all of them
+        #: passes, so that the fan-out converts it once.
+        self._every = tuple(range(len(shape)))
         self._endpoint_cache: dict[str, Endpoint[Any]] = {}
         #: By proc rank: the exceptions of constructors that raised (Monarch reports
         #: them to supervision, not at spawn); calls to those ranks raise them.

@@ -11,6 +11,7 @@ they answer while every actor of the worker is busy.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from monarch_kernel import _native
@@ -41,8 +42,8 @@ def send_calls(
     fan: Any,
     target: Any,
     conns: list[Any],
-    procs: list[int],
-    local: list[int],
+    procs: Sequence[int],
+    local: Sequence[int],
     payload: bytes,
     buffers: list[Any],
     oneway: bool,

@@ -40,8 +40,8 @@ def set_slow_wait(wait: Callable[[Sequence[Any], float | None, str], list[Any]] 
 SLOW_S = 1.0
 
 
-#: Calls interrupted once that had not replied then, with when (INTERRUPT-2).
-_interrupted: dict[int, tuple[Any, float]] = {}
+#: Calls interrupted once that had not replied then, with when (INTERRUPT-2), by key.
+_interrupted: dict[tuple[int, int | None], tuple[Any, float]] = {}
 _interrupted_lock = threading.Lock()
 #: Cancels less than this apart are one interrupt (a cell cancels its calls one
 #: future at a time); a later one is a second interrupt.
@@ -58,7 +58,9 @@ def cancel_calls(calls: Sequence[Any], *, all_earlier: bool = False) -> int:
     idle: the cell that was stopped has ended, its call runs on). Returns how many
     calls were escalated."""
     now = time.monotonic()
-    mine = {id(c) for c in calls}
+    # (by each call's key, not its object: the calls of a fan-out are made as they
+    # are read, so one call is a new object each time)
+    mine = {c.key for c in calls}
     with _interrupted_lock:
         for key, (c, _t) in list(_interrupted.items()):
             if c.done():
@@ -66,15 +68,16 @@ def cancel_calls(calls: Sequence[Any], *, all_earlier: bool = False) -> int:
         again = [
             c
             for c, t in _interrupted.values()
-            if now - t >= SAME_INTERRUPT_S and (all_earlier or id(c) in mine)
+            if now - t >= SAME_INTERRUPT_S and (all_earlier or c.key in mine)
         ]
         for c in again:
-            del _interrupted[id(c)]
-        escalated = {id(c) for c in again}
+            del _interrupted[c.key]
+        escalated = {c.key for c in again}
         first = []
         for c in calls:
-            if not c.done() and id(c) not in _interrupted and id(c) not in escalated:
-                _interrupted[id(c)] = (c, now)
+            key = c.key
+            if not c.done() and key not in _interrupted and key not in escalated:
+                _interrupted[key] = (c, now)
                 first.append(c)
     for c in again + first:
         c.cancel()
@@ -171,9 +174,9 @@ def wait_calls(calls: Sequence[Any], timeout: float | None, what: str = "calls")
     ``SLOW_S`` to ``slow_wait``."""
     hook = _slow_wait[0]
     if hook is None or (timeout is not None and timeout <= SLOW_S):
-        return _native.wait_all(list(calls), timeout, fail_fast=True)
+        return _native.wait_all(calls, timeout, fail_fast=True)
     try:
-        return _native.wait_all(list(calls), SLOW_S, fail_fast=True)
+        return _native.wait_all(calls, SLOW_S, fail_fast=True)
     except TimeoutError:
         return hook(calls, None if timeout is None else timeout - SLOW_S, what)
 
@@ -197,7 +200,9 @@ class Future(Generic[R]):
         _where: tuple[str, str, Sequence[int]] | None = None,
         _local: concurrent.futures.Future[Any] | None = None,
     ) -> None:
-        self._calls = list(_calls)
+        #: The calls, as given when a fan-out's ``_native.Calls`` (one object for
+        #: all its procs), else copied.
+        self._calls = _calls if type(_calls) is _native.Calls else list(_calls)
         self._finish = _finish if _finish is not None else _first
         #: (mesh, endpoint, rank of each call): what the calls are, for a user.
         self._where = _where
@@ -236,7 +241,8 @@ class Future(Generic[R]):
             return True
         if self._coro is not None or self._local is not None:
             return self._local is not None and self._local.done()
-        return all(c.done() for c in self._calls)
+        calls = self._calls
+        return calls.done() if type(calls) is _native.Calls else all(c.done() for c in calls)
 
     def _started(self) -> concurrent.futures.Future[Any]:
         """The local future, starting ``coro`` on the background loop if needed."""

@@ -59,6 +59,10 @@ class Counter(Actor):
         while time.time() < end:  # Python code: a stop interrupts it
             time.sleep(0.01)
         return "woke"
+    @endpoint
+    def block(self, seconds):
+        time.sleep(seconds)  # one C call: an interrupt waits for it to return
+        return "woke"
 
 failures = []
 def record(f):
@@ -355,6 +359,17 @@ def test_a_call_to_many_procs_goes_as_one_message_per_host(hosts_code, controlle
     assert time.monotonic() - t < 20, "the stop did not reach the workers"
     assert "KeyboardInterrupt" in stopped.value.message or "KeyboardInterrupt" in stopped.value.kind
     assert c.eval("counter.slice(hosts=0).incr.call().get(timeout=30).values()") == [5, 4]
+    # INTERRUPT-2 through the agents: a fan-out's calls are made as they are read (one
+    # object for all of them), and a second interrupt of the same calls still finds
+    # them, by key, and ends the workers still in a C call.
+    c.run("held = counter.slice(hosts=0).block.call(60)")
+    time.sleep(1.0)
+    assert c.eval("cancel_calls(held._calls)") == 0  # the first asks, and never kills
+    time.sleep(1.0)
+    assert c.eval("cancel_calls(held._calls)") == 2  # the second escalates both
+    with pytest.raises(ControllerError) as ended:
+        c.eval("held.get(timeout=30)")
+    assert ended.value.kind == "SupervisionError", ended.value.message
 
 
 def _peers_of(cluster: Cluster, pid: int) -> set[str]:

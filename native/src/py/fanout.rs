@@ -5,15 +5,15 @@
 use super::client::{to_bytes_vec, PyEndpoint, PyWorkerConn};
 use super::detach;
 use super::errors::to_py;
-use super::pending::{Conns, PendingCall};
+use super::pending::{Conns, PyCalls};
 use crate::node;
 use crate::rpc::client::Fanout;
 use crate::sync::lock;
 use bytes::Bytes;
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
-use pyo3::types::PyList;
-use std::sync::Mutex;
+use pyo3::types::{PyList, PyTuple};
+use std::sync::{Arc, Mutex};
 
 /// How a mesh's procs lie on its hosts, to call procs across hosts (RELAY-1) by the
 /// paths ORDER-1 allows: made once per mesh (converted once); every fan-out of one
@@ -26,7 +26,18 @@ pub struct PyFanout {
     /// list each time (`ActorMesh._conns()`, made once per generation and never
     /// changed), and converting 1,024 connections per call touched 1,024 cold objects.
     last: Mutex<Option<(Py<PyList>, Conns)>>,
+    /// The tuples of proc ranks and of mesh indices it was last called with, held,
+    /// and converted: a call to a whole mesh passes that mesh's own tuples each time
+    /// (`Shape.ranks`, `ActorMesh._everyone()`: immutable), and converting 1,024
+    /// integers twice per call was a cost per rank on the calling thread (TREE-1).
+    indices: [Mutex<Option<KeptIndices>>; 2],
 }
+
+/// Proc ranks or mesh indices, converted (shared with the cache that keeps them).
+type Indices = Arc<[u32]>;
+
+/// A tuple of them, held, and its conversion.
+type KeptIndices = (Py<PyTuple>, Indices);
 
 impl PyFanout {
     /// `conns` converted: the last list's conversion if it is that list again.
@@ -47,6 +58,23 @@ impl PyFanout {
         }
         Ok(done)
     }
+
+    /// `seq` (integers) converted, through cache `which` of [`PyFanout::indices`]:
+    /// the last tuple's conversion if it is that tuple again.
+    fn indices(&self, which: usize, seq: &Bound<'_, PyAny>) -> PyResult<Indices> {
+        let tuple = seq.cast::<PyTuple>().ok();
+        let cache = &self.indices[which];
+        if let (Some(t), Some((held, done))) = (tuple, &*lock(cache)) {
+            if held.is(t) {
+                return Ok(done.clone());
+            }
+        }
+        let done: Indices = seq.extract::<Vec<u32>>()?.into();
+        if let Some(t) = tuple {
+            *lock(cache) = Some((t.clone().unbind(), done.clone()));
+        }
+        Ok(done)
+    }
 }
 
 #[pymethods]
@@ -63,6 +91,7 @@ impl PyFanout {
         Ok(PyFanout {
             inner: Fanout::new(token, &hosts),
             last: Mutex::new(None),
+            indices: Default::default(),
         })
     }
 
@@ -70,7 +99,7 @@ impl PyFanout {
     /// allows: direct on `conns[i]` (the connection to `procs[i]`), or with the other
     /// procs of its host through the host's agent (RELAY-1). `ranks[i]` is the index
     /// of `procs[i]` within the called mesh. Returns the pending calls in the order of
-    /// `procs`, or an empty list if `oneway`.
+    /// `procs` (none if `oneway`), as one `Calls`.
     #[pyo3(signature = (endpoint, conns, procs, ranks, payload, buffers, oneway=false, origin=""))]
     #[allow(clippy::too_many_arguments)] // eight from Python, and the GIL token
     fn call(
@@ -78,14 +107,15 @@ impl PyFanout {
         py: Python<'_>,
         endpoint: PyRef<'_, PyEndpoint>,
         conns: &Bound<'_, PyAny>,
-        procs: Vec<u32>,
-        ranks: Vec<u32>,
+        procs: &Bound<'_, PyAny>,
+        ranks: &Bound<'_, PyAny>,
         payload: &[u8],
         buffers: Vec<PyBuffer<u8>>,
         oneway: bool,
         origin: &str,
-    ) -> PyResult<Vec<PendingCall>> {
+    ) -> PyResult<PyCalls> {
         let conns = self.conns(conns)?;
+        let (procs, ranks) = (self.indices(0, procs)?, self.indices(1, ranks)?);
         if procs.len() != ranks.len() || procs.len() != conns.len() {
             return Err(pyo3::exceptions::PyValueError::new_err(
                 "conns, procs and ranks differ in length",
@@ -98,15 +128,7 @@ impl PyFanout {
             self.inner.send(node::handle(), &t, &conns, &procs, &ranks)
         })
         .map_err(to_py)?;
-        Ok(sent
-            .into_iter()
-            .map(|s| PendingCall {
-                slot: s.slot,
-                call_id: s.call_id,
-                conn: s.conn,
-                target: s.relayed.map(|(i, proc)| (conns.clone(), i, proc)),
-            })
-            .collect())
+        Ok(PyCalls::new(sent, conns))
     }
 }
 

@@ -1,30 +1,162 @@
-//! Bindings of calls in flight: `PendingCall` (wait, cancel, done callbacks), a
-//! call's `Reply`, and `wait_all` over many calls with one deadline.
+//! Bindings of calls in flight: `PendingCall` (wait, cancel, done callbacks), `Calls`
+//! (the calls of one fan-out, as one object), a call's `Reply`, and `wait_all` over
+//! many calls with one deadline.
 
 use super::client::buffers_to_py;
 use super::detach;
 use super::errors::to_py;
 use crate::node;
 use crate::proto::v1::Reply;
-use crate::rpc::client::WorkerConn;
+use crate::rpc::client::{Sent, WorkerConn};
 use crate::rpc::slot::{Bell, Outcome, Slot};
-use pyo3::exceptions::PyTimeoutError;
+use pyo3::exceptions::{PyIndexError, PyTimeoutError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// A call in flight.
+/// A call in flight: one of its own, or one of a fan-out's [`Calls`] (a view that
+/// shares them: TREE-1's per-rank cost was one of these made, waited on and freed per
+/// proc of every call).
 #[pyclass(frozen, name = "PendingCall", module = "monarch_kernel._native")]
 pub struct PendingCall {
-    pub(super) slot: Arc<Slot>,
-    pub(super) call_id: u64,
-    pub(super) conn: Arc<WorkerConn>,
-    /// When the call went through a relay (fan-out): the call's connections, the
-    /// index of the worker's own among them (for its address) and its proc rank. (The
-    /// connections are shared by the call's 1,024 `PendingCall`s: holding each
-    /// worker's own touched 1,024 cold objects per call, twice.)
-    pub(super) target: Option<(Conns, usize, u32)>,
+    call: One,
+}
+
+enum One {
+    Own(Sent),
+    Of(Arc<Batch>, usize),
+}
+
+/// The calls of one fan-out (`Fanout.call`), in the order of its procs.
+pub(super) struct Batch {
+    sent: Vec<Sent>,
+    /// The call's connections, shared by its relayed calls (for a worker's address).
+    conns: Conns,
+}
+
+impl Drop for Batch {
+    /// Replies that were never taken (the Future dropped without `get()`): what was
+    /// pulled for them ahead of time (XFER-2) is freed with them.
+    fn drop(&mut self) {
+        for s in &self.sent {
+            discard_pulled(&s.slot);
+        }
+    }
+}
+
+/// The calls of one fan-out to many procs as one Python object: a sequence of
+/// `PendingCall`s (each made when asked for), which `wait_all` and the transfer
+/// hooks read whole, with no object per proc.
+#[pyclass(frozen, sequence, name = "Calls", module = "monarch_kernel._native")]
+pub struct PyCalls {
+    batch: Arc<Batch>,
+}
+
+impl PyCalls {
+    pub(super) fn new(sent: Vec<Sent>, conns: Conns) -> Self {
+        PyCalls {
+            batch: Arc::new(Batch { sent, conns }),
+        }
+    }
+}
+
+#[pymethods]
+impl PyCalls {
+    fn __len__(&self) -> usize {
+        self.batch.sent.len()
+    }
+
+    fn __getitem__(&self, i: isize) -> PyResult<PendingCall> {
+        let n = self.batch.sent.len() as isize;
+        let at = if i < 0 { i + n } else { i };
+        if !(0..n).contains(&at) {
+            return Err(PyIndexError::new_err("call index out of range"));
+        }
+        Ok(PendingCall {
+            call: One::Of(self.batch.clone(), at as usize),
+        })
+    }
+
+    fn __iter__(&self) -> CallsIter {
+        CallsIter {
+            batch: self.batch.clone(),
+            next: 0,
+        }
+    }
+
+    /// True once every call is done (replied or failed).
+    fn done(&self) -> bool {
+        self.batch.sent.iter().all(|s| s.slot.is_done())
+    }
+}
+
+/// Iterates the `PendingCall`s of a [`PyCalls`].
+#[pyclass(name = "CallsIterator", module = "monarch_kernel._native")]
+pub struct CallsIter {
+    batch: Arc<Batch>,
+    next: usize,
+}
+
+#[pymethods]
+impl CallsIter {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&mut self) -> Option<PendingCall> {
+        (self.next < self.batch.sent.len()).then(|| {
+            self.next += 1;
+            PendingCall {
+                call: One::Of(self.batch.clone(), self.next - 1),
+            }
+        })
+    }
+}
+
+/// Calls as Python passes them to a wait or a hook: a [`PyCalls`] (read whole), or
+/// any sequence of `PendingCall`s.
+pub(crate) enum CallsArg<'py> {
+    Batch(Arc<Batch>),
+    Each(Vec<PyRef<'py, PendingCall>>),
+}
+
+impl<'py> FromPyObject<'_, 'py> for CallsArg<'py> {
+    type Error = PyErr;
+
+    fn extract(ob: Borrowed<'_, 'py, PyAny>) -> PyResult<Self> {
+        if let Ok(c) = ob.cast::<PyCalls>() {
+            return Ok(CallsArg::Batch(c.get().batch.clone()));
+        }
+        ob.extract::<Vec<PyRef<'py, PendingCall>>>()
+            .map(CallsArg::Each)
+            .map_err(|_| PyTypeError::new_err("expected Calls or a sequence of PendingCall"))
+    }
+}
+
+impl CallsArg<'_> {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            CallsArg::Batch(b) => b.sent.len(),
+            CallsArg::Each(v) => v.len(),
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Each call, in order.
+    pub(crate) fn each(&self) -> impl Iterator<Item = &Sent> {
+        let (batch, each) = match self {
+            CallsArg::Batch(b) => (Some(b.sent.iter()), None),
+            CallsArg::Each(v) => (None, Some(v.iter().map(|c| c.sent()))),
+        };
+        batch
+            .into_iter()
+            .flatten()
+            .chain(each.into_iter().flatten())
+    }
 }
 
 /// The connections of a call to many procs, shared by its `PendingCall`s.
@@ -98,18 +230,27 @@ fn deadline(timeout: Option<f64>) -> Option<Instant> {
     timeout.map(|t| Instant::now() + Duration::from_secs_f64(t.max(0.0)))
 }
 
+/// What was pulled ahead of time (XFER-2) for `slot`'s reply, freed: its reply is
+/// let go untaken.
+fn discard_pulled(slot: &Slot) {
+    // (only a reply with buffers can have had any pulled: the others, 1,024 of them
+    // after a call to 1,024 procs, are let go without a copy)
+    let pulled = slot.peek(|o| match o {
+        Some(Ok(r)) if !r.buffers.is_empty() => Some((r.payload.clone(), r.buffers.clone())),
+        _ => None,
+    });
+    if let Some((payload, buffers)) = pulled {
+        crate::transfer::discard_message(&payload, &buffers);
+    }
+}
+
 impl Drop for PendingCall {
     /// A reply that was never taken (its Future dropped without `get()`): what was
-    /// pulled for it ahead of time (XFER-2) is freed with it.
+    /// pulled for it ahead of time (XFER-2) is freed with it (one of a fan-out's
+    /// calls: with the fan-out's, once nothing holds any of them).
     fn drop(&mut self) {
-        // (only a reply with buffers can have had any pulled: the others, 1,024 of
-        // them after a call to 1,024 procs, are let go without a copy)
-        let pulled = self.slot.peek(|o| match o {
-            Some(Ok(r)) if !r.buffers.is_empty() => Some((r.payload.clone(), r.buffers.clone())),
-            _ => None,
-        });
-        if let Some((payload, buffers)) = pulled {
-            crate::transfer::discard_message(&payload, &buffers);
+        if let One::Own(s) = &self.call {
+            discard_pulled(&s.slot);
         }
     }
 }
@@ -117,22 +258,26 @@ impl Drop for PendingCall {
 impl PendingCall {
     pub(super) fn new(slot: Arc<Slot>, call_id: u64, conn: Arc<WorkerConn>) -> Self {
         PendingCall {
-            slot,
-            call_id,
-            conn,
-            target: None,
+            call: One::Own(Sent {
+                call_id,
+                slot,
+                conn,
+                relayed: None,
+            }),
+        }
+    }
+
+    fn sent(&self) -> &Sent {
+        match &self.call {
+            One::Own(s) => s,
+            One::Of(b, i) => &b.sent[*i],
         }
     }
 
     /// The slot its reply completes: the transfer bindings hook the end of the
     /// registrations a call carries on it, and wait on it.
     pub(crate) fn slot(&self) -> &Arc<Slot> {
-        &self.slot
-    }
-
-    /// Its connection: once lost, its receiver will not read what it carries.
-    pub(crate) fn conn(&self) -> &Arc<WorkerConn> {
-        &self.conn
+        &self.sent().slot
     }
 }
 
@@ -142,38 +287,48 @@ impl PendingCall {
     /// ConnectionLost, AuthError or MessageTooLarge.
     #[pyo3(signature = (timeout=None))]
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<PyReply> {
-        let o = wait_slot(py, &self.slot, deadline(timeout))?;
+        let o = wait_slot(py, self.slot(), deadline(timeout))?;
         outcome_to_py(py, o)
     }
 
     /// True once the reply (or the failure) is in.
     fn done(&self) -> bool {
-        self.slot.is_done()
+        self.slot().is_done()
     }
 
     /// Calls `fn()` once the call completes: on a runtime thread, or at once here if
     /// it already has.
     fn add_done_callback(&self, cb: Py<PyAny>) {
-        self.slot.on_done(Box::new(move || super::enter_python(cb)));
+        self.slot()
+            .on_done(Box::new(move || super::enter_python(cb)));
     }
 
     /// Asks the worker to cancel this call.
     fn cancel(&self) {
-        let proc = self.target.as_ref().map(|t| t.2);
-        self.conn.cancel(node::handle(), self.call_id, proc);
+        let s = self.sent();
+        let proc = s.relayed.map(|r| r.1);
+        s.conn.cancel(node::handle(), s.call_id, proc);
     }
 
     #[getter]
     fn call_id(&self) -> u64 {
-        self.call_id
+        self.sent().call_id
+    }
+
+    /// What tells this call from every other of this process: its id, and the proc
+    /// rank of a relayed call (the calls of one message to a relay share an id).
+    #[getter]
+    fn key(&self) -> (u64, Option<u32>) {
+        let s = self.sent();
+        (s.call_id, s.relayed.map(|r| r.1))
     }
 
     /// The worker's address (also for a call that went through its host's agent).
     #[getter]
     fn addr(&self) -> String {
-        match &self.target {
-            Some((conns, i, _)) => conns[*i].addr().to_string(),
-            None => self.conn.addr().to_string(),
+        match (&self.call, self.sent().relayed) {
+            (One::Of(b, _), Some((i, _))) => b.conns[i].addr().to_string(),
+            _ => self.sent().conn.addr().to_string(),
         }
     }
 }
@@ -189,7 +344,7 @@ impl PendingCall {
 #[pyo3(signature = (calls, timeout=None, fail_fast=false))]
 fn wait_all(
     py: Python<'_>,
-    calls: Vec<PyRef<'_, PendingCall>>,
+    calls: CallsArg<'_>,
     timeout: Option<f64>,
     fail_fast: bool,
 ) -> PyResult<Vec<Py<PyAny>>> {
@@ -205,7 +360,7 @@ fn wait_all(
     // all of them (`_actor_mesh._plain_values`).
     let mut last: Option<(bytes::Bytes, Py<PyBytes>)> = None;
     let mut last_reply: Option<(i32, Py<PyAny>)> = None;
-    for c in &calls {
+    for c in calls.each() {
         if early && !c.slot.is_done() {
             out.push(py.None());
             continue;
@@ -251,11 +406,11 @@ fn wait_all(
 /// (TREE-1's per-reply cost).
 fn wait_first_failure(
     py: Python<'_>,
-    calls: &[PyRef<'_, PendingCall>],
+    calls: &CallsArg<'_>,
     deadline: Option<Instant>,
 ) -> PyResult<()> {
     let bell = Bell::new(calls.len());
-    for c in calls {
+    for c in calls.each() {
         c.slot.ring_when_done(&bell);
     }
     loop {
@@ -277,6 +432,8 @@ fn wait_first_failure(
 
 pub fn register_python_bindings(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PendingCall>()?;
+    m.add_class::<PyCalls>()?;
+    m.add_class::<CallsIter>()?;
     m.add_class::<PyReply>()?;
     m.add_function(wrap_pyfunction!(wait_all, m)?)?;
     Ok(())

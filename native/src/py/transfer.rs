@@ -4,7 +4,7 @@
 //! tie registrations to calls (XFER-1, XFER-2).
 
 use super::detach;
-use super::pending::PendingCall;
+use super::pending::CallsArg;
 use crate::rpc::client::WorkerConn;
 use crate::rpc::slot::Slot;
 use crate::transfer::{engine, Descriptor, Engine, Waited, DEFAULT_STREAMS, HEADER, STREAMS_ENV};
@@ -335,11 +335,11 @@ const SIGNAL_CHECK: Duration = Duration::from_millis(50);
 /// died never releases): they end. Hooked on the calls' completion in the native
 /// runtime: nothing runs in Python.
 #[pyfunction]
-fn xfer_drop_when_done(py: Python<'_>, calls: Vec<PyRef<'_, PendingCall>>, ids: Vec<u64>) {
+fn xfer_drop_when_done(py: Python<'_>, calls: CallsArg<'_>, ids: Vec<u64>) {
     if ids.is_empty() || calls.is_empty() {
         return;
     }
-    let slots: Vec<Arc<Slot>> = calls.iter().map(|c| c.slot().clone()).collect();
+    let slots: Vec<Arc<Slot>> = calls.each().map(|c| c.slot.clone()).collect();
     let ids: Arc<[u64]> = ids.into();
     let left = Arc::new(AtomicUsize::new(slots.len()));
     // A call that has already ended runs its hook here, at once.
@@ -379,11 +379,11 @@ fn calls_ended(calls: &[(Arc<Slot>, Arc<WorkerConn>)]) -> bool {
 /// The GIL is released while waiting; every 50 ms it is taken back to run signal
 /// handlers (a KeyboardInterrupt is raised from here) and to ask `gone()`.
 #[pyfunction]
-#[pyo3(signature = (ids, calls=Vec::new(), limit=None, gone=None))]
+#[pyo3(signature = (ids, calls=None, limit=None, gone=None))]
 fn xfer_wait_read(
     py: Python<'_>,
     ids: Vec<u64>,
-    calls: Vec<PyRef<'_, PendingCall>>,
+    calls: Option<CallsArg<'_>>,
     limit: Option<f64>,
     gone: Option<Bound<'_, PyAny>>,
 ) -> PyResult<bool> {
@@ -396,7 +396,7 @@ fn xfer_wait_read(
     let deadline = seconds(limit).and_then(|d| Instant::now().checked_add(d));
     let watched: Vec<(Arc<Slot>, Arc<WorkerConn>)> = calls
         .iter()
-        .map(|c| (c.slot().clone(), c.conn().clone()))
+        .flat_map(|c| c.each().map(|s| (s.slot.clone(), s.conn.clone())))
         .collect();
     detach(py, || {
         for (slot, _) in &watched {
