@@ -93,18 +93,15 @@ struct Host {
 
 /// Deliveries to workers of the relay's own host: (proc, rank).
 fn here(procs: &[(u32, u32)]) -> Vec<Delivery> {
-    via("", procs)
+    via(0, procs)
 }
 
-/// Deliveries to workers of the host whose relay is `relay` (TREE-1): (proc, rank).
-fn via(relay: &str, procs: &[(u32, u32)]) -> Vec<Delivery> {
+/// Deliveries to workers of the host whose relay is the call's `vias[via - 1]`
+/// (TREE-1; 0: the relay's own host): (proc, rank).
+fn via(via: u32, procs: &[(u32, u32)]) -> Vec<Delivery> {
     procs
         .iter()
-        .map(|&(proc, rank)| Delivery {
-            proc,
-            rank,
-            relay: relay.to_string(),
-        })
+        .map(|&(proc, rank)| Delivery { proc, rank, via })
         .collect()
 }
 
@@ -196,7 +193,7 @@ fn a_call_through_the_relay_reaches_each_worker_and_each_reply_comes_back_as_its
     assert_eq!(procs, [0, 1]);
     let relay = WorkerConn::relay(rt.handle(), &host.handle.addr, host.token).unwrap();
     let x = Bytes::from_static(b"x");
-    let (_, slots) = relay.call_fanned(&target(&x), here(&[(0, 5), (1, 6)]));
+    let (_, slots) = relay.call_fanned(&target(&x), here(&[(0, 5), (1, 6)]), Vec::new());
     let got: Vec<String> = slots.iter().map(text).collect();
     assert_eq!(got, ["0:5:1:x", "1:6:1:x"]);
     // A call that names no worker is refused, and the connection goes on.
@@ -204,7 +201,7 @@ fn a_call_through_the_relay_reaches_each_worker_and_each_reply_comes_back_as_its
     let r = slot.unwrap().wait(WAIT).unwrap().unwrap();
     assert_eq!(reply_kind(&r), ReplyKind::Rejected);
     // A worker the host does not have is lost, as a direct call to it would be.
-    let (_, slots) = relay.call_fanned(&target(&x), here(&[(1, 0), (9, 1)]));
+    let (_, slots) = relay.call_fanned(&target(&x), here(&[(1, 0), (9, 1)]), Vec::new());
     assert_eq!(text(&slots[0]), "1:0:2:x");
     match slots[1].wait(WAIT).unwrap() {
         Err(RpcError::ConnectionLost { addr, reason }) => {
@@ -227,21 +224,32 @@ fn a_relay_forwards_the_deliveries_of_another_host_to_its_relay_and_returns_thei
     let b = Host::start_at(&rt, token, 2, 2);
     let relay = WorkerConn::relay(rt.handle(), &a.handle.addr, token).unwrap();
     let x = Bytes::from_static(b"x");
+    let vias = vec![b.handle.addr.clone()];
     let mut ds = here(&[(0, 0), (1, 1)]);
-    ds.extend(via(&b.handle.addr, &[(2, 2), (3, 3)]));
-    let (_, slots) = relay.call_fanned(&target(&x), ds.clone());
+    ds.extend(via(1, &[(2, 2), (3, 3)]));
+    let (_, slots) = relay.call_fanned(&target(&x), ds.clone(), vias.clone());
     let got: Vec<String> = slots.iter().map(text).collect();
     assert_eq!(got, ["0:0:1:x", "1:1:1:x", "2:2:1:x", "3:3:1:x"]);
     // A proc B does not have is lost; the others answer.
-    let (_, slots) = relay.call_fanned(&target(&x), via(&b.handle.addr, &[(3, 0), (7, 1)]));
+    let (_, slots) = relay.call_fanned(&target(&x), via(1, &[(3, 0), (7, 1)]), vias.clone());
     assert_eq!(text(&slots[0]), "3:0:2:x");
     assert!(matches!(
         slots[1].wait(WAIT).unwrap(),
         Err(RpcError::ConnectionLost { .. })
     ));
+    // A delivery that names no relay of the call is refused, as malformed; the
+    // others answer.
+    let mut bad = via(2, &[(2, 0)]);
+    bad.extend(via(1, &[(3, 1)]));
+    let (_, slots) = relay.call_fanned(&target(&x), bad, vias.clone());
+    let refused = slots[0].wait(WAIT).unwrap().unwrap();
+    assert_eq!(refused.kind, ReplyKind::Rejected as i32);
+    let why = String::from_utf8_lossy(&refused.payload).to_string();
+    assert!(why.contains("names relay 2 of 1"), "{why}");
+    assert_eq!(text(&slots[1]), "3:1:3:x");
     // B's agent gone: its procs' deliveries fail as lost, fast; A's still answer.
     b.stop(&rt);
-    let (_, slots) = relay.call_fanned(&target(&x), ds);
+    let (_, slots) = relay.call_fanned(&target(&x), ds, vias);
     assert_eq!(text(&slots[0]), "0:0:2:x");
     assert_eq!(text(&slots[1]), "1:1:2:x");
     for s in &slots[2..] {
@@ -269,7 +277,7 @@ fn a_relay_sends_a_calls_results_back_together_and_a_failure_at_once() {
     let all = here(&[(0, 0), (1, 1), (2, 2)]);
     // Procs 1 and 2 answer at once, proc 0 late: all three come back together.
     let late = Bytes::from_static(b"late0");
-    let (_, slots) = relay.call_fanned(&target(&late), all.clone());
+    let (_, slots) = relay.call_fanned(&target(&late), all.clone(), Vec::new());
     assert!(
         slots[1].wait(Some(LATE / 2)).is_none(),
         "a result came back before the call's last"
@@ -280,7 +288,7 @@ fn a_relay_sends_a_calls_results_back_together_and_a_failure_at_once() {
     // An exception goes back at once, with the results held before it; the late
     // result follows alone.
     let fail = Bytes::from_static(b"late0fail1");
-    let (_, slots) = relay.call_fanned(&target(&fail), all);
+    let (_, slots) = relay.call_fanned(&target(&fail), all, Vec::new());
     let r = slots[1].wait(WAIT).unwrap().unwrap();
     assert_eq!(reply_kind(&r), ReplyKind::Exception);
     assert!(
@@ -301,7 +309,7 @@ fn a_result_a_relay_holds_goes_back_within_the_hold_while_the_call_runs_on() {
     let host = Host::start_holding(&rt, token, 2, 0, Duration::from_millis(100));
     let relay = WorkerConn::relay(rt.handle(), &host.handle.addr, token).unwrap();
     let late = Bytes::from_static(b"late0");
-    let (_, slots) = relay.call_fanned(&target(&late), here(&[(0, 0), (1, 1)]));
+    let (_, slots) = relay.call_fanned(&target(&late), here(&[(0, 0), (1, 1)]), Vec::new());
     assert_eq!(text(&slots[1]), "1:1:1:late0");
     assert!(!done(&slots[0]), "the result waited for the late proc");
     assert_eq!(text(&slots[0]), "0:0:1:late0");
@@ -317,12 +325,16 @@ fn a_call_whose_results_all_came_leaves_no_send_of_them_due() {
     let host = Host::start_holding(&rt, token, 2, 0, Duration::from_secs(600));
     let relay = WorkerConn::relay(rt.handle(), &host.handle.addr, token).unwrap();
     let all = here(&[(0, 0), (1, 1)]);
-    let (_, slots) = relay.call_fanned(&target(&Bytes::from_static(b"warm")), all.clone());
+    let (_, slots) = relay.call_fanned(
+        &target(&Bytes::from_static(b"warm")),
+        all.clone(),
+        Vec::new(),
+    );
     assert_eq!(text(&slots[1]), "1:1:1:warm");
     let alive = || rt.metrics().num_alive_tasks();
     let before = alive();
     // Proc 1 answers at once, its result is held, and the send of it falls due in 600 s.
-    let (_, slots) = relay.call_fanned(&target(&Bytes::from_static(b"late0")), all);
+    let (_, slots) = relay.call_fanned(&target(&Bytes::from_static(b"late0")), all, Vec::new());
     assert_eq!(text(&slots[0]), "0:0:2:late0");
     assert_eq!(text(&slots[1]), "1:1:2:late0");
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -364,7 +376,11 @@ fn calls_through_a_partitioned_relay_wait_then_complete_once_each() {
     let relay = WorkerConn::relay(rt.handle(), &proxy.addr, host.token).unwrap();
     let call = |p: &'static [u8]| {
         relay
-            .call_fanned(&target(&Bytes::from_static(p)), here(&[(0, 0), (1, 1)]))
+            .call_fanned(
+                &target(&Bytes::from_static(p)),
+                here(&[(0, 0), (1, 1)]),
+                Vec::new(),
+            )
             .1
     };
     let a = call(b"a");
@@ -474,7 +490,11 @@ fn a_relay_cut_before_its_first_answer_sends_its_calls_once_it_heals() {
     proxy.set_cut(true);
     let relay = WorkerConn::relay(rt.handle(), &proxy.addr, host.token).unwrap();
     let b = relay
-        .call_fanned(&target(&Bytes::from_static(b"b")), here(&[(0, 0), (1, 1)]))
+        .call_fanned(
+            &target(&Bytes::from_static(b"b")),
+            here(&[(0, 0), (1, 1)]),
+            Vec::new(),
+        )
         .1;
     // Longer than the keepalive (1 s + 3 s): the client drops the connection.
     std::thread::sleep(Duration::from_secs(6));

@@ -234,13 +234,28 @@ fn deliver(
     call.resent = false;
     let (callers, caller) = (to.callers.clone(), to.caller);
     let mut targets = Vec::new();
-    let mut branches: Vec<(String, Vec<crate::proto::v1::Delivery>)> = Vec::new();
+    // TREE-1: the deliveries this relay forwards, by the relay each names (`via`).
+    let vias = std::mem::take(&mut call.vias);
+    let mut branches: Vec<Vec<crate::proto::v1::Delivery>> = vec![Vec::new(); vias.len()];
     for mut d in deliveries {
-        if !d.relay.is_empty() {
-            let relay = std::mem::take(&mut d.relay);
-            match branches.iter_mut().find(|(r, _)| *r == relay) {
-                Some((_, ds)) => ds.push(d),
-                None => branches.push((relay, vec![d])),
+        if d.via != 0 {
+            match branches.get_mut(d.via as usize - 1) {
+                Some(ds) => {
+                    d.via = 0; // (a worker of the host it goes to)
+                    ds.push(d);
+                }
+                None if !oneway => {
+                    let why = format!(
+                        "a malformed call: its delivery names relay {} of {}",
+                        d.via,
+                        vias.len()
+                    );
+                    callers.reply(
+                        caller,
+                        refusal(call_id, ReplyKind::Rejected, Some(d.proc), why),
+                    );
+                }
+                None => {}
             }
             continue;
         }
@@ -261,7 +276,10 @@ fn deliver(
     }
     // Each leg, and the slot its reply completes (none for a broadcast).
     let mut legs: Vec<(Leg, Option<Arc<Slot>>)> = Vec::new();
-    for (relay, ds) in branches {
+    for (relay, ds) in vias.into_iter().zip(branches) {
+        if ds.is_empty() {
+            continue;
+        }
         let procs: Vec<u32> = ds.iter().map(|d| d.proc).collect();
         let conn = match WorkerConn::branch(rt, &relay, agent.token()) {
             Ok(c) => c,

@@ -46,14 +46,17 @@ impl WorkerConn {
 
     /// Sends one endpoint call to a relay (a host agent) that delivers it to the
     /// workers `deliveries` names (proc rank, index within the called mesh, and the
-    /// relay of their host when it is another one: TREE-1). Returns the call id and,
+    /// relay of their host when it is another one: TREE-1, 1 + its index in `vias`).
+    /// Returns the call id and,
     /// unless `oneway`, one slot per delivery, in order.
     pub fn call_fanned(
         &self,
         target: &Target<'_>,
         deliveries: Vec<Delivery>,
+        vias: Vec<String>,
     ) -> (u64, Vec<Arc<Slot>>) {
-        let msg = self.message(target, next_call_id(), 0, deliveries);
+        let mut msg = self.message(target, next_call_id(), 0, deliveries);
+        msg.vias = vias;
         self.send_fanned(msg)
     }
 
@@ -132,6 +135,7 @@ impl WorkerConn {
             resent: false,
             port: Some(port),
             command: CallCommand::Endpoint as i32,
+            vias: Vec::new(),
         };
         if let Err(err) = Self::fits(&msg) {
             return (call_id, Slot::done_with(Err(err)));
@@ -230,6 +234,7 @@ impl WorkerConn {
             resent: false,
             port: None,
             command: command as i32,
+            vias: Vec::new(),
         }
     }
 

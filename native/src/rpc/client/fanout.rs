@@ -72,6 +72,10 @@ pub struct Fanout {
     order: Arc<Mutex<Order>>,
 }
 
+/// What a call sends to one relay (TREE-1: a group's head): its deliveries, each
+/// with the index of its proc in the call, and the other relays they name.
+type HeadPart = (Vec<(usize, Delivery)>, Vec<String>);
+
 /// One call sent to one proc.
 pub struct Sent {
     /// The call's id (shared by the procs of one message to a relay).
@@ -141,8 +145,9 @@ impl Fanout {
         let hosts: Vec<usize> = procs.iter().map(|&p| self.host_of(p)).collect();
         let mut out: Vec<Option<Sent>> = procs.iter().map(|_| None).collect();
         let mut order = lock(&self.order);
-        // The relayed parts, by the relay they go to (TREE-1: a group's head).
-        let mut by_head: BTreeMap<usize, Vec<(usize, Delivery)>> = BTreeMap::new();
+        // The relayed parts, by the relay they go to (TREE-1: a group's head), and the
+        // other relays its deliveries name (`Delivery.via`: 1 + an index in them).
+        let mut by_head: BTreeMap<usize, HeadPart> = BTreeMap::new();
         for part in order.plan(procs, &hosts, self.relays.len(), target.oneway) {
             // CLIENT-3: a lost connection is never used for a new call.
             let direct = part
@@ -172,27 +177,27 @@ impl Fanout {
                 )));
             }
             let head = self.head_of(part.host);
+            let (parts, vias) = by_head.entry(head).or_default();
+            // (each host is one part of a call: its relay is named once)
             let via = if head == part.host {
-                String::new()
+                0
             } else {
-                self.relays[part.host].clone()
+                vias.push(self.relays[part.host].clone());
+                vias.len() as u32
             };
-            by_head
-                .entry(head)
-                .or_default()
-                .extend(part.relayed.iter().map(|&i| {
-                    let d = Delivery {
-                        proc: procs[i],
-                        rank: ranks[i],
-                        relay: via.clone(),
-                    };
-                    (i, d)
-                }));
+            parts.extend(part.relayed.iter().map(|&i| {
+                let d = Delivery {
+                    proc: procs[i],
+                    rank: ranks[i],
+                    via,
+                };
+                (i, d)
+            }));
         }
-        for (head, parts) in by_head {
+        for (head, (parts, vias)) in by_head {
             let relay = WorkerConn::relay(rt, &self.relays[head], &self.token)?;
             let (idx, deliveries): (Vec<usize>, Vec<Delivery>) = parts.into_iter().unzip();
-            let (call_id, slots) = relay.call_fanned(target, deliveries);
+            let (call_id, slots) = relay.call_fanned(target, deliveries, vias);
             if target.oneway {
                 for &i in &idx {
                     order.sent_relayed(procs[i], None);
