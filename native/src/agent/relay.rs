@@ -12,7 +12,7 @@
 //! itself. A caller whose connection to the relay broke resumes it (RESUME-1,
 //! `rpc/resume.rs`); the relay's own connections to its workers resume the same way.
 //!
-//! TREE-1: a delivery that names another relay (`Delivery.relay`, a host of this
+//! TREE-1: a delivery that names another relay (`Delivery.via`, a host of this
 //! one's group) is forwarded to it, in one message per relay with the deliveries
 //! that name it, on this agent's connection to it (`WorkerConn::branch`, RESUME-1 as
 //! any other); its replies come back here as its workers' and go on to the caller

@@ -5,7 +5,7 @@
 //! TREE-1: beyond [`fanout_limit`] hosts, the hosts are cut into that many groups of
 //! neighbours, and a call's part for a host goes to its group's head (the group's
 //! first host whose relay is not known lost), which delivers its own host's part and
-//! forwards each other host's part to that host's relay (`Delivery.relay`,
+//! forwards each other host's part to that host's relay (`Delivery.via`,
 //! `agent/relay.rs`), so the messages this process sends per call grow with the
 //! number of groups, not of hosts. A host's part always takes the same route while
 //! its head lives, so each path keeps its order (ORDER-1); replies come back the way
