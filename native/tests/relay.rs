@@ -91,11 +91,6 @@ struct Host {
     _logs: tempfile::TempDir,
 }
 
-/// Deliveries to workers of the relay's own host: (proc, rank).
-fn here(procs: &[(u32, u32)]) -> Vec<Delivery> {
-    via(0, procs)
-}
-
 /// Deliveries to workers of the host whose relay is the call's `vias[via - 1]`
 /// (TREE-1; 0: the relay's own host): (proc, rank).
 fn via(via: u32, procs: &[(u32, u32)]) -> Vec<Delivery> {
@@ -106,10 +101,6 @@ fn via(via: u32, procs: &[(u32, u32)]) -> Vec<Delivery> {
 }
 
 impl Host {
-    fn start(rt: &tokio::runtime::Runtime, token: &'static str, workers: u32) -> Host {
-        Self::start_at(rt, token, workers, 0)
-    }
-
     /// An agent whose workers' proc ranks start at `first`.
     fn start_at(
         rt: &tokio::runtime::Runtime,
@@ -188,12 +179,12 @@ fn text(slot: &Arc<Slot>) -> String {
 #[test]
 fn a_call_through_the_relay_reaches_each_worker_and_each_reply_comes_back_as_its_own() {
     let rt = runtime();
-    let host = Host::start(&rt, "relay-test-token-1", 2);
+    let host = Host::start_at(&rt, "relay-test-token-1", 2, 0);
     let procs: Vec<u32> = host.workers.iter().map(|w| w.rank).collect();
     assert_eq!(procs, [0, 1]);
     let relay = WorkerConn::relay(rt.handle(), &host.handle.addr, host.token).unwrap();
     let x = Bytes::from_static(b"x");
-    let (_, slots) = relay.call_fanned(&target(&x), here(&[(0, 5), (1, 6)]), Vec::new());
+    let (_, slots) = relay.call_fanned(&target(&x), via(0, &[(0, 5), (1, 6)]), Vec::new());
     let got: Vec<String> = slots.iter().map(text).collect();
     assert_eq!(got, ["0:5:1:x", "1:6:1:x"]);
     // A call that names no worker is refused, and the connection goes on.
@@ -201,7 +192,7 @@ fn a_call_through_the_relay_reaches_each_worker_and_each_reply_comes_back_as_its
     let r = slot.unwrap().wait(WAIT).unwrap().unwrap();
     assert_eq!(reply_kind(&r), ReplyKind::Rejected);
     // A worker the host does not have is lost, as a direct call to it would be.
-    let (_, slots) = relay.call_fanned(&target(&x), here(&[(1, 0), (9, 1)]), Vec::new());
+    let (_, slots) = relay.call_fanned(&target(&x), via(0, &[(1, 0), (9, 1)]), Vec::new());
     assert_eq!(text(&slots[0]), "1:0:2:x");
     match slots[1].wait(WAIT).unwrap() {
         Err(RpcError::ConnectionLost { addr, reason }) => {
@@ -225,7 +216,7 @@ fn a_relay_forwards_the_deliveries_of_another_host_to_its_relay_and_returns_thei
     let relay = WorkerConn::relay(rt.handle(), &a.handle.addr, token).unwrap();
     let x = Bytes::from_static(b"x");
     let vias = vec![b.handle.addr.clone()];
-    let mut ds = here(&[(0, 0), (1, 1)]);
+    let mut ds = via(0, &[(0, 0), (1, 1)]);
     ds.extend(via(1, &[(2, 2), (3, 3)]));
     let (_, slots) = relay.call_fanned(&target(&x), ds.clone(), vias.clone());
     let got: Vec<String> = slots.iter().map(text).collect();
@@ -274,7 +265,7 @@ fn a_relay_sends_a_calls_results_back_together_and_a_failure_at_once() {
     let token = "relay-test-token-gather";
     let host = Host::start_holding(&rt, token, 3, 0, Duration::from_secs(600));
     let relay = WorkerConn::relay(rt.handle(), &host.handle.addr, token).unwrap();
-    let all = here(&[(0, 0), (1, 1), (2, 2)]);
+    let all = via(0, &[(0, 0), (1, 1), (2, 2)]);
     // Procs 1 and 2 answer at once, proc 0 late: all three come back together.
     let late = Bytes::from_static(b"late0");
     let (_, slots) = relay.call_fanned(&target(&late), all.clone(), Vec::new());
@@ -309,7 +300,7 @@ fn a_result_a_relay_holds_goes_back_within_the_hold_while_the_call_runs_on() {
     let host = Host::start_holding(&rt, token, 2, 0, Duration::from_millis(100));
     let relay = WorkerConn::relay(rt.handle(), &host.handle.addr, token).unwrap();
     let late = Bytes::from_static(b"late0");
-    let (_, slots) = relay.call_fanned(&target(&late), here(&[(0, 0), (1, 1)]), Vec::new());
+    let (_, slots) = relay.call_fanned(&target(&late), via(0, &[(0, 0), (1, 1)]), Vec::new());
     assert_eq!(text(&slots[1]), "1:1:1:late0");
     assert!(!done(&slots[0]), "the result waited for the late proc");
     assert_eq!(text(&slots[0]), "0:0:1:late0");
@@ -324,7 +315,7 @@ fn a_call_whose_results_all_came_leaves_no_send_of_them_due() {
     let token = "relay-test-token-hold-ends";
     let host = Host::start_holding(&rt, token, 2, 0, Duration::from_secs(600));
     let relay = WorkerConn::relay(rt.handle(), &host.handle.addr, token).unwrap();
-    let all = here(&[(0, 0), (1, 1)]);
+    let all = via(0, &[(0, 0), (1, 1)]);
     let (_, slots) = relay.call_fanned(
         &target(&Bytes::from_static(b"warm")),
         all.clone(),
@@ -352,7 +343,7 @@ fn a_call_whose_results_all_came_leaves_no_send_of_them_due() {
 #[test]
 fn the_agent_serves_the_relay_and_not_the_worker_service() {
     let rt = runtime();
-    let host = Host::start(&rt, "relay-test-token-2", 1);
+    let host = Host::start_at(&rt, "relay-test-token-2", 1, 0);
     // What only a worker serves is refused on a relay's connection, before it is sent.
     let relay = WorkerConn::relay(rt.handle(), &host.handle.addr, host.token).unwrap();
     let err = rt.block_on(relay.ping()).unwrap_err();
@@ -371,14 +362,14 @@ fn the_agent_serves_the_relay_and_not_the_worker_service() {
 #[test]
 fn calls_through_a_partitioned_relay_wait_then_complete_once_each() {
     let rt = runtime();
-    let host = Host::start(&rt, "relay-test-token-3", 2);
+    let host = Host::start_at(&rt, "relay-test-token-3", 2, 0);
     let proxy = Proxy::start(&rt, host.handle.addr.clone());
     let relay = WorkerConn::relay(rt.handle(), &proxy.addr, host.token).unwrap();
     let call = |p: &'static [u8]| {
         relay
             .call_fanned(
                 &target(&Bytes::from_static(p)),
-                here(&[(0, 0), (1, 1)]),
+                via(0, &[(0, 0), (1, 1)]),
                 Vec::new(),
             )
             .1
@@ -414,7 +405,7 @@ fn calls_through_a_partitioned_relay_wait_then_complete_once_each() {
 #[test]
 fn the_fan_out_keeps_each_workers_calls_in_the_order_sent_whichever_path_each_takes() {
     let rt = runtime();
-    let host = Host::start(&rt, "relay-test-token-4", 2);
+    let host = Host::start_at(&rt, "relay-test-token-4", 2, 0);
     let token = host.token;
     let fanout = Fanout::new(token, &[(host.handle.addr.clone(), 0, 2)]);
     let conns: Vec<Arc<WorkerConn>> = host
@@ -485,14 +476,14 @@ fn a_relay_cut_before_its_first_answer_sends_its_calls_once_it_heals() {
     // out on that stream, so that they can be sent on the next one and run once, not
     // fail as possibly delivered to another process.
     let rt = runtime();
-    let host = Host::start(&rt, "relay-test-token-9", 2);
+    let host = Host::start_at(&rt, "relay-test-token-9", 2, 0);
     let proxy = Proxy::start(&rt, host.handle.addr.clone());
     proxy.set_cut(true);
     let relay = WorkerConn::relay(rt.handle(), &proxy.addr, host.token).unwrap();
     let b = relay
         .call_fanned(
             &target(&Bytes::from_static(b"b")),
-            here(&[(0, 0), (1, 1)]),
+            via(0, &[(0, 0), (1, 1)]),
             Vec::new(),
         )
         .1;
