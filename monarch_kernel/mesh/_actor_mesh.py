@@ -258,7 +258,7 @@ class Endpoint(Generic[R]):
         """Calls every actor in the mesh; the Future gives a ValueMesh of the results."""
         shape = self._mesh._shape
         if self._explicit:
-            local_shape = Shape(shape.extent)
+            local_shape = self._mesh._local
             n = len(shape)
 
             def by_rank(got: list[tuple[int | None, bool, Any]]) -> ValueMesh[R]:
@@ -271,7 +271,7 @@ class Endpoint(Generic[R]):
             return self._answered(self._mesh._every, args, kwargs, n, by_rank)
         calls = self._send(args, kwargs, self._mesh._every, False)
         proc, what = self._mesh._proc, self._what
-        local_shape = Shape(shape.extent)
+        local_shape = self._mesh._local
 
         def finish(replies: list[Any]) -> ValueMesh[R]:
             return ValueMesh(local_shape, decode_all(replies, proc, shape.ranks, local_shape.point, what))
@@ -394,6 +394,8 @@ class ActorMesh(MeshTrait, Generic[R]):
         #: The indices of all its ranks: one tuple, which every call to all of them
         #: passes, so that the fan-out converts it once.
         self._every = tuple(range(len(shape)))
+        #: Its shape as its own (its ranks its indices): what its calls' values are over.
+        self._local = Shape(shape.extent, self._every)
         self._endpoint_cache: dict[str, Endpoint[Any]] = {}
         #: By proc rank: the exceptions of constructors that raised (Monarch reports
         #: them to supervision, not at spawn); calls to those ranks raise them.

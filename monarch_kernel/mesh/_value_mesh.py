@@ -28,9 +28,7 @@ class ValueMesh(MeshTrait, Generic[R]):
         if len(values) != len(shape):
             raise ValueError(f"a ValueMesh over {shape.extent} needs {len(shape)} values, got {len(values)}")
         # Values are indexed by base rank so slices can share them.
-        self._shape = (
-            Shape(shape.extent, range(len(shape))) if shape.ranks != tuple(range(len(shape))) else shape
-        )
+        self._shape = shape if shape.dense else Shape(shape.extent)
         self._values = list(values)
 
     def _new_with_shape(self, shape: Shape) -> ValueMesh[R]:
