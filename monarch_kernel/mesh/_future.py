@@ -41,7 +41,7 @@ SLOW_S = 1.0
 
 
 #: Calls interrupted once that had not replied then, with when (INTERRUPT-2), by key.
-_interrupted: dict[tuple[int, int | None], tuple[Any, float]] = {}
+_interrupted: dict[int, tuple[Any, float]] = {}
 _interrupted_lock = threading.Lock()
 #: Cancels less than this apart are one interrupt (a cell cancels its calls one
 #: future at a time); a later one is a second interrupt.

@@ -155,3 +155,20 @@ def test_stops_of_two_different_calls_never_escalate_and_each_says_what_it_did_n
         assert len(other.pid.call().get(timeout=TIMEOUT).values()) == 2
     finally:
         procs.stop()
+
+
+def test_each_call_in_flight_is_told_apart_by_its_key(state_home):
+    # INTERRUPT-2 finds a call it interrupted before by its key (a fan-out's calls are
+    # new objects each time they are read): every call in flight has its own, also
+    # the calls of a stop, whose ids are all 0 (the StopActor RPC).
+    procs = this_host().spawn_procs(per_host={"procs": 2})
+    try:
+        s = procs.spawn("s", Sleeper)
+        spin = s.spin.call(0.5)
+        stop = s.stop()
+        keys = [c.key for c in spin._calls] + [c.key for c in stop._calls]
+        assert len(set(keys)) == 4, keys
+        assert [c.key for c in spin._calls] == [c.key for c in spin._calls]  # and keeps it
+        stop.get(timeout=TIMEOUT)
+    finally:
+        procs.stop()

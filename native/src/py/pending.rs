@@ -315,12 +315,13 @@ impl PendingCall {
         self.sent().call_id
     }
 
-    /// What tells this call from every other of this process: its id, and the proc
-    /// rank of a relayed call (the calls of one message to a relay share an id).
+    /// What tells this call from every other in flight in this process, whichever
+    /// object stands for it (a fan-out's are made as they are read): the address of
+    /// the slot its reply completes, which lives as long as any of them. (Not its id:
+    /// the calls of one message to a relay share one, and a spawn's or a stop's is 0.)
     #[getter]
-    fn key(&self) -> (u64, Option<u32>) {
-        let s = self.sent();
-        (s.call_id, s.relayed.map(|r| r.1))
+    fn key(&self) -> usize {
+        Arc::as_ptr(self.slot()) as usize
     }
 
     /// The worker's address (also for a call that went through its host's agent).
