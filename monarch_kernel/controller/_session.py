@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from monarch_kernel import _native, _origin
@@ -477,7 +477,7 @@ class Session:
         _native.wait_all(self._builtin(ranks, "flush", origin=origin), timeout)
         return ranks
 
-    def _builtin(self, ranks: list[int], method: str, *args: Any, origin: str = "") -> list[Any]:
+    def _builtin(self, ranks: list[int], method: str, *args: Any, origin: str = "") -> Sequence[Any]:
         """Calls ``method(*args)`` of the actor every worker has (``worker._builtin``)
         on ``ranks``: one pending call each."""
         return call_builtin(
@@ -546,7 +546,7 @@ class Session:
         first = list(heads.values())
         ref = self.state.ref
 
-        def answers(calls: list[Any], on: list[int], what: str) -> list[Any]:
+        def answers(calls: Sequence[Any], on: list[int], what: str) -> list[Any]:
             return [decode_reply(c.wait(timeout), ref, r, ref.point(r), what) for r, c in zip(on, calls)]
 
         plans = answers(self._builtin(first, "workspace_plan", self.name, manifest), first, "sync_workspace")

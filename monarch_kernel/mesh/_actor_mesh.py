@@ -180,7 +180,7 @@ class Endpoint(Generic[R]):
 
     def _send(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], local: Sequence[int], oneway: bool
-    ) -> list[Any]:
+    ) -> Sequence[Any]:
         lo, hi = self._positional
         if kwargs or not lo <= len(args) <= hi:  # the common case needs no bind()
             try:

@@ -16,7 +16,7 @@ import os
 import pickle
 import struct
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from typing import Any
 
@@ -100,7 +100,7 @@ def drop_now(ids: list[int]) -> None:
         _native.xfer_drop(i)
 
 
-def drop_when_done(calls: list[Any], ids: list[int]) -> None:
+def drop_when_done(calls: Sequence[Any], ids: list[int]) -> None:
     """XFER-1 for calls: once every call has its reply (or failed), the receivers are
     done with the registrations ``ids``, released or not (a receiver that died never
     releases): they end. Hooked on the calls in native code; no Python runs then."""
@@ -110,7 +110,7 @@ def drop_when_done(calls: list[Any], ids: list[int]) -> None:
 
 def wait_read(
     ids: list[int],
-    calls: list[Any] | None = None,
+    calls: Sequence[Any] | None = None,
     limit: float | None = None,
     gone: Callable[[], bool] | None = None,
 ) -> None:

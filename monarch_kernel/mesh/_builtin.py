@@ -24,13 +24,14 @@ _endpoints: dict[str, Any] = {}
 
 def call_builtin(
     conns: list[Any], ranks: list[int], method: str, *args: Any, origin: str = "", fan: Any = None
-) -> list[Any]:
+) -> Sequence[Any]:
     """Calls ``method(*args)`` of the built-in actor of each worker in ``conns``
     (``ranks[i]`` is the rank of ``conns[i]``); what the worker prints while it runs
     is tagged with ``origin``. With ``fan`` (``ProcRef.fanout()``, a mesh across
     hosts) they go through the hosts' relays as actor calls do, one message per host
-    (RELAY-1, ORDER-1); without, to each worker. Returns one ``_native.PendingCall``
-    per worker, in order, whose reply ``decode_reply`` (or ``loads``) reads."""
+    (RELAY-1, ORDER-1); without, to each worker. Returns the calls, one per worker in
+    order (with ``fan``, one ``_native.Calls``; without, a list of
+    ``_native.PendingCall``), whose replies ``decode_reply`` (or ``loads``) reads."""
     endpoint = _endpoints.get(method)
     if endpoint is None:
         endpoint = _endpoints[method] = _native.Endpoint(BUILTIN, method)
@@ -48,11 +49,12 @@ def send_calls(
     buffers: list[Any],
     oneway: bool,
     origin: str,
-) -> list[Any]:
+) -> Sequence[Any]:
     """The calls of ``target`` (a ``_native.Endpoint``) to procs ``procs`` on ``conns``
     (``local``: their indices in the called mesh): through the hosts' relays with
-    ``fan`` (``ProcRef.fanout()``: a mesh across hosts, RELAY-1), else to each worker.
-    One ``_native.PendingCall`` per proc, in order."""
+    ``fan`` (``ProcRef.fanout()``: a mesh across hosts, RELAY-1), as one
+    ``_native.Calls``, else to each worker, as a list of ``_native.PendingCall``: one
+    call per proc, in order."""
     if fan is not None:
         return fan.call(target, conns, procs, local, payload, buffers, oneway, origin)
     # (positional: pyo3 parses keyword arguments on every call)

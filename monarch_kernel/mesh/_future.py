@@ -24,6 +24,10 @@ from monarch_kernel.errors import FULL_TRACEBACK_ENV
 
 R = TypeVar("R")
 
+# A fan-out's calls (``Fanout.call``) are a sequence, as a list of calls is, for the
+# code that waits on them (``slow_wait``) and for anyone else's.
+collections.abc.Sequence.register(_native.Calls)
+
 _UNSET: Any = object()
 
 #: ``wait(calls, timeout, what)`` for waits that last more than a second (it shows
@@ -77,7 +81,8 @@ def cancel_calls(calls: Sequence[Any], *, all_earlier: bool = False) -> int:
         for c in calls:
             key = c.key
             if not c.done() and key not in _interrupted and key not in escalated:
-                _interrupted[key] = (c, now)
+                # (the call alone: one of a fan-out's would keep all its replies)
+                _interrupted[key] = (c.detached(), now)
                 first.append(c)
     for c in again + first:
         c.cancel()

@@ -24,7 +24,7 @@ import itertools
 import sys
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from monarch_kernel import _native, _origin
@@ -424,7 +424,7 @@ def stream_port(
 
 
 def fail_on_error(
-    calls: list[Any], decode: Callable[[Any, int], None], fail: Callable[[BaseException], None]
+    calls: Sequence[Any], decode: Callable[[Any, int], None], fail: Callable[[BaseException], None]
 ) -> None:
     """Watches the calls behind a port's answer: one that fails (its worker died, its
     endpoint raised) settles the answer with that error. ``decode(reply_or_exc, i)``

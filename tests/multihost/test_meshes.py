@@ -365,6 +365,12 @@ def test_a_call_to_many_procs_goes_as_one_message_per_host(hosts_code, controlle
     c.run("held = counter.slice(hosts=0).block.call(60)")
     time.sleep(1.0)
     assert c.eval("cancel_calls(held._calls)") == 0  # the first asks, and never kills
+    # They are a sequence (sliced, indexed from the end), and each can stand alone:
+    # what the interrupt kept of them (not its fan-out's other replies).
+    c.run("import collections.abc\ncalls = held._calls")
+    assert c.eval("isinstance(calls, collections.abc.Sequence) and len(calls) == 2")
+    assert c.eval("[x.key for x in calls[::-1]] == [calls[-1].key, calls[0].key] != [calls[0].key] * 2")
+    assert c.eval("(calls[1].detached().key, calls[1].detached().addr) == (calls[1].key, calls[1].addr)")
     time.sleep(1.0)
     assert c.eval("cancel_calls(held._calls)") == 2  # the second escalates both
     with pytest.raises(ControllerError) as ended:

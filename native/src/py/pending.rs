@@ -11,7 +11,7 @@ use crate::rpc::client::{Sent, WorkerConn};
 use crate::rpc::slot::{Bell, Outcome, Slot};
 use pyo3::exceptions::{PyIndexError, PyTimeoutError, PyTypeError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyTuple};
+use pyo3::types::{PyBytes, PyList, PySlice, PyTuple};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -59,6 +59,13 @@ impl PyCalls {
             batch: Arc::new(Batch { sent, conns }),
         }
     }
+
+    /// The call at index `at` (within bounds).
+    fn at(&self, at: isize) -> PendingCall {
+        PendingCall {
+            call: One::Of(self.batch.clone(), at as usize),
+        }
+    }
 }
 
 #[pymethods]
@@ -67,15 +74,21 @@ impl PyCalls {
         self.batch.sent.len()
     }
 
-    fn __getitem__(&self, i: isize) -> PyResult<PendingCall> {
+    /// The call at index `i` (from the end if negative), or the calls of a slice, as
+    /// a list.
+    fn __getitem__(&self, py: Python<'_>, i: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
         let n = self.batch.sent.len() as isize;
+        if let Ok(s) = i.cast::<PySlice>() {
+            let ix = s.indices(n)?;
+            let picked = (0..ix.slicelength as isize).map(|k| self.at(ix.start + k * ix.step));
+            return Ok(PyList::new(py, picked)?.unbind().into_any());
+        }
+        let i: isize = i.extract()?;
         let at = if i < 0 { i + n } else { i };
         if !(0..n).contains(&at) {
             return Err(PyIndexError::new_err("call index out of range"));
         }
-        Ok(PendingCall {
-            call: One::Of(self.batch.clone(), at as usize),
-        })
+        Ok(Py::new(py, self.at(at))?.into_any())
     }
 
     fn __iter__(&self) -> CallsIter {
@@ -159,7 +172,7 @@ impl CallsArg<'_> {
     }
 }
 
-/// The connections of a call to many procs, shared by its `PendingCall`s.
+/// The connections of a call to many procs, shared by its calls (`Batch`).
 pub(super) type Conns = Arc<[Arc<WorkerConn>]>;
 
 /// A call's reply: its kind (`REPLY_RESULT`, `REPLY_EXCEPTION`, `REPLY_REJECTED`,
@@ -289,6 +302,32 @@ impl PendingCall {
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<PyReply> {
         let o = wait_slot(py, self.slot(), deadline(timeout))?;
         outcome_to_py(py, o)
+    }
+
+    /// This call alone: one that holds its own reply and nothing of the other calls
+    /// of its fan-out (what an interrupt keeps, INTERRUPT-2, so that the replies of a
+    /// call to 1,024 procs, and what was pulled for them, are not kept with it).
+    fn detached(slf: &Bound<'_, Self>) -> PyResult<Py<PendingCall>> {
+        let One::Of(b, i) = &slf.get().call else {
+            return Ok(slf.clone().unbind());
+        };
+        let s = &b.sent[*i];
+        let own = Sent {
+            call_id: s.call_id,
+            slot: s.slot.clone(),
+            conn: s.conn.clone(),
+            relayed: s.relayed,
+        };
+        let batch = Batch {
+            sent: vec![own],
+            conns: b.conns.clone(),
+        };
+        Py::new(
+            slf.py(),
+            PendingCall {
+                call: One::Of(Arc::new(batch), 0),
+            },
+        )
     }
 
     /// True once the reply (or the failure) is in.
