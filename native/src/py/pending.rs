@@ -311,15 +311,8 @@ impl PendingCall {
         let One::Of(b, i) = &slf.get().call else {
             return Ok(slf.clone().unbind());
         };
-        let s = &b.sent[*i];
-        let own = Sent {
-            call_id: s.call_id,
-            slot: s.slot.clone(),
-            conn: s.conn.clone(),
-            relayed: s.relayed,
-        };
         let batch = Batch {
-            sent: vec![own],
+            sent: vec![b.sent[*i].clone()],
             conns: b.conns.clone(),
         };
         Py::new(

@@ -77,6 +77,7 @@ pub struct Fanout {
 type HeadPart = (Vec<(usize, Delivery)>, Vec<String>);
 
 /// One call sent to one proc.
+#[derive(Clone)]
 pub struct Sent {
     /// The call's id (shared by the procs of one message to a relay).
     pub call_id: u64,
